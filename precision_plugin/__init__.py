@@ -1,0 +1,59 @@
+"""precision_plugin: one switch for one consistent precision (FP16 by default) across RL rollouts
+(vLLM) and the learner (TRL / Accelerate / DeepSpeed), with a dynamic loss scaler, checks of what
+actually runs, and train/rollout mismatch metrics.
+
+Importing this package changes nothing; only :func:`enable` does, and :func:`disable` undoes it.
+Framework integrations are imported lazily, on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from precision_plugin.errors import (
+    AdapterInstallError,
+    LossScaleAtMinimumError,
+    PrecisionConfigError,
+    PrecisionMismatchError,
+    PrecisionPluginError,
+)
+from precision_plugin.manager import current_policy, disable, enable
+from precision_plugin.policy import PrecisionPolicy
+
+if TYPE_CHECKING:
+    from precision_plugin.master_weights import prepare_model
+    from precision_plugin.transformers import PrecisionCallback
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdapterInstallError",
+    "LossScaleAtMinimumError",
+    "PrecisionCallback",
+    "PrecisionConfigError",
+    "PrecisionMismatchError",
+    "PrecisionPluginError",
+    "PrecisionPolicy",
+    "__version__",
+    "current_policy",
+    "disable",
+    "enable",
+    "prepare_model",
+]
+
+_LAZY = {
+    "PrecisionCallback": "precision_plugin.transformers",
+    "prepare_model": "precision_plugin.master_weights",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import framework-dependent names on first access, so ``import precision_plugin`` stays light."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'precision_plugin' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

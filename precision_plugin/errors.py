@@ -1,0 +1,36 @@
+"""One exception hierarchy for the whole plugin.
+
+Every message says what was asked, what was found, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class PrecisionPluginError(Exception):
+    """Base class of every error the plugin raises on purpose."""
+
+
+class PrecisionConfigError(PrecisionPluginError, ValueError):
+    """A policy, config section, or argument is invalid (bad key, type, or value)."""
+
+
+class PrecisionMismatchError(PrecisionPluginError, RuntimeError):
+    """What actually runs contradicts the policy and strictness is ``"error"``."""
+
+
+class AdapterInstallError(PrecisionPluginError, RuntimeError):
+    """A framework adapter failed to install; everything already installed was rolled back."""
+
+    def __init__(self, adapter: str, cause: BaseException) -> None:
+        self.adapter = adapter
+        self.cause = cause
+        super().__init__(
+            f"precision_plugin: adapter {adapter!r} failed to install "
+            f"({type(cause).__name__}: {cause}); every patch was rolled back, nothing changed. "
+            f"Fix the cause above, or disable that adapter with "
+            f"precision_plugin.enable(..., skip_adapters=[{adapter!r}])."
+        )
+
+
+class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
+    """The dynamic loss scale sat at its floor while steps kept overflowing."""

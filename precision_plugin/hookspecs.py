@@ -1,0 +1,97 @@
+"""Every hook of precision_plugin, with its contract: the interface between core and adapters.
+
+The built-in framework adapters (``precision_plugin.accelerate``, ``.deepspeed``,
+``.transformers``, ``.trl``, ``.vllm``) implement these hooks exactly as a third-party plugin
+would. A third-party plugin is a module or object with ``@hookimpl`` functions, published under
+the entry-point group ``precision_plugin``::
+
+    [project.entry-points.precision_plugin]
+    my_framework = "my_package.precision_adapter"
+
+Hooks receive keyword arguments; an implementation may accept any subset of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from precision_plugin.patching import Patcher
+    from precision_plugin.policy import PrecisionPolicy
+    from precision_plugin.report import Finding
+
+PROJECT = "precision_plugin"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def precision_adapter_name() -> str | None:  # type: ignore[empty-body]
+    """Return this adapter's short name (``"deepspeed"``), used in messages and ``skip_adapters``.
+
+    Optional: without it the plugin's registered name is used.
+    """
+
+
+@hookspec
+def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
+    """Make the adapter's framework follow ``policy`` in this process.
+
+    Called by ``enable()`` once per adapter, in registration order. Do every patch through
+    ``patcher`` (never by hand) so ``disable()`` can restore it exactly; return without doing
+    anything when the framework is not installed, and import it lazily. Raising aborts
+    ``enable()``: everything already installed, by this adapter and the others, is rolled back
+    and the error names this adapter.
+    """
+
+
+@hookspec
+def precision_uninstall(policy: PrecisionPolicy) -> None:
+    """Release anything the adapter holds that is not a patch (caches, registries, threads).
+
+    Called by ``disable()`` before the patches are restored. Patches need no work here.
+    """
+
+
+@hookspec
+def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:  # type: ignore[empty-body]
+    """Report what this adapter sees and what ``enable(policy)`` would change, without changing it.
+
+    Return a list of :class:`~precision_plugin.report.Finding` (framework, status, message, fix).
+    A finding with ``status="error"`` makes ``precision-plugin doctor`` exit non-zero. Return
+    ``None`` or ``[]`` when the framework is not installed: absence is "not used", not an error.
+    """
+
+
+@hookspec
+def precision_probe_engines() -> dict[str, Any] | None:  # type: ignore[empty-body]
+    """Return rollout engines the probe may use, as ``{name: factory}``.
+
+    ``factory(model_path, dtype, device, seed)`` returns an object that follows
+    :class:`precision_plugin.rollout.RolloutEngine`. ``precision-plugin probe --engine NAME``
+    chooses among all engines every plugin returns.
+    """
+
+
+@hookspec
+def precision_train_begin(
+    policy: PrecisionPolicy, args: Any, state: Any, model: Any, trainer: Any
+) -> None:
+    """Check or adjust a training run as it starts (called by ``PrecisionCallback``).
+
+    ``args`` is the ``TrainingArguments`` (or a TRL config), ``trainer`` the trainer when the
+    callback knows it, else ``None``. Raise a ``PrecisionMismatchError`` (strictness
+    ``"error"``) or log a warning when what runs contradicts ``policy``.
+    """
+
+
+@hookspec
+def precision_collect_metrics(policy: PrecisionPolicy, trainer: Any) -> dict[str, float] | None:  # type: ignore[empty-body]
+    """Return metrics to log now, named without prefix (``{"loss_scale": 1024.0}``).
+
+    ``PrecisionCallback`` merges the results of all adapters and logs them as
+    ``precision/<name>``.
+    """

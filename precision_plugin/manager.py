@@ -1,0 +1,168 @@
+"""The pluggy plugin manager and the enable/disable life cycle.
+
+Built-in adapters are registered exactly like third-party ones (entry-point group
+``precision_plugin``). ``enable()`` is atomic: each adapter installs through its own
+:class:`~precision_plugin.patching.Patcher`; if one fails, every adapter already installed is
+rolled back and the error names the failing adapter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from precision_plugin import hookspecs
+from precision_plugin.errors import AdapterInstallError, PrecisionConfigError
+from precision_plugin.patching import Patcher
+from precision_plugin.policy import PrecisionPolicy
+
+log = logging.getLogger("precision_plugin")
+
+#: Built-in adapters, by short name -> module. Each module imports its framework lazily.
+BUILTIN_ADAPTERS: dict[str, str] = {
+    "transformers": "precision_plugin.transformers",
+    "accelerate": "precision_plugin.accelerate",
+    "deepspeed": "precision_plugin.deepspeed",
+    "trl": "precision_plugin.trl",
+    "vllm": "precision_plugin.vllm",
+}
+
+_lock = threading.RLock()
+_manager: pluggy.PluginManager | None = None
+
+
+@dataclass
+class _ActiveState:
+    policy: PrecisionPolicy
+    patchers: list[tuple[str, Patcher]] = field(default_factory=list)
+
+
+_active: _ActiveState | None = None
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the process-wide plugin manager (built-ins plus entry-point plugins)."""
+    global _manager
+    with _lock:
+        if _manager is None:
+            pm = pluggy.PluginManager(hookspecs.PROJECT)
+            pm.add_hookspecs(hookspecs)
+            for name, module in BUILTIN_ADAPTERS.items():
+                try:
+                    pm.register(importlib.import_module(module), name=name)
+                except ModuleNotFoundError as exc:
+                    if exc.name != module:
+                        raise
+                    log.debug("built-in adapter %s not present in this build", module)
+            pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+            _manager = pm
+        return _manager
+
+
+def adapter_names() -> list[str]:
+    """Names of all registered adapters, built-in and third-party, in call order."""
+    pm = get_plugin_manager()
+    return [impl.plugin_name for impl in reversed(pm.hook.precision_install.get_hookimpls())]
+
+
+def coerce_policy(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+                  **overrides: Any) -> PrecisionPolicy:
+    """Turn what a user passes to ``enable()`` into a ``PrecisionPolicy``.
+
+    ``policy`` may be a policy, a dict, a dtype name, or ``None`` (defaults, or the
+    ``PRECISION_PLUGIN`` environment variable when set); keyword ``overrides`` apply on top
+    (``enable(dtype="bfloat16")``, ``enable(loss_scaler={"growth_interval": 200})``).
+    """
+    if policy is None:
+        base = PrecisionPolicy.from_env() or PrecisionPolicy()
+    elif isinstance(policy, PrecisionPolicy):
+        base = policy
+    elif isinstance(policy, Mapping):
+        base = PrecisionPolicy.from_dict(policy)
+    elif isinstance(policy, str):
+        base = PrecisionPolicy(dtype=policy)  # type: ignore[arg-type]
+    else:
+        raise PrecisionConfigError(
+            f"enable(): policy must be a PrecisionPolicy, a dict, a dtype name or None; got "
+            f"{type(policy).__name__}. Example: precision_plugin.enable(dtype='float16')."
+        )
+    return base.replace(**overrides) if overrides else base
+
+
+def enable(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None, *,
+           skip_adapters: Iterable[str] = (), **overrides: Any) -> PrecisionPolicy:
+    """Install every adapter for ``policy``; return the active policy.
+
+    Idempotent: enabling the same policy again changes nothing; a different policy replaces
+    the active one (the old patches are restored first). Atomic: when an adapter fails,
+    everything is rolled back and :class:`AdapterInstallError` names it.
+    """
+    global _active
+    new = coerce_policy(policy, **overrides)
+    skip = set(skip_adapters)
+    unknown = skip - set(adapter_names())
+    if unknown:
+        raise PrecisionConfigError(
+            f"enable(skip_adapters=...): unknown adapter(s) {sorted(unknown)}; registered "
+            f"adapters: {adapter_names()}."
+        )
+    with _lock:
+        if _active is not None:
+            if _active.policy == new:
+                return new
+            disable()
+        pm = get_plugin_manager()
+        state = _ActiveState(new)
+        for impl in reversed(pm.hook.precision_install.get_hookimpls()):
+            if impl.plugin_name in skip:
+                continue
+            patcher = Patcher(owner=f"precision_plugin[{impl.plugin_name}]")
+            state.patchers.append((impl.plugin_name, patcher))
+            try:
+                impl.function(policy=new, patcher=patcher)
+            except Exception as exc:
+                for _, done in reversed(state.patchers):
+                    done.restore()
+                raise AdapterInstallError(impl.plugin_name, exc) from exc
+        _active = state
+        log.info("precision_plugin enabled: dtype=%s, %d patch(es) by %s", new.dtype,
+                 sum(len(p) for _, p in state.patchers),
+                 [name for name, p in state.patchers if len(p)])
+        return new
+
+
+def disable() -> bool:
+    """Undo ``enable()``: restore every patched attribute to the identical original object.
+
+    Returns ``True`` when something was enabled, ``False`` when there was nothing to undo.
+    """
+    global _active
+    with _lock:
+        if _active is None:
+            return False
+        state, _active = _active, None
+        try:
+            get_plugin_manager().hook.precision_uninstall(policy=state.policy)
+        finally:
+            for _, patcher in reversed(state.patchers):
+                patcher.restore()
+        log.info("precision_plugin disabled")
+        return True
+
+
+def current_policy() -> PrecisionPolicy | None:
+    """The policy ``enable()`` installed in this process, or ``None``."""
+    return _active.policy if _active is not None else None
+
+
+def active_patches() -> dict[str, list[str]]:
+    """What each adapter has patched right now, for ``doctor`` and debugging."""
+    if _active is None:
+        return {}
+    return {name: p.patched for name, p in _active.patchers if len(p)}

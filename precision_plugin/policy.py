@@ -1,0 +1,415 @@
+"""``PrecisionPolicy``: the one frozen, documented description of what should run.
+
+Every field carries its help text in ``metadata["help"]`` (as TRL's ``GRPOConfig`` does), so the
+docs and the CLI read it from one place. Parsing is strict: an unknown key, a wrong type or an
+unsupported value raises :class:`~precision_plugin.errors.PrecisionConfigError` naming the field,
+the value, the allowed values and, for a misspelled key, the closest known one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from precision_plugin.errors import PrecisionConfigError
+
+#: Environment variable read by :meth:`PrecisionPolicy.from_env` (and by vLLM processes).
+ENV_VAR = "PRECISION_PLUGIN"
+
+DTypeName = Literal["float16", "bfloat16", "float32"]
+SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+_DTYPE_ALIASES: dict[str, str] = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "torch.float16": "float16",
+    "torch.half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "torch.bfloat16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "torch.float32": "float32",
+    "torch.float": "float32",
+}
+
+_ENV_OFF = {"", "0", "false", "off", "no", "none", "disable", "disabled"}
+_ENV_DEFAULT = {"1", "true", "on", "yes", "enable", "enabled"}
+
+
+def normalize_dtype(value: Any, *, field_name: str = "dtype") -> str:
+    """Return the canonical dtype name (``float16``/``bfloat16``/``float32``) for ``value``.
+
+    Accepts the canonical names, the aliases fp16/half/bf16/fp32/float, and ``torch.dtype``
+    objects. Anything else (fp8, int8, "auto", ...) raises ``PrecisionConfigError``.
+    """
+    key = str(value).strip().lower() if value is not None else ""
+    canonical = _DTYPE_ALIASES.get(key)
+    if canonical is None:
+        raise PrecisionConfigError(
+            f"{field_name}: {value!r} is not a supported precision. Allowed: "
+            f"{', '.join(SUPPORTED_DTYPES)} (aliases fp16/half, bf16, fp32/float, or the "
+            f"matching torch dtype). fp8/int8 and 'auto' are not training precisions this "
+            f"plugin enforces; pick float16 (recommended for RL) or bfloat16."
+        )
+    return canonical
+
+
+def torch_dtype(name: str) -> Any:
+    """Return the ``torch.dtype`` for a canonical or aliased dtype name."""
+    import torch
+
+    return getattr(torch, normalize_dtype(name))
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class LossScalerSettings:
+    """Dynamic loss-scaler settings (used when the policy dtype is float16).
+
+    Defaults follow the paper's code and verl: init 2**16, growth x2, backoff x0.5, growth
+    every 400 clean steps (torch's own default of 2000 recovers too slowly for RL).
+    """
+
+    enabled: bool = field(
+        default=True,
+        metadata=_help("Use a dynamic loss scaler under float16. Ignored for bf16/fp32."),
+    )
+    init_scale: float = field(default=2.0**16, metadata=_help("Initial loss scale."))
+    growth_factor: float = field(
+        default=2.0, metadata=_help("Factor applied to the scale after growth_interval clean steps.")
+    )
+    backoff_factor: float = field(
+        default=0.5, metadata=_help("Factor applied to the scale when a step overflows.")
+    )
+    growth_interval: int = field(
+        default=400, metadata=_help("Consecutive overflow-free steps before the scale grows.")
+    )
+    hysteresis: int = field(
+        default=2,
+        metadata=_help("DeepSpeed only: overflows tolerated before the scale is reduced."),
+    )
+    min_scale: float = field(
+        default=1.0, metadata=_help("Floor of the loss scale (DeepSpeed min_loss_scale).")
+    )
+    max_skips_at_min: int = field(
+        default=20,
+        metadata=_help(
+            "Consecutive skipped steps at min_scale before on_min_scale acts: the run is no "
+            "longer learning, only skipping."
+        ),
+    )
+    on_min_scale: Literal["error", "warn"] = field(
+        default="error",
+        metadata=_help(
+            "What to do when the scale is stuck at its floor: 'error' stops the run with an "
+            "actionable message, 'warn' logs it and keeps going."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "loss_scaler.")
+        _require(self.init_scale > 0, "loss_scaler.init_scale", self.init_scale, "a number > 0")
+        _require(self.growth_factor > 1, "loss_scaler.growth_factor", self.growth_factor, "> 1")
+        _require(
+            0 < self.backoff_factor < 1, "loss_scaler.backoff_factor", self.backoff_factor,
+            "a number in (0, 1)",
+        )
+        _require(self.growth_interval >= 1, "loss_scaler.growth_interval", self.growth_interval,
+                 "an integer >= 1")
+        _require(self.hysteresis >= 1, "loss_scaler.hysteresis", self.hysteresis,
+                 "an integer >= 1")
+        _require(0 < self.min_scale <= self.init_scale, "loss_scaler.min_scale", self.min_scale,
+                 f"a number in (0, init_scale={self.init_scale}]")
+        _require(self.max_skips_at_min >= 1, "loss_scaler.max_skips_at_min",
+                 self.max_skips_at_min, "an integer >= 1")
+
+    @property
+    def initial_scale_power(self) -> int:
+        """``log2(init_scale)`` rounded, as DeepSpeed's ``initial_scale_power`` wants it."""
+        return max(0, round(self.init_scale).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Rollout-side (vLLM) settings."""
+
+    enforce_dtype: bool = field(
+        default=True,
+        metadata=_help("Force vLLM engines to the policy dtype (TRL's colocated engine ignores it)."),
+    )
+    cascade_guard: Literal["auto", "force", "off"] = field(
+        default="auto",
+        metadata=_help(
+            "Cascade-attention guard: 'auto' disables cascade attention where the installed vLLM "
+            "and GPU are known to be affected, 'force' disables it wherever the flag exists, "
+            "'off' leaves vLLM alone."
+        ),
+    )
+    verify_server: bool = field(
+        default=True,
+        metadata=_help("At train start, ask a vLLM server for its dtype and compare with the learner."),
+    )
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "vllm.")
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """Mismatch-measurement settings and the thresholds behind verdicts."""
+
+    enabled: bool = field(
+        default=True, metadata=_help("Measure the train/rollout mismatch during training.")
+    )
+    log_every: int = field(default=1, metadata=_help("Log mismatch metrics every N logging steps."))
+    prob_diff_ok: float = field(
+        default=0.005,
+        metadata=_help("prob_diff_mean below this is healthy (verl's 'normal' threshold)."),
+    )
+    prob_diff_bad: float = field(
+        default=0.01,
+        metadata=_help("prob_diff_mean above this is a precision problem (verl's threshold)."),
+    )
+    self_check_k3_max: float = field(
+        default=1e-6,
+        metadata=_help(
+            "Probe self-check: in float32 both paths must agree below this k3; above it the "
+            "paths differ for a reason other than precision and the measurement is invalid."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "metrics.")
+        _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
+        _require(0 < self.prob_diff_ok <= self.prob_diff_bad, "metrics.prob_diff_ok",
+                 self.prob_diff_ok, f"a number in (0, prob_diff_bad={self.prob_diff_bad}]")
+        _require(self.self_check_k3_max > 0, "metrics.self_check_k3_max",
+                 self.self_check_k3_max, "a number > 0")
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """What should run: one dtype on both sides, and how the plugin enforces and checks it.
+
+    Build one directly, with :meth:`from_dict`, or from the ``PRECISION_PLUGIN`` environment
+    variable with :meth:`from_env`. Instances are frozen; use :meth:`replace` to derive another.
+    """
+
+    dtype: DTypeName = field(
+        default="float16",
+        metadata=_help(
+            "Precision for rollouts and learner alike: float16 (recommended for RL, needs the "
+            "loss scaler), bfloat16 (consistent bf16, same checks), or float32."
+        ),
+    )
+    strictness: Literal["warn", "error"] = field(
+        default="warn",
+        metadata=_help(
+            "When a framework is asked for something that contradicts the policy: 'warn' "
+            "coerces it to the policy and logs a warning, 'error' refuses with an error."
+        ),
+    )
+    loss_scaler: LossScalerSettings = field(
+        default_factory=LossScalerSettings, metadata=_help("Dynamic loss-scaler settings.")
+    )
+    vllm: VLLMSettings = field(
+        default_factory=VLLMSettings, metadata=_help("Rollout-side (vLLM) settings.")
+    )
+    metrics: MetricSettings = field(
+        default_factory=MetricSettings, metadata=_help("Mismatch metrics and thresholds.")
+    )
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "")
+        for name, cls in _SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, _build(cls, value, prefix=f"{name}."))
+            elif not isinstance(value, cls):
+                raise PrecisionConfigError(
+                    f"{name}: expected a {cls.__name__} or a dict, got {type(value).__name__}."
+                )
+
+    # -- derived facts ---------------------------------------------------------------------
+    @property
+    def torch_dtype(self) -> Any:
+        """The ``torch.dtype`` of :attr:`dtype`."""
+        return torch_dtype(self.dtype)
+
+    @property
+    def is_fp16(self) -> bool:
+        """True when the policy runs float16."""
+        return self.dtype == "float16"
+
+    @property
+    def uses_loss_scaler(self) -> bool:
+        """True when a dynamic loss scaler belongs in the training step."""
+        return self.is_fp16 and self.loss_scaler.enabled
+
+    @property
+    def mixed_precision(self) -> str:
+        """The Accelerate / HF Trainer name of the policy dtype: ``fp16``, ``bf16`` or ``no``."""
+        return {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[self.dtype]
+
+    # -- conversion ------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PrecisionPolicy:
+        """Build a policy from a (possibly nested) dict; unknown keys are errors."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise PrecisionConfigError(
+                f"precision policy: expected a dict such as {{'dtype': 'float16'}}, "
+                f"got {type(data).__name__} {data!r}."
+            )
+        return _build(cls, data, prefix="")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the policy as a plain nested dict that :meth:`from_dict` reads back."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """Return the policy as compact JSON (the form ``PRECISION_PLUGIN`` accepts)."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def replace(self, **changes: Any) -> PrecisionPolicy:
+        """Return a copy with ``changes`` applied (sections may be given as dicts)."""
+        merged = self.to_dict()
+        for key, value in changes.items():
+            if key in _SECTIONS and isinstance(value, Mapping):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return PrecisionPolicy.from_dict(merged)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PrecisionPolicy | None:
+        """Read ``PRECISION_PLUGIN``: a dtype name, ``1``/``true`` (defaults), or a JSON object.
+
+        Returns ``None`` when the variable is unset or says off (``0``, ``false``, ``off``).
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_VAR)
+        if raw is None or raw.strip().lower() in _ENV_OFF:
+            return None
+        text = raw.strip()
+        if text.lower() in _ENV_DEFAULT:
+            return cls()
+        if text.startswith("{"):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise PrecisionConfigError(
+                    f"{ENV_VAR}: {raw!r} looks like JSON but does not parse ({exc.msg} at "
+                    f"position {exc.pos}). Use a dtype name such as float16, or a JSON object "
+                    f'such as {{"dtype": "float16"}}.'
+                ) from None
+            return cls.from_dict(data)
+        try:
+            return cls(dtype=text)  # type: ignore[arg-type]
+        except PrecisionConfigError as exc:
+            raise PrecisionConfigError(f"{ENV_VAR}={raw!r}: {exc}") from None
+
+
+_SECTIONS: dict[str, type] = {
+    "loss_scaler": LossScalerSettings,
+    "vllm": VLLMSettings,
+    "metrics": MetricSettings,
+}
+
+_T = TypeVar("_T")
+
+
+def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise PrecisionConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}.")
+
+
+def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
+    """Validate one scalar value against the field's annotation; return it (ints widen to float)."""
+    hint = typing.get_type_hints(cls)[name]
+    origin = typing.get_origin(hint)
+    where = f"{prefix}{name}"
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if name == "dtype":
+            return normalize_dtype(value, field_name=where)
+        if value not in allowed:
+            raise PrecisionConfigError(
+                f"{where}: {value!r} is not allowed; choose one of "
+                f"{', '.join(repr(a) for a in allowed)}."
+            )
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise PrecisionConfigError(f"{where}: expected true or false, got {value!r}.")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PrecisionConfigError(f"{where}: expected an integer, got {value!r}.")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
+        return float(value)
+    return value
+
+
+def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f" Did you mean {prefix}{close[0]!r}?" if close else ""
+            raise PrecisionConfigError(
+                f"{prefix}{key}: unknown key in the precision policy.{hint} Known keys: "
+                f"{', '.join(prefix + k for k in known)}."
+            )
+        if key in _SECTIONS and cls is PrecisionPolicy:
+            if isinstance(value, _SECTIONS[key]):
+                kwargs[key] = value
+                continue
+            if not isinstance(value, Mapping):
+                raise PrecisionConfigError(
+                    f"{key}: expected a section (a dict of settings), got {value!r}."
+                )
+            kwargs[key] = _build(_SECTIONS[key], value, prefix=f"{key}.")
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _validate_fields(obj: Any, prefix: str) -> None:
+    """Type-check every scalar field of a frozen settings object in place."""
+    for f in dataclasses.fields(obj):
+        if f.name in _SECTIONS and isinstance(obj, PrecisionPolicy):
+            continue
+        checked = _check_type(type(obj), f.name, getattr(obj, f.name), prefix)
+        object.__setattr__(obj, f.name, checked)
+
+
+def field_help(cls: type = PrecisionPolicy, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Return ``(dotted name, default, help)`` for every field, sections expanded (for docs/CLI)."""
+    rows: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(cls):
+        if f.name in _SECTIONS and cls is PrecisionPolicy:
+            rows.extend(field_help(_SECTIONS[f.name], prefix=f"{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        rows.append((prefix + f.name, default, f.metadata.get("help", "")))
+    return rows
