@@ -51,7 +51,9 @@ case "$cmd" in
     echo ">> ruff"
     "$venv/bin/ruff" check precision_plugin tests scripts
     echo ">> pytest"
-    "$venv/bin/python" -m pytest "$@"
+    "$venv/bin/python" -m pytest --ignore=tests/contract "$@"
+    echo ">> pytest (vLLM contract tests, separate environment)"
+    "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
     echo ">> mkdocs build --strict"
     "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;
