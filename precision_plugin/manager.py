@@ -71,8 +71,9 @@ def adapter_names() -> list[str]:
     return [impl.plugin_name for impl in reversed(pm.hook.precision_install.get_hookimpls())]
 
 
-def coerce_policy(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
-                  **overrides: Any) -> PrecisionPolicy:
+def coerce_policy(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None, **overrides: Any
+) -> PrecisionPolicy:
     """Turn what a user passes to ``enable()`` into a ``PrecisionPolicy``.
 
     ``policy`` may be a policy, a dict, a dtype name, or ``None`` (defaults, or the
@@ -95,8 +96,12 @@ def coerce_policy(policy: PrecisionPolicy | Mapping[str, Any] | str | None = Non
     return base.replace(**overrides) if overrides else base
 
 
-def enable(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None, *,
-           skip_adapters: Iterable[str] = (), **overrides: Any) -> PrecisionPolicy:
+def enable(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    *,
+    skip_adapters: Iterable[str] = (),
+    **overrides: Any,
+) -> PrecisionPolicy:
     """Install every adapter for ``policy``; return the active policy.
 
     Idempotent: enabling the same policy again changes nothing; a different policy replaces
@@ -131,9 +136,12 @@ def enable(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None, *,
                     done.restore()
                 raise AdapterInstallError(impl.plugin_name, exc) from exc
         _active = state
-        log.info("precision_plugin enabled: dtype=%s, %d patch(es) by %s", new.dtype,
-                 sum(len(p) for _, p in state.patchers),
-                 [name for name, p in state.patchers if len(p)])
+        log.info(
+            "precision_plugin enabled: dtype=%s, %d patch(es) by %s",
+            new.dtype,
+            sum(len(p) for _, p in state.patchers),
+            [name for name, p in state.patchers if len(p)],
+        )
         return new
 
 

@@ -88,7 +88,9 @@ class Patcher:
 
     def setenv(self, name: str, value: str, *, reason: str) -> None:
         """Set environment variable ``name``; :meth:`restore` puts the old value (or none) back."""
-        self._records.append(_Record(os.environ, name, os.environ.get(name, _MISSING), reason, True))
+        self._records.append(
+            _Record(os.environ, name, os.environ.get(name, _MISSING), reason, True)
+        )
         os.environ[name] = value
 
     def restore(self) -> None:

@@ -90,7 +90,8 @@ class LossScalerSettings:
     )
     init_scale: float = field(default=2.0**16, metadata=_help("Initial loss scale."))
     growth_factor: float = field(
-        default=2.0, metadata=_help("Factor applied to the scale after growth_interval clean steps.")
+        default=2.0,
+        metadata=_help("Factor applied to the scale after growth_interval clean steps."),
     )
     backoff_factor: float = field(
         default=0.5, metadata=_help("Factor applied to the scale when a step overflows.")
@@ -125,17 +126,30 @@ class LossScalerSettings:
         _require(self.init_scale > 0, "loss_scaler.init_scale", self.init_scale, "a number > 0")
         _require(self.growth_factor > 1, "loss_scaler.growth_factor", self.growth_factor, "> 1")
         _require(
-            0 < self.backoff_factor < 1, "loss_scaler.backoff_factor", self.backoff_factor,
+            0 < self.backoff_factor < 1,
+            "loss_scaler.backoff_factor",
+            self.backoff_factor,
             "a number in (0, 1)",
         )
-        _require(self.growth_interval >= 1, "loss_scaler.growth_interval", self.growth_interval,
-                 "an integer >= 1")
-        _require(self.hysteresis >= 1, "loss_scaler.hysteresis", self.hysteresis,
-                 "an integer >= 1")
-        _require(0 < self.min_scale <= self.init_scale, "loss_scaler.min_scale", self.min_scale,
-                 f"a number in (0, init_scale={self.init_scale}]")
-        _require(self.max_skips_at_min >= 1, "loss_scaler.max_skips_at_min",
-                 self.max_skips_at_min, "an integer >= 1")
+        _require(
+            self.growth_interval >= 1,
+            "loss_scaler.growth_interval",
+            self.growth_interval,
+            "an integer >= 1",
+        )
+        _require(self.hysteresis >= 1, "loss_scaler.hysteresis", self.hysteresis, "an integer >= 1")
+        _require(
+            0 < self.min_scale <= self.init_scale,
+            "loss_scaler.min_scale",
+            self.min_scale,
+            f"a number in (0, init_scale={self.init_scale}]",
+        )
+        _require(
+            self.max_skips_at_min >= 1,
+            "loss_scaler.max_skips_at_min",
+            self.max_skips_at_min,
+            "an integer >= 1",
+        )
 
     @property
     def initial_scale_power(self) -> int:
@@ -149,7 +163,9 @@ class VLLMSettings:
 
     enforce_dtype: bool = field(
         default=True,
-        metadata=_help("Force vLLM engines to the policy dtype (TRL's colocated engine ignores it)."),
+        metadata=_help(
+            "Force vLLM engines to the policy dtype (TRL's colocated engine ignores it)."
+        ),
     )
     cascade_guard: Literal["auto", "force", "off"] = field(
         default="auto",
@@ -161,7 +177,9 @@ class VLLMSettings:
     )
     verify_server: bool = field(
         default=True,
-        metadata=_help("At train start, ask a vLLM server for its dtype and compare with the learner."),
+        metadata=_help(
+            "At train start, ask a vLLM server for its dtype and compare with the learner."
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -195,10 +213,18 @@ class MetricSettings:
     def __post_init__(self) -> None:
         _validate_fields(self, "metrics.")
         _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
-        _require(0 < self.prob_diff_ok <= self.prob_diff_bad, "metrics.prob_diff_ok",
-                 self.prob_diff_ok, f"a number in (0, prob_diff_bad={self.prob_diff_bad}]")
-        _require(self.self_check_k3_max > 0, "metrics.self_check_k3_max",
-                 self.self_check_k3_max, "a number > 0")
+        _require(
+            0 < self.prob_diff_ok <= self.prob_diff_bad,
+            "metrics.prob_diff_ok",
+            self.prob_diff_ok,
+            f"a number in (0, prob_diff_bad={self.prob_diff_bad}]",
+        )
+        _require(
+            self.self_check_k3_max > 0,
+            "metrics.self_check_k3_max",
+            self.self_check_k3_max,
+            "a number > 0",
+        )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class PackageInfo:
         return self.version.release
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_info(module: str) -> PackageInfo | None:
     """Return what is installed for import name ``module``, or ``None`` when nothing is.
 
