@@ -48,7 +48,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """Import framework-dependent names on first access, so ``import precision_plugin`` stays light."""
+    """Import framework-dependent names on first use: ``import precision_plugin`` stays light."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'precision_plugin' has no attribute {name!r}")

@@ -39,7 +39,7 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, seed: int
     ) -> list[RolloutSample]:
-        """Sample one completion per prompt (temperature 1) and return the sampled tokens' log-probs."""
+        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs."""
         ...
 
     def close(self) -> None:

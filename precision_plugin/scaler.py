@@ -32,7 +32,7 @@ class ScalerStats:
     at_min_scale: bool = False
 
     def as_metrics(self) -> dict[str, float]:
-        """Metric names without prefix, as ``PrecisionCallback`` logs them (``precision/<name>``)."""
+        """Metrics without prefix; ``PrecisionCallback`` logs them as ``precision/<name>``."""
         return {
             "loss_scale": float(self.scale),
             "skipped_steps": float(self.skipped_steps),
