@@ -1,0 +1,136 @@
+"""Mismatch metrics against hand-computed values, masks, NaN and degenerate inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from precision_plugin.mismatch import ALIASES, compute_mismatch, prefixed, verdict
+from precision_plugin.policy import MetricSettings
+
+
+def test_hand_computed_single_sequence():
+    pi = torch.tensor([0.5, 0.2])  # trainer probabilities
+    mu = torch.tensor([0.4, 0.25])  # rollout probabilities
+    m = compute_mismatch(pi.log(), mu.log())
+    r = pi / mu  # 1.25, 0.8
+    assert m.k1_kl == pytest.approx(float((mu.log() - pi.log()).mean()), abs=1e-7)
+    assert m.k3_kl == pytest.approx(float((r - 1 - r.log()).mean()), rel=1e-5)
+    assert m.prob_diff_mean == pytest.approx(0.075, rel=1e-5)  # (0.1 + 0.05) / 2
+    assert m.prob_diff_max == pytest.approx(0.1, rel=1e-5)
+    assert m.logp_abs_diff_mean == pytest.approx(
+        (math.log(1.25) + abs(math.log(0.8))) / 2, rel=1e-5
+    )
+    assert m.logp_sq_diff_half_mean == pytest.approx(
+        0.5 * (math.log(1.25) ** 2 + math.log(0.8) ** 2) / 2, rel=1e-5
+    )
+    assert m.prob_pearson == pytest.approx(1.0)  # two points, same order
+    assert (m.tokens, m.nan_tokens, m.sequences) == (2, 0, 1)
+    assert m.seq_log_ratio == pytest.approx([math.log(1.25) + math.log(0.8)], abs=1e-6)
+    assert m.seq_lengths == [2]
+    assert math.isnan(m.seq_log_ratio_slope_per_1k)  # one sequence: no slope
+
+
+def test_identical_policies_are_zero():
+    lp = torch.log(torch.tensor([[0.3, 0.6, 0.1], [0.9, 0.05, 0.5]]))
+    m = compute_mismatch(lp, lp.clone())
+    assert m.k1_kl == 0 and m.k3_kl == 0 and m.prob_diff_max == 0 and m.logp_abs_diff_mean == 0
+    assert m.prob_pearson == pytest.approx(1.0)
+    assert verdict(m)[0] == "ok"
+
+
+def test_mask_and_nan_are_excluded_and_counted():
+    nan = float("nan")
+    pi = torch.tensor([[0.5, 0.2, 0.9], [0.3, nan, 0.7]]).log()
+    mu = torch.tensor([[0.4, 0.25, 0.1], [0.3, 0.5, float("inf")]]).log()
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    m = compute_mismatch(pi, mu, mask)
+    # Valid: (0,0), (0,1), (1,0). (0,2) masked out; (1,1) NaN; (1,2) log(inf)=inf -> counted as NaN.
+    assert (m.tokens, m.nan_tokens, m.sequences) == (3, 2, 2)
+    assert m.prob_diff_mean == pytest.approx((0.1 + 0.05 + 0.0) / 3, rel=1e-5)
+    assert all(math.isfinite(v) for v in (m.k1_kl, m.k3_kl, m.prob_diff_max, m.prob_pearson))
+    assert m.seq_lengths == [2, 1]
+
+
+def test_masked_nan_is_not_counted():
+    pi = torch.tensor([[0.5, float("nan")]]).log()
+    m = compute_mismatch(pi, pi.clone(), torch.tensor([[1, 0]]))
+    assert (m.tokens, m.nan_tokens) == (1, 0)
+
+
+def test_all_masked():
+    lp = torch.zeros(2, 3)
+    m = compute_mismatch(lp, lp, torch.zeros(2, 3))
+    assert (m.tokens, m.nan_tokens, m.sequences) == (0, 0, 0)
+    assert math.isnan(m.k3_kl) and math.isnan(m.prob_diff_mean)
+    assert verdict(m)[0] == "invalid"
+
+
+def test_all_nan():
+    lp = torch.full((2, 2), float("nan"))
+    m = compute_mismatch(lp, lp)
+    assert (m.tokens, m.nan_tokens) == (0, 4) and math.isnan(m.k1_kl)
+
+
+def test_slope_of_sequence_log_ratio_per_1k_tokens():
+    # Per-token log-ratio of -0.001 on every token: seq log-ratio = -0.001 * length.
+    lengths = [100, 200, 400]
+    width = max(lengths)
+    pi = torch.full((3, width), math.log(0.5))
+    mu = pi + 0.001
+    mask = torch.zeros(3, width)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    m = compute_mismatch(pi, mu, mask)
+    assert m.seq_lengths == lengths
+    assert m.seq_log_ratio == pytest.approx([-0.1, -0.2, -0.4], rel=1e-4)
+    assert m.seq_log_ratio_slope_per_1k == pytest.approx(-1.0, rel=1e-4)
+    assert m.seq_abs_log_ratio_slope_per_1k == pytest.approx(1.0, rel=1e-4)
+    assert m.seq_kl == pytest.approx(0.7 / 3, rel=1e-4)
+
+
+def test_float16_and_bfloat16_inputs_accepted():
+    lp = torch.log(torch.tensor([[0.5, 0.25]]))
+    m = compute_mismatch(lp.to(torch.bfloat16), lp.to(torch.float16))
+    assert m.tokens == 2 and m.k3_kl >= 0
+
+
+def test_lists_accepted_and_shape_errors():
+    assert compute_mismatch([-0.1, -0.2], [-0.1, -0.2]).tokens == 2
+    with pytest.raises(ValueError, match="shape"):
+        compute_mismatch(torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="mask has shape"):
+        compute_mismatch(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(3, 2))
+
+
+def test_k3_is_nonnegative_and_matches_kl_for_small_noise():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 32, 50, generator=g)
+    mu_logp = logits.log_softmax(-1)
+    pi_logp = (logits + 1e-3 * torch.randn(logits.shape, generator=g)).log_softmax(-1)
+    tokens = torch.distributions.Categorical(logits=mu_logp).sample()
+    pick = lambda lp: lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    m = compute_mismatch(pick(pi_logp), pick(mu_logp))
+    exact_kl = float((mu_logp.exp() * (mu_logp - pi_logp)).sum(-1).mean())
+    assert m.k3_kl >= 0
+    assert m.k3_kl == pytest.approx(exact_kl, rel=0.2)
+
+
+def test_verdict_thresholds():
+    lp = torch.log(torch.tensor([0.5]))
+    ok = compute_mismatch(lp, torch.log(torch.tensor([0.497])))
+    watch = compute_mismatch(lp, torch.log(torch.tensor([0.492])))
+    bad = compute_mismatch(lp, torch.log(torch.tensor([0.45])))
+    assert [verdict(x)[0] for x in (ok, watch, bad)] == ["ok", "watch", "problem"]
+    strict = MetricSettings(prob_diff_ok=0.001, prob_diff_bad=0.002)
+    assert verdict(ok, strict)[0] == "problem"
+
+
+def test_prefixed_and_aliases():
+    m = compute_mismatch([-0.1], [-0.2])
+    logged = prefixed(m)
+    assert set(logged) >= {"precision/k3_kl", "precision/prob_diff_mean", "precision/tokens"}
+    assert "seq_log_ratio" not in m.to_dict()
+    assert set(ALIASES) <= set(m.to_dict())
