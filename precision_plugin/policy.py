@@ -401,7 +401,7 @@ def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
     for key, value in data.items():
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f" Did you mean {prefix}{close[0]!r}?" if close else ""
+            hint = f" Did you mean {prefix + close[0]!r}?" if close else ""
             raise PrecisionConfigError(
                 f"{prefix}{key}: unknown key in the precision policy.{hint} Known keys: "
                 f"{', '.join(prefix + k for k in known)}."
