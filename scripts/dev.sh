@@ -55,7 +55,7 @@ case "$cmd" in
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
     echo ">> mkdocs build --strict"
-    "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
+    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;
   *)
     echo "usage: bash scripts/dev.sh {probe|test|setup} [options]" >&2
