@@ -1,15 +1,20 @@
-"""Loss-scaler telemetry shared by every learner backend (torch GradScaler, DeepSpeed, ...).
-
-(The scaler factory and torch-GradScaler telemetry are added on top of this by the learner work.)
+"""Loss scalers: the backend-neutral telemetry snapshot, the scale-floor check, and the factory
+and telemetry for torch ``GradScaler`` (DeepSpeed's scaler is observed by the DeepSpeed adapter).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from precision_plugin.errors import LossScaleAtMinimumError
 from precision_plugin.policy import LossScalerSettings
+
+if TYPE_CHECKING:
+    from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -69,3 +74,220 @@ def check_scale_floor(stats: ScalerStats, settings: LossScalerSettings, *, backe
         raise LossScaleAtMinimumError(message)
     log.warning(message)
     return True
+
+
+# -- torch GradScaler telemetry ----------------------------------------------------------------
+
+#: Key under which telemetry counters ride along in ``GradScaler.state_dict()``. torch's
+#: ``load_state_dict`` reads only its own keys, so a plain scaler loads these checkpoints too.
+STATE_KEY = "precision_plugin_telemetry"
+
+
+class _Telemetry:
+    """Mixin for a torch ``GradScaler``: counts steps and skips, enforces the policy's floor.
+
+    Cost per optimizer step: one ``item()`` per ``found_inf`` tensor (already computed, and
+    already synchronised by ``GradScaler.step``), a few integer updates, and one in-place clamp.
+    The scale itself is read only when a skip streak is long enough to matter.
+    """
+
+    _pp_settings: LossScalerSettings
+    _pp_steps: int
+    _pp_skipped: int
+    _pp_consecutive: int
+
+    def _pp_init(self, settings: LossScalerSettings) -> None:
+        self._pp_settings = settings
+        self._pp_steps = 0
+        self._pp_skipped = 0
+        self._pp_consecutive = 0
+
+    def update(self, new_scale: Any = None) -> None:
+        """``GradScaler.update`` plus bookkeeping (see the class docstring)."""
+        found = 0.0
+        if new_scale is None and self._enabled:  # type: ignore[attr-defined]
+            # Read before super().update(): it sums the found_inf tensors in place.
+            for state in self._per_optimizer_states.values():  # type: ignore[attr-defined]
+                for found_inf in state["found_inf_per_device"].values():
+                    found += float(found_inf.item())
+        super().update(new_scale)  # type: ignore[misc]
+        if new_scale is not None or not self._enabled:  # type: ignore[attr-defined]
+            return
+        self._pp_steps += 1
+        if found:
+            self._pp_skipped += 1
+            self._pp_consecutive += 1
+            # torch has no floor (its scale may sink below 1, towards 0); DeepSpeed's min_loss_scale
+            # semantics keep the two backends comparable.
+            self._scale.clamp_(min=self._pp_settings.min_scale)  # type: ignore[attr-defined]
+            if self._pp_consecutive >= self._pp_settings.max_skips_at_min:
+                check_scale_floor(self.precision_stats(), self._pp_settings, backend="torch")
+        else:
+            self._pp_consecutive = 0
+
+    def precision_stats(self) -> ScalerStats:
+        """The current :class:`ScalerStats` (reads the scale: one device sync)."""
+        scale = float(self.get_scale()) if self._enabled else 1.0  # type: ignore[attr-defined]
+        return ScalerStats(
+            scale=scale,
+            steps=self._pp_steps,
+            skipped_steps=self._pp_skipped,
+            consecutive_skips=self._pp_consecutive,
+            overflow_count=self._pp_skipped,
+            at_min_scale=scale <= self._pp_settings.min_scale,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's scaler state plus the telemetry counters (under :data:`STATE_KEY`)."""
+        state = super().state_dict()  # type: ignore[misc]
+        if state:
+            state[STATE_KEY] = {
+                "steps": self._pp_steps,
+                "skipped_steps": self._pp_skipped,
+                "consecutive_skips": self._pp_consecutive,
+            }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load torch's scaler state and, when present, the telemetry counters."""
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        counters = state_dict.get(STATE_KEY)
+        if counters:
+            self._pp_steps = int(counters["steps"])
+            self._pp_skipped = int(counters["skipped_steps"])
+            self._pp_consecutive = int(counters["consecutive_skips"])
+
+
+class TelemetryGradScaler(_Telemetry, torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` with :class:`ScalerStats` telemetry and the policy's floor."""
+
+
+class Fp16GradScaler(TelemetryGradScaler):
+    """Single-process scaler for fp16 *trainable* parameters (no fp32 master copy).
+
+    torch's ``GradScaler`` refuses fp16 gradients ("Attempting to unscale FP16 gradients");
+    ``ShardedGradScaler`` accepts them but needs a process group. This is the same unscale with
+    ``allow_fp16=True`` and no collective, for one process.
+    """
+
+    def _unscale_grads_(self, optimizer: Any, inv_scale: Any, found_inf: Any, allow_fp16: bool):
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+
+def _sharded_class() -> type:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    global TelemetryShardedGradScaler
+    if TelemetryShardedGradScaler is None:
+        TelemetryShardedGradScaler = type(
+            "TelemetryShardedGradScaler",
+            (_Telemetry, ShardedGradScaler),
+            {
+                "__module__": __name__,
+                "__doc__": "``ShardedGradScaler`` with :class:`ScalerStats` telemetry.",
+            },
+        )
+    return TelemetryShardedGradScaler
+
+
+#: Built on first use (importing torch.distributed.fsdp is not free).
+TelemetryShardedGradScaler: type | None = None
+
+
+def scaler_kwargs(settings: LossScalerSettings) -> dict[str, Any]:
+    """The policy's scaler settings as ``GradScaler`` / ``GradScalerKwargs`` keyword arguments."""
+    return {
+        "init_scale": float(settings.init_scale),
+        "growth_factor": float(settings.growth_factor),
+        "backoff_factor": float(settings.backoff_factor),
+        "growth_interval": int(settings.growth_interval),
+        "enabled": bool(settings.enabled),
+    }
+
+
+def _params_are_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        return True
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+
+
+def _trainable_fp16(model: Any) -> bool:
+    return any(p.requires_grad and p.dtype == torch.float16 for p in model.parameters())
+
+
+def make_grad_scaler(
+    policy: PrecisionPolicy,
+    device: str | torch.device = "cuda",
+    *,
+    model: Any = None,
+    sharded: bool | None = None,
+) -> torch.amp.GradScaler:
+    """Return the dynamic loss scaler for this setup, built with ``policy.loss_scaler``.
+
+    - fp32 master weights: :class:`TelemetryGradScaler` (a ``torch.amp.GradScaler``);
+    - parameters sharded by FSDP, or fp16 trainable parameters under ``torch.distributed``: a
+      ``ShardedGradScaler`` (it all-reduces overflows and accepts fp16 gradients);
+    - fp16 trainable parameters in a single process: :class:`Fp16GradScaler`.
+
+    ``sharded`` forces the choice; by default it is read from ``model`` (FSDP-wrapped modules
+    or fp16 trainable parameters). The scaler is disabled (a no-op) unless the policy is fp16
+    with ``loss_scaler.enabled``. Every returned scaler reports :func:`scaler_stats`.
+    """
+    device_type = torch.device(device).type
+    settings = policy.loss_scaler
+    kwargs = scaler_kwargs(settings)
+    kwargs["enabled"] = policy.uses_loss_scaler
+    fp16_params = model is not None and _trainable_fp16(model)
+    if sharded is None:
+        sharded = model is not None and (_params_are_sharded(model) or fp16_params)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if sharded and distributed:
+        scaler = _sharded_class()(device_type, **kwargs)
+    elif sharded:
+        scaler = Fp16GradScaler(device_type, **kwargs)
+    else:
+        scaler = TelemetryGradScaler(device_type, **kwargs)
+    scaler._pp_init(settings)
+    return scaler
+
+
+def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
+    """Give a scaler someone else built (Accelerate's) the telemetry of :func:`make_grad_scaler`.
+
+    Works for instances of exactly ``torch.amp.GradScaler`` or ``ShardedGradScaler``: the
+    instance's class becomes the telemetry subclass (same state, same behaviour, plus counters),
+    so checkpoints, pickling and ``isinstance`` checks keep working. Returns ``False`` (and
+    changes nothing) for other scaler types, ``True`` when the scaler reports telemetry now.
+    """
+    if isinstance(scaler, _Telemetry):
+        return True
+    target: type | None = None
+    if type(scaler) is torch.amp.GradScaler:
+        target = TelemetryGradScaler
+    else:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        if type(scaler) is ShardedGradScaler:
+            target = _sharded_class()
+    if target is None:
+        log.info(
+            "precision_plugin: no loss-scale telemetry for %s (only torch GradScaler and "
+            "ShardedGradScaler are observed)",
+            type(scaler).__name__,
+        )
+        return False
+    scaler.__class__ = target
+    scaler._pp_init(settings)
+    return True
+
+
+def scaler_stats(scaler: Any) -> ScalerStats | None:
+    """:class:`ScalerStats` of a scaler with telemetry; a bare snapshot for a plain torch scaler;
+    ``None`` when ``scaler`` is ``None`` or disabled."""
+    if scaler is None or not getattr(scaler, "_enabled", False):
+        return None
+    if isinstance(scaler, _Telemetry):
+        return scaler.precision_stats()
+    return ScalerStats(scale=float(scaler.get_scale()))

@@ -1,0 +1,235 @@
+"""Accelerate adapter: ``Accelerator`` runs the policy's precision, with the policy's loss scaler.
+
+After ``enable()``, every ``Accelerator`` (yours, the HF Trainer's, TRL's):
+
+- gets ``mixed_precision`` from the policy. Unspecified (no argument, no
+  ``ACCELERATE_MIXED_PRECISION``) takes the policy's; a contradiction (``"bf16"`` under a
+  float16 policy) is coerced with a warning, or refused with :class:`PrecisionMismatchError`
+  under ``strictness="error"``;
+- builds its GradScaler from ``policy.loss_scaler`` through Accelerate's own
+  ``GradScalerKwargs`` handler, and that scaler reports
+  :class:`~precision_plugin.scaler.ScalerStats` (saved and restored with
+  ``save_state``/``load_state``);
+- on CPU, where Accelerate silently runs fp32 without a scaler when asked for fp16, runs real
+  fp16 autocast with a CPU GradScaler;
+- casts the model's parameters to the dtypes the policy needs when it is prepared
+  (:func:`precision_plugin.prepare_model`).
+
+DeepSpeed runs keep DeepSpeed's own loss scaler (see ``precision_plugin.deepspeed``).
+Without ``enable()``, :func:`apply_policy` does the same to one accelerator you built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.hookspecs import hookimpl
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.report import Finding
+from precision_plugin.versions import accelerator as device_info
+from precision_plugin.versions import installed_version
+
+log = logging.getLogger("precision_plugin")
+
+_SCALER_FREE = ("DEEPSPEED", "MEGATRON_LM")
+_Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _available() -> bool:
+    return installed_version("accelerate") is not None
+
+
+def resolve_mixed_precision(requested: str | None, policy: PrecisionPolicy, *, where: str) -> str:
+    """Return the ``mixed_precision`` to run: the policy's, after checking ``requested``.
+
+    ``requested`` ``None`` means unspecified and takes the policy's silently. Anything else that
+    differs is coerced with a warning (``strictness="warn"``) or refused.
+    """
+    wanted = policy.mixed_precision
+    if requested is None or str(requested).lower() == wanted:
+        return wanted
+    message = (
+        f"{where} asked for mixed_precision={str(requested)!r} but the precision_plugin policy "
+        f"is {policy.dtype} (mixed_precision={wanted!r})"
+    )
+    if policy.strictness == "error":
+        raise PrecisionMismatchError(
+            f"precision_plugin: {message} and strictness='error'. Fix: pass "
+            f"mixed_precision={wanted!r} (or leave it unset), or enable the plugin with "
+            f"dtype matching what you want (enable(dtype='bfloat16') for bf16)."
+        )
+    log.warning("precision_plugin: %s; running %r instead.", message, wanted)
+    return wanted
+
+
+def _scaler_handler(policy: PrecisionPolicy) -> Any:
+    from accelerate.utils import GradScalerKwargs
+
+    from precision_plugin.scaler import scaler_kwargs
+
+    known = {f.name for f in dataclasses.fields(GradScalerKwargs)}
+    values = scaler_kwargs(policy.loss_scaler)
+    return GradScalerKwargs(**{k: v for k, v in values.items() if k in known})
+
+
+def _distributed_type(accelerator: Any) -> str:
+    kind = getattr(accelerator, "distributed_type", None)
+    return str(getattr(kind, "name", kind))
+
+
+def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
+    """Make an already-built ``Accelerator`` follow ``policy``'s loss scaling; return it.
+
+    Call it right after building the accelerator and before ``prepare()``. Gives the scaler
+    Accelerate built the plugin's telemetry, and on CPU under fp16 switches on fp16 autocast
+    with a CPU GradScaler (Accelerate builds neither there). Does nothing under DeepSpeed or
+    Megatron, whose engines scale the loss themselves.
+    """
+    from precision_plugin.scaler import attach_telemetry, make_grad_scaler
+
+    if _distributed_type(accelerator) in _SCALER_FREE:
+        return accelerator
+    if accelerator.state.mixed_precision != "fp16" or not policy.is_fp16:
+        return accelerator
+    if accelerator.scaler is not None:
+        attach_telemetry(accelerator.scaler, policy.loss_scaler)
+        return accelerator
+    if accelerator.device.type == "cpu":
+        # Accelerate turns fp16 off on CPU (accelerator.py: `device.type != "cpu"`), yet torch
+        # has fp16 CPU autocast and a CPU GradScaler: run what was asked for.
+        accelerator.native_amp = True
+        sharded = _distributed_type(accelerator) == "FSDP"
+        accelerator.scaler = make_grad_scaler(policy, "cpu", sharded=sharded or None)
+        log.info(
+            "precision_plugin: Accelerate on CPU with mixed_precision='fp16': running fp16 "
+            "autocast with a CPU GradScaler (Accelerate alone would silently run fp32)"
+        )
+    return accelerator
+
+
+def accelerator_stats(accelerator: Any) -> Any:
+    """The :class:`~precision_plugin.scaler.ScalerStats` of an accelerator's scaler, or ``None``."""
+    from precision_plugin.scaler import scaler_stats
+
+    return scaler_stats(getattr(accelerator, "scaler", None))
+
+
+def _wrap_init(policy: PrecisionPolicy) -> _Wrapper:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            arguments = bound.arguments
+            requested = arguments.get("mixed_precision")
+            if requested is None:
+                requested = os.environ.get("ACCELERATE_MIXED_PRECISION")
+            arguments["mixed_precision"] = resolve_mixed_precision(
+                requested, policy, where="Accelerator"
+            )
+            if policy.uses_loss_scaler:
+                from accelerate.utils import GradScalerKwargs
+
+                handlers = list(arguments.get("kwargs_handlers") or [])
+                if any(type(h) is GradScalerKwargs for h in handlers):
+                    log.info("precision_plugin: keeping the GradScalerKwargs passed explicitly")
+                else:
+                    handlers.append(_scaler_handler(policy))
+                arguments["kwargs_handlers"] = handlers
+            original(*bound.args, **bound.kwargs)
+            apply_policy(self, policy)
+
+        return __init__
+
+    return make
+
+
+def _wrap_prepare_model(
+    policy: PrecisionPolicy,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def prepare_model(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+            from precision_plugin.master_weights import prepare_model as fix_dtypes
+
+            if not kwargs.get("evaluation_mode", False):
+                fix_dtypes(model, policy)
+            return original(self, model, *args, **kwargs)
+
+        return prepare_model
+
+    return make
+
+
+@hookimpl
+def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
+    """Wrap ``Accelerator.__init__`` and ``Accelerator.prepare_model`` (see the module doc)."""
+    if not _available():
+        return
+    import accelerate
+
+    patcher.wrap(
+        accelerate.Accelerator,
+        "__init__",
+        _wrap_init(policy),
+        reason="no Accelerate hook sees mixed_precision/kwargs_handlers before the scaler is "
+        "built, and none builds one on CPU",
+    )
+    patcher.wrap(
+        accelerate.Accelerator,
+        "prepare_model",
+        _wrap_prepare_model(policy),
+        reason="no Accelerate hook runs before a model is wrapped; fp16/bf16 trainable "
+        "parameters must become fp32 master weights before the first step",
+    )
+
+
+@hookimpl
+def precision_collect_metrics(policy: PrecisionPolicy, trainer: Any) -> dict[str, float] | None:
+    """Loss-scaler metrics of the trainer's accelerator (none under DeepSpeed)."""
+    stats = accelerator_stats(getattr(trainer, "accelerator", None))
+    return stats.as_metrics() if stats is not None else None
+
+
+@hookimpl
+def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
+    """What Accelerate would run, and what ``enable()`` changes."""
+    version = installed_version("accelerate")
+    if version is None:
+        return None
+    findings = [Finding("accelerate", "info", f"accelerate {version} installed")]
+    if policy.uses_loss_scaler:
+        s = policy.loss_scaler
+        findings.append(
+            Finding(
+                "accelerate",
+                "change",
+                f"GradScaler from the policy (init {s.init_scale:g}, growth every "
+                f"{s.growth_interval} steps, floor {s.min_scale:g}) instead of torch's defaults "
+                "(growth every 2000 steps, no floor), with loss-scale telemetry",
+            )
+        )
+        if device_info().kind == "cpu":
+            findings.append(
+                Finding(
+                    "accelerate",
+                    "change",
+                    "on CPU, Accelerate runs mixed_precision='fp16' as plain fp32 with no "
+                    "scaler; enable() runs real fp16 autocast with a CPU GradScaler",
+                )
+            )
+    findings.append(
+        Finding(
+            "accelerate",
+            "change",
+            f"Accelerator mixed_precision follows the policy ({policy.mixed_precision!r}); a "
+            f"different request is "
+            + ("refused" if policy.strictness == "error" else "coerced with a warning"),
+        )
+    )
+    return findings

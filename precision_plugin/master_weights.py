@@ -1,0 +1,194 @@
+"""Master weights: which parameter dtypes a training run needs under the policy, checked and fixed.
+
+Under a float16 policy autocast computes in fp16 while the optimizer updates fp32 *master*
+weights; the loss scaler unscales fp32 gradients. Trainable parameters in fp16 end in torch's
+"Attempting to unscale FP16 gradients" (a model loaded with ``dtype=torch.float16``), in bf16
+they break the fp16 scaler (TRL casts QLoRA adapters to bf16). Frozen parameters (a LoRA base)
+may stay in the policy dtype; modules a model declares in ``_keep_in_fp32_modules`` (fp16 only)
+or ``_keep_in_fp32_modules_strict`` (fp16 and bf16) stay fp32, as transformers loads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.report import Finding
+
+log = logging.getLogger("precision_plugin")
+
+_LOW = (torch.float16, torch.bfloat16)
+_SHOWN = 3  # parameter names quoted in a message
+
+
+@dataclass(frozen=True)
+class _Cast:
+    """Parameters that must change dtype, and why."""
+
+    names: tuple[str, ...]
+    found: torch.dtype
+    wanted: torch.dtype
+    why: str
+
+
+def _resolve(policy: PrecisionPolicy | None) -> PrecisionPolicy:
+    if policy is not None:
+        return policy
+    from precision_plugin.manager import current_policy
+
+    return current_policy() or PrecisionPolicy()
+
+
+def _fp32_names(model: torch.nn.Module, policy: PrecisionPolicy) -> set[str]:
+    """Names (relative to ``model``) of parameters in modules declared keep-in-fp32."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        patterns = set(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
+        if policy.is_fp16:
+            patterns |= set(getattr(module, "_keep_in_fp32_modules", None) or ())
+        if not patterns:
+            continue
+        regex = re.compile("|".join(rf"(^|\.){re.escape(p)}($|\.)" for p in sorted(patterns) if p))
+        for name, _ in module.named_parameters():
+            if regex.search(name):
+                names.add(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
+def _plan(model: torch.nn.Module, policy: PrecisionPolicy) -> list[_Cast]:
+    fp32_names = _fp32_names(model, policy)
+    groups: dict[tuple[torch.dtype, torch.dtype, str], list[str]] = {}
+    target = policy.torch_dtype
+    for name, param in model.named_parameters():
+        if not param.is_floating_point():  # quantized storage (bitsandbytes) is not ours
+            continue
+        found = param.dtype
+        if name in fp32_names:
+            wanted, why = torch.float32, "declared in the model's _keep_in_fp32_modules"
+        elif param.requires_grad:
+            if found not in _LOW:
+                continue
+            wanted = torch.float32
+            why = (
+                "trainable in fp16: the loss scaler cannot unscale fp16 gradients ('Attempting "
+                "to unscale FP16 gradients')"
+                if found == torch.float16
+                else f"trainable in {_short(found)} under a {policy.dtype} policy (master weights "
+                "must be fp32; TRL casts QLoRA adapters to bf16)"
+            )
+            if policy.dtype == "bfloat16" and found == torch.bfloat16:
+                continue  # consistent bf16 training without master weights is a valid choice
+        else:
+            # Frozen weights only feed the forward: store them in the policy dtype (fp16 halves
+            # the memory of a LoRA base and matches the rollout engine).
+            if found not in _LOW or found == target or target == torch.float32:
+                continue
+            wanted, why = target, f"frozen in {_short(found)} under a {policy.dtype} policy"
+        if found != wanted:
+            groups.setdefault((found, wanted, why), []).append(name)
+    return [_Cast(tuple(n), f, w, why) for (f, w, why), n in groups.items()]
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _describe(cast: _Cast) -> str:
+    shown = ", ".join(cast.names[:_SHOWN])
+    more = f" and {len(cast.names) - _SHOWN} more" if len(cast.names) > _SHOWN else ""
+    return (
+        f"{len(cast.names)} parameter(s) {_short(cast.found)} -> {_short(cast.wanted)} "
+        f"({shown}{more}): {cast.why}"
+    )
+
+
+def check_model(model: torch.nn.Module, policy: PrecisionPolicy | None = None) -> list[Finding]:
+    """Report, without changing anything, which parameter dtypes contradict the policy.
+
+    One ``change`` finding per group of parameters ``prepare_model`` would cast; a single ``ok``
+    finding when nothing needs to change.
+    """
+    policy = _resolve(policy)
+    findings = [
+        Finding(
+            framework="torch",
+            status="change",
+            message=_describe(cast),
+            fix=_fix_text(cast),
+            details={
+                "parameters": list(cast.names),
+                "from": _short(cast.found),
+                "to": _short(cast.wanted),
+            },
+        )
+        for cast in _plan(model, policy)
+    ]
+    if not findings:
+        findings.append(
+            Finding("torch", "ok", f"parameter dtypes match the {policy.dtype} policy", "")
+        )
+    return findings
+
+
+def _fix_text(cast: _Cast) -> str:
+    if cast.wanted == torch.float32 and cast.found == torch.float16:
+        return (
+            "load the model in float32 (from_pretrained(..., dtype=torch.float32)) and let "
+            "autocast compute in fp16, or call precision_plugin.prepare_model(model)"
+        )
+    if cast.wanted == torch.float32:
+        return (
+            "keep trainable (adapter) parameters in float32, or call "
+            "precision_plugin.prepare_model(model) after the trainer casts them"
+        )
+    return f"load the model with dtype=torch.{_short(cast.wanted)}, or call prepare_model(model)"
+
+
+def _params(model: torch.nn.Module, names: set[str]) -> Iterator[torch.nn.Parameter]:
+    for name, param in model.named_parameters():
+        if name in names:
+            yield param
+
+
+def prepare_model(model: Any, policy: PrecisionPolicy | None = None) -> Any:
+    """Give ``model`` the parameter dtypes the policy needs; return the same model.
+
+    Under float16: trainable parameters become fp32 master weights (autocast computes in fp16),
+    frozen fp16/bf16 parameters are stored in fp16, and ``_keep_in_fp32_modules`` stay fp32.
+    Parameters are cast in place (``param.data``), so an optimizer built already keeps working.
+    With ``policy.strictness == "error"`` nothing is changed and a
+    :class:`PrecisionMismatchError` says what to change instead. ``policy`` defaults to the
+    active policy, else the default (float16) one.
+    """
+    policy = _resolve(policy)
+    if not isinstance(model, torch.nn.Module):
+        return model
+    plan = _plan(model, policy)
+    if not plan:
+        return model
+    if policy.strictness == "error":
+        raise PrecisionMismatchError(
+            "precision_plugin: the model's parameter dtypes contradict the "
+            f"{policy.dtype} policy (strictness='error'): "
+            + "; ".join(_describe(c) for c in plan)
+            + ". Fix: "
+            + _fix_text(plan[0])
+            + ", or use strictness='warn' to let the plugin cast them."
+        )
+    with torch.no_grad():
+        for cast in plan:
+            for param in _params(model, set(cast.names)):
+                param.data = param.data.to(cast.wanted)
+                if param.grad is not None:
+                    param.grad = param.grad.to(cast.wanted)
+            trainable = cast.wanted == torch.float32 and "_keep_in_fp32" not in cast.why
+            level = logging.WARNING if trainable else logging.INFO
+            log.log(level, "precision_plugin: cast %s", _describe(cast))
+    return model
