@@ -1,0 +1,111 @@
+"""TRL adapter: TRL configs follow the policy's precision, and TRL's metric names get aliases.
+
+With ``enable()``, a TRL config (``GRPOConfig``, ``RLOOConfig``, ``SFTConfig``, ...) built without
+``fp16``/``bf16`` takes the policy's flags instead of TRL's default ``bf16=True``; an explicit
+contradiction is coerced or refused by the HF-Trainer adapter (TRL configs are
+``TrainingArguments``). TRL's cast of QLoRA adapters to bf16 happens before ``Trainer.__init__``,
+where the HF-Trainer adapter casts them back to fp32 master weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from precision_plugin.hookspecs import hookimpl
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.report import Finding
+from precision_plugin.versions import installed_version
+
+log = logging.getLogger("precision_plugin")
+
+#: TRL's train/rollout mismatch metrics (logged when ``vllm_importance_sampling_correction`` is
+#: on) -> our names (``precision.mismatch.ALIASES`` documents the same correspondence).
+TRL_METRIC_ALIASES: dict[str, str] = {
+    "sampling/sampling_logp_difference/mean": "logp_abs_diff_mean",
+    "sampling/sampling_logp_difference/max": "logp_abs_diff_max",
+}
+
+
+def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
+    """TRL's mismatch metrics found in ``logs``, under our names (without the prefix)."""
+    return {
+        ours: float(logs[theirs]) for theirs, ours in TRL_METRIC_ALIASES.items() if theirs in logs
+    }
+
+
+def _base_config() -> type | None:
+    try:
+        from trl.trainer.base_config import _BaseConfig
+    except ImportError:  # another TRL layout: the TrainingArguments adapter still applies
+        return None
+    return _BaseConfig
+
+
+def _wrap_post_init(policy: PrecisionPolicy) -> Callable[[Callable[..., Any]], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __post_init__(self: Any) -> None:
+            if getattr(self, "bf16", False) is None and not getattr(self, "fp16", False):
+                # Unset: TRL would pick bf16=True; the policy decides instead.
+                self.fp16 = policy.dtype == "float16"
+                self.bf16 = policy.dtype == "bfloat16"
+            original(self)
+
+        return __post_init__
+
+    return make
+
+
+@hookimpl
+def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
+    """Wrap TRL's base config ``__post_init__`` so unset flags follow the policy."""
+    if installed_version("trl") is None:
+        return
+    base = _base_config()
+    if base is None or "__post_init__" not in vars(base):
+        log.info("precision_plugin: TRL's _BaseConfig.__post_init__ not found; flags left to TRL")
+        return
+    patcher.wrap(
+        base,
+        "__post_init__",
+        _wrap_post_init(policy),
+        reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs first",
+    )
+
+
+@hookimpl
+def precision_train_begin(
+    policy: PrecisionPolicy, args: Any, state: Any, model: Any, trainer: Any
+) -> None:
+    """Warn about TRL options that change parameter dtypes after the first step."""
+    if policy.uses_loss_scaler and getattr(args, "use_transformers_continuous_batching", False):
+        log.warning(
+            "precision_plugin: use_transformers_continuous_batching=True makes TRL cast the "
+            "training model to fp16 in place during generation, which leaves fp16 trainable "
+            "parameters ('Attempting to unscale FP16 gradients'). Fix: turn it off, or use vLLM "
+            "for generation (use_vllm=True)."
+        )
+
+
+@hookimpl
+def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
+    """What TRL would run, and what ``enable()`` changes."""
+    version = installed_version("trl")
+    if version is None:
+        return None
+    return [
+        Finding("trl", "info", f"trl {version} installed"),
+        Finding(
+            "trl",
+            "change" if policy.dtype != "bfloat16" else "ok",
+            f"TRL configs default to bf16=True; with enable() unset flags follow the "
+            f"{policy.dtype} policy",
+        ),
+        Finding(
+            "trl",
+            "warning" if policy.uses_loss_scaler else "info",
+            "GRPOTrainer casts QLoRA adapter weights to bf16, which breaks the fp16 loss scaler; "
+            "enable() (or PrecisionCallback) casts them back to fp32 master weights",
+        ),
+    ]
