@@ -1,0 +1,166 @@
+"""Checkpoint checks before a vLLM launch: model types vLLM refuses in float16, and families that
+overflow float16. Pure: reads a ``config.json`` (or a dict), never imports vLLM unless asked to
+read vLLM's own refusal table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
+from precision_plugin.report import Finding
+
+log = logging.getLogger("precision_plugin")
+
+#: vLLM's ``_FLOAT16_NOT_SUPPORTED_MODELS`` of current releases (0.31 - 0.33; 0.16 - 0.18 also
+#: listed plamo2). ``ModelConfig`` raises for these with ``dtype=float16``.
+VLLM_FP16_REFUSED: dict[str, str] = {
+    "gemma2": "Numerical instability. Please use bfloat16 or float32 instead.",
+    "gemma3": "Numerical instability. Please use bfloat16 or float32 instead.",
+    "gemma3_text": "Numerical instability. Please use bfloat16 or float32 instead.",
+    "glm4": "Numerical instability. Please use bfloat16 or float32 instead.",
+}
+
+#: Families whose activations or gradients exceed float16's range (~6.5e4), with the evidence.
+#: Source: Unsloth's ``FORCE_FLOAT32`` list (unslothai/unsloth-zoo ``model_lists.py``).
+FP16_OVERFLOW_RISK: dict[str, str] = {
+    "gemma3n": "Unsloth forces float32 for gemma3n: activations exceed float16's range.",
+    "gemma4": (
+        "Unsloth forces float32 for gemma4: float16 GRPO hit +inf in mlp.down_proj at step 2 "
+        "(unsloth#5092, unsloth-zoo#600) and NaN grad_norm at step 1 (unsloth-zoo#866)."
+    ),
+    "gpt_oss": "Unsloth forces float32 for gpt_oss: activations exceed float16's range.",
+    "qwen3_5": "Unsloth forces float32 for qwen3_5: activations exceed float16's range.",
+    "qwen3_moe": (
+        "Unsloth forces float32 for qwen3_moe: Qwen3-30B-A3B had NaN grad_norm at step 1 under "
+        "float16, the backward pass overflows (unsloth-zoo#866)."
+    ),
+    "glm4_moe": "Unsloth forces float32 for glm4_moe: activations exceed float16's range.",
+}
+
+_BF16_HINT = (
+    f"use the consistent-bf16 mode instead: precision_plugin.enable(dtype='bfloat16') or "
+    f"{ENV_VAR}=bfloat16 for vLLM servers"
+)
+
+
+def vllm_refusal_table() -> dict[str, str]:
+    """The installed vLLM's own fp16 refusal table when vLLM is already imported, else ours."""
+    module = sys.modules.get("vllm.config.model")
+    table = getattr(module, "_FLOAT16_NOT_SUPPORTED_MODELS", None)
+    if isinstance(table, Mapping):
+        return {str(k): str(v) for k, v in table.items()}
+    return dict(VLLM_FP16_REFUSED)
+
+
+def load_model_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Read a checkpoint's ``config.json`` (a directory, the file itself, or a dict)."""
+    if isinstance(path_or_dict, Mapping):
+        return dict(path_or_dict)
+    path = Path(path_or_dict)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PrecisionConfigError(
+            f"check_model_config: no config.json at {path}. Pass a local checkpoint directory "
+            f"(or its config.json, or the parsed dict)."
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise PrecisionConfigError(
+            f"check_model_config: {path} is not valid JSON ({exc.msg} at line {exc.lineno})."
+        ) from None
+
+
+def _model_types(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+    """Top-level ``model_type`` and the ``model_type`` of nested text/LLM sub-configs."""
+    top = config.get("model_type")
+    nested = []
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, Mapping) and sub.get("model_type"):
+            nested.append(str(sub["model_type"]))
+    return (str(top) if top else None), nested
+
+
+def checkpoint_dtype(config: Mapping[str, Any]) -> str | None:
+    """The dtype a checkpoint's config declares (``dtype`` or legacy ``torch_dtype``)."""
+    for source in (config, config.get("text_config") or {}):
+        if isinstance(source, Mapping):
+            value = source.get("dtype") or source.get("torch_dtype")
+            if value:
+                return str(value).removeprefix("torch.")
+    return None
+
+
+def check_model_config(
+    path_or_dict: str | os.PathLike[str] | Mapping[str, Any],
+    policy: PrecisionPolicy | None = None,
+    *,
+    raise_on_refusal: bool = True,
+    refused: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """Check a checkpoint against ``policy`` before vLLM loads it.
+
+    Raises :class:`PrecisionConfigError` when the policy is float16 and vLLM refuses float16 for
+    the checkpoint's ``model_type`` (gemma2, gemma3, gemma3_text, glm4 in current releases),
+    unless ``raise_on_refusal`` is false (then the refusal is an ``error`` finding). Returns
+    findings: a ``warning`` for families known to overflow float16, ``info`` for a cast.
+    """
+    policy = policy or PrecisionPolicy()
+    config = load_model_config(path_or_dict)
+    top, nested = _model_types(config)
+    table = dict(refused) if refused is not None else vllm_refusal_table()
+    findings: list[Finding] = []
+    details = {"model_type": top, "nested_model_types": nested}
+
+    if policy.is_fp16 and top in table:
+        message = (
+            f"vLLM refuses float16 for model type {top!r} ({table[top]}); the precision policy "
+            f"asks for float16."
+        )
+        if raise_on_refusal:
+            raise PrecisionConfigError(f"{message} Fix: {_BF16_HINT}.")
+        findings.append(Finding("vllm", "error", message, fix=_BF16_HINT, details=details))
+    if policy.is_fp16:
+        for sub in nested:
+            if sub in table:
+                findings.append(
+                    Finding(
+                        "vllm",
+                        "warning",
+                        f"The language model inside this {top!r} checkpoint is {sub!r}, which "
+                        f"vLLM refuses in float16 on its own ({table[sub]}).",
+                        fix=_BF16_HINT,
+                        details=details,
+                    )
+                )
+        for kind in dict.fromkeys([t for t in (top, *nested) if t in FP16_OVERFLOW_RISK]):
+            findings.append(
+                Finding(
+                    "vllm",
+                    "warning",
+                    f"Model type {kind!r} is known to overflow float16: {FP16_OVERFLOW_RISK[kind]}",
+                    fix=f"Watch precision/loss_scale and skipped steps, or {_BF16_HINT}.",
+                    details={**details, "evidence": FP16_OVERFLOW_RISK[kind]},
+                )
+            )
+    stored = checkpoint_dtype(config)
+    if stored and stored != policy.dtype:
+        findings.append(
+            Finding(
+                "vllm",
+                "info",
+                f"The checkpoint is stored in {stored}; vLLM will cast it to {policy.dtype}.",
+                details={**details, "checkpoint_dtype": stored},
+            )
+        )
+    return findings

@@ -1,0 +1,159 @@
+"""vLLM as the probe's rollout engine (``precision-plugin probe --engine vllm``; CUDA only).
+
+Log-probs are vLLM's *raw* log-probs (``logprobs_mode="raw_logprobs"`` where the installed vLLM
+has it, 0.10+; earlier V1 releases return raw ones anyway) at temperature 1 with no top-k/top-p,
+so they compare with the trainer's full-vocabulary log-softmax: ``processed_logprobs`` would be
+renormalised over a truncated support. One completion per prompt; NaN where vLLM returned none.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from precision_plugin import versions
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.rollout import RolloutSample
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer(model_path: str) -> bool:
+    """True when ``model_path`` holds tokenizer files (else vLLM must skip tokenizer init)."""
+    return any(os.path.isfile(os.path.join(model_path, f)) for f in _TOKENIZER_FILES)
+
+
+def llm_kwargs(
+    model_path: str,
+    dtype: str,
+    seed: int,
+    fields: Mapping[str, Any] | None,
+    *,
+    gpu_memory_utilization: float = 0.3,
+    max_model_len: int | None = 4096,
+    tokenizer: bool = True,
+) -> dict[str, Any]:
+    """The ``LLM(...)`` kwargs of the probe engine, through :func:`engine_kwargs` (pure).
+
+    ``fields`` are the installed ``EngineArgs`` field defaults (``None``: unknown, pass only
+    what every version knows).
+    """
+    from precision_plugin.vllm import engine_kwargs
+
+    asked: dict[str, Any] = {
+        "model": model_path,
+        "seed": seed,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enforce_eager": True,
+    }
+    if max_model_len is not None:
+        asked["max_model_len"] = max_model_len
+    if not tokenizer:
+        asked["skip_tokenizer_init"] = True
+    if fields is not None and "logprobs_mode" in fields:
+        asked["logprobs_mode"] = "raw_logprobs"
+    policy = PrecisionPolicy(dtype=dtype)  # type: ignore[arg-type]
+    return engine_kwargs(asked, policy, fields=fields)
+
+
+def sampling_kwargs(max_new_tokens: int, seed: int, *, detokenize: bool = True) -> dict[str, Any]:
+    """``SamplingParams`` kwargs for one rollout: temperature 1, full vocabulary, one sample,
+    the sampled token's log-prob only (``logprobs=0``)."""
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": max_new_tokens,
+        "logprobs": 0,
+        "seed": seed,
+    }
+    if not detokenize:
+        kwargs["detokenize"] = False
+    return kwargs
+
+
+def sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position mappings; NaN when absent."""
+    out: list[float] = []
+    for i, token in enumerate(token_ids):
+        entry = None
+        if logprobs is not None and i < len(logprobs) and logprobs[i] is not None:
+            entry = logprobs[i].get(token) if hasattr(logprobs[i], "get") else None
+        value = getattr(entry, "logprob", entry)
+        out.append(float(value) if isinstance(value, (int, float)) else math.nan)
+    return out
+
+
+class VLLMRolloutEngine:
+    """A ``vllm.LLM`` in ``dtype`` that samples rollouts for the probe."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, dtype: str, device: str = "cuda", seed: int = 0) -> None:
+        if versions.package_info("vllm") is None:
+            raise PrecisionConfigError(
+                "probe --engine vllm: vLLM is not installed. Fix: pip install vllm (on a CUDA "
+                "machine), or use --engine hf."
+            )
+        if not str(device).startswith("cuda") and device != "auto":
+            raise PrecisionConfigError(
+                f"probe --engine vllm: vLLM runs on CUDA GPUs, device={device!r} was asked. Fix: "
+                f"--device cuda, or --engine hf for CPU."
+            )
+        from vllm import LLM
+
+        from precision_plugin.vllm import engine_arg_fields
+
+        self.dtype = dtype
+        self._tokenizer = has_tokenizer(model_path)
+        kwargs = llm_kwargs(model_path, dtype, seed, engine_arg_fields(), tokenizer=self._tokenizer)
+        self.llm: Any = LLM(**kwargs)
+        self.meta = {"engine": self.name, "dtype": dtype, "llm_kwargs": kwargs}
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seed: int
+    ) -> list[RolloutSample]:
+        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs."""
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(**sampling_kwargs(max_new_tokens, seed + i, detokenize=self._tokenizer))
+            for i in range(len(prompts))
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        samples = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            samples.append(
+                RolloutSample(
+                    prompt_ids=list(prompt),
+                    completion_ids=tokens,
+                    logprobs=sampled_logprobs(tokens, completion.logprobs),
+                    meta={"engine": self.name, "dtype": self.dtype},
+                )
+            )
+        return samples
+
+    def close(self) -> None:
+        """Shut the engine down and free its GPU memory."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,203 @@
+"""Verify what a vLLM server or a colocated engine actually runs against the precision policy.
+
+A server is asked through ``GET /server_info?config_format=json`` (vLLM's dev endpoint, on with
+``VLLM_SERVER_DEV_MODE=1``, which ``trl vllm-serve`` sets), the same call as TRL's
+``VLLMClient.get_server_info()``; its ``vllm_config`` holds ``model_config.dtype`` (e.g.
+``"torch.float16"``), ``model_config.disable_cascade_attn`` and ``cache_config.cache_dtype``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from precision_plugin import versions
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
+from precision_plugin.report import Finding
+from precision_plugin.vllm_versions import cascade_decision
+
+log = logging.getLogger("precision_plugin")
+
+_FIX = (
+    f"restart the server with {ENV_VAR}={{dtype}} in its environment (the plugin's vLLM "
+    f"general plugin then enforces it), or pass --dtype {{dtype}}"
+)
+
+
+def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """``GET {base_url}/server_info?config_format=json``; returns the whole response."""
+    url = f"{base_url.rstrip('/')}/server_info?config_format=json"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise PrecisionConfigError(
+                f"vLLM server at {base_url} has no /server_info endpoint, so its precision "
+                f"cannot be verified. Fix: start it with VLLM_SERVER_DEV_MODE=1 (trl "
+                f"vllm-serve does), or set policy vllm.verify_server=false."
+            ) from None
+        raise
+
+
+def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
+    """(vllm_config, server's vLLM version if reported, description) of ``server``."""
+    if isinstance(server, Mapping):
+        if "vllm_config" in server:
+            version = (server.get("system_env") or {}).get("vllm_version")
+            return dict(server["vllm_config"]), version, "vLLM server"
+        return dict(server), None, "vLLM server"
+    if isinstance(server, str):
+        info = fetch_server_info(server)
+        version = (info.get("system_env") or {}).get("vllm_version")
+        return dict(info["vllm_config"]), version, f"vLLM server at {server}"
+    if hasattr(server, "get_server_info"):
+        where = getattr(server, "base_url", None)
+        return dict(server.get_server_info()), None, f"vLLM server at {where or server!r}"
+    raise PrecisionConfigError(
+        f"verify_server(): expected a TRL VLLMClient, a base URL or the /server_info JSON, got "
+        f"{type(server).__name__}."
+    )
+
+
+def _dtype_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return normalize_dtype(str(value))
+    except PrecisionConfigError:
+        return str(value)
+
+
+def compare_runtime(
+    *,
+    dtype: Any,
+    cascade_disabled: Any,
+    cache_dtype: Any,
+    policy: PrecisionPolicy,
+    where: str,
+    vllm_version: str | None = None,
+) -> list[Finding]:
+    """Findings for what an engine runs (dtype, cascade flag, KV-cache dtype) vs ``policy``."""
+    findings: list[Finding] = []
+    running = _dtype_name(dtype)
+    fix = _FIX.format(dtype=policy.dtype)
+    details = {"dtype": str(dtype), "disable_cascade_attn": cascade_disabled}
+    if running is None:
+        findings.append(Finding("vllm", "warning", f"{where} did not report its dtype.", fix=fix))
+    elif running != policy.dtype:
+        findings.append(
+            Finding(
+                "vllm",
+                "error",
+                f"{where} runs {dtype}, but the learner runs {policy.dtype}: rollouts and "
+                f"training use different precisions, the mismatch the plugin exists to remove.",
+                fix=fix,
+                details=details,
+            )
+        )
+    else:
+        findings.append(Finding("vllm", "ok", f"{where} runs {policy.dtype}.", details=details))
+
+    kv = str(cache_dtype or "auto").lower()
+    if kv not in ("auto", policy.dtype) and not (kv == "half" and policy.is_fp16):
+        findings.append(
+            Finding(
+                "vllm",
+                "warning",
+                f"{where} stores its KV cache as {cache_dtype}, not {policy.dtype}.",
+                fix="start it with --kv-cache-dtype auto",
+                details=details,
+            )
+        )
+
+    version = vllm_version or (str(versions.installed_version("vllm") or "") or None)
+    decision = cascade_decision(version, None, policy.vllm.cascade_guard) if version else None
+    if decision is not None and decision.disables and cascade_disabled is False:
+        findings.append(
+            Finding(
+                "vllm",
+                "warning",
+                f"{where} runs with cascade attention enabled; {decision.reason}",
+                fix="restart it with the plugin's env var, or --disable-cascade-attn",
+                details={**details, "cascade_decision": decision.action},
+            )
+        )
+    return findings
+
+
+def _act(findings: list[Finding], policy: PrecisionPolicy) -> list[Finding]:
+    """Raise for errors under strictness 'error'; log warnings and errors otherwise."""
+    errors = [f for f in findings if f.status == "error"]
+    if errors and policy.strictness == "error":
+        raise PrecisionMismatchError(
+            " ".join(f"{f.message} Fix: {f.fix}." for f in errors) + " (strictness='error')"
+        )
+    for f in findings:
+        if f.status in ("warning", "error"):
+            log.warning("%s Fix: %s.", f.message, f.fix)
+        else:
+            log.info("%s", f.message)
+    return findings
+
+
+def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
+    """Ask a running vLLM server what it runs and compare with ``policy`` (the learner's dtype).
+
+    ``server`` is a TRL ``VLLMClient`` (its ``get_server_info()``), a base URL such as
+    ``"http://localhost:8000"``, or the ``/server_info`` JSON. A dtype mismatch raises
+    :class:`PrecisionMismatchError` under ``strictness="error"``, else it is logged as a warning;
+    the findings are returned either way.
+    """
+    from precision_plugin.manager import current_policy
+
+    policy = policy or current_policy() or PrecisionPolicy()
+    try:
+        config, version, where = _server_config(server)
+    except PrecisionConfigError:
+        raise
+    except Exception as exc:
+        finding = Finding(
+            "vllm",
+            "warning",
+            f"Could not ask the vLLM server for its configuration ({type(exc).__name__}: {exc}).",
+            fix="check that the server runs with VLLM_SERVER_DEV_MODE=1",
+        )
+        log.warning("%s Fix: %s.", finding.message, finding.fix)
+        return [finding]
+    model = config.get("model_config") or {}
+    cache = config.get("cache_config") or {}
+    findings = compare_runtime(
+        dtype=model.get("dtype"),
+        cascade_disabled=model.get("disable_cascade_attn"),
+        cache_dtype=cache.get("cache_dtype"),
+        policy=policy,
+        where=where,
+        vllm_version=version,
+    )
+    return _act(findings, policy)
+
+
+def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
+    """Compare a colocated ``vllm.LLM`` (e.g. TRL's ``trainer.vllm_generation.llm``) with
+    ``policy``; same behaviour as :func:`verify_server`."""
+    from precision_plugin.manager import current_policy
+
+    policy = policy or current_policy() or PrecisionPolicy()
+    engine = getattr(llm, "llm_engine", llm)
+    config = getattr(engine, "vllm_config", None)
+    model = getattr(config, "model_config", None) or getattr(engine, "model_config", None)
+    cache = getattr(config, "cache_config", None)
+    findings = compare_runtime(
+        dtype=getattr(model, "dtype", None),
+        cascade_disabled=getattr(model, "disable_cascade_attn", None),
+        cache_dtype=getattr(cache, "cache_dtype", None),
+        policy=policy,
+        where="colocated vLLM engine",
+    )
+    return _act(findings, policy)
