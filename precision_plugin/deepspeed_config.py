@@ -1,0 +1,288 @@
+"""The DeepSpeed ``"precision_plugin"`` config entry: pure translation into DeepSpeed's own keys.
+
+A DeepSpeed config may carry a top-level section with the policy's keys::
+
+    {"precision_plugin": {"dtype": "float16", "loss_scaler": {"growth_interval": 400}},
+     "zero_optimization": {"stage": 2}}
+
+:func:`apply_config` returns a new config in which DeepSpeed's ``fp16`` / ``bf16`` /
+``torch_autocast`` sections say what the policy says. Plugin keys never go inside DeepSpeed's
+sections (DeepSpeed rejects unknown keys there); the ``precision_plugin`` section itself is kept
+unchanged (DeepSpeed ignores unknown top-level keys, and keeping it makes the function
+idempotent and lets a config copied later, e.g. TRL's reference model, carry the entry along).
+
+This module imports neither DeepSpeed nor torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.policy import PrecisionPolicy, normalize_dtype
+
+log = logging.getLogger("precision_plugin")
+
+#: Name of the top-level DeepSpeed config section the plugin reads.
+SECTION = "precision_plugin"
+
+#: DeepSpeed section names (``bfloat16`` is the legacy alias of ``bf16``).
+_FP16, _BF16, _BF16_OLD, _AUTOCAST = "fp16", "bf16", "bfloat16", "torch_autocast"
+
+
+def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    """Return a deep copy of ``cfg``: a dict, a path to a JSON file, or a JSON string."""
+    if isinstance(cfg, Mapping):
+        return copy.deepcopy(dict(cfg))
+    if isinstance(cfg, (str, os.PathLike)):
+        text = os.fspath(cfg)
+        if os.path.exists(text):
+            with open(text, encoding="utf-8") as fh:
+                data = json.load(fh)
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                raise PrecisionConfigError(
+                    f"DeepSpeed config: {text!r} is neither an existing file nor JSON. Pass a "
+                    f"dict, a path to a DeepSpeed JSON config, or a JSON string."
+                ) from None
+        if not isinstance(data, dict):
+            raise PrecisionConfigError(
+                f"DeepSpeed config {text!r}: expected a JSON object, got {type(data).__name__}."
+            )
+        return data
+    raise PrecisionConfigError(
+        f"DeepSpeed config: expected a dict or a path to a JSON file, got {type(cfg).__name__}."
+    )
+
+
+def resolve_policy(
+    cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None
+) -> PrecisionPolicy:
+    """The policy that governs ``cfg``: base policy, then the config's ``precision_plugin`` keys.
+
+    The base is ``policy`` when given, else the active policy (``enable()``), else the defaults.
+    Keys of the section override the base, except ``dtype`` when the base is explicit or
+    active: the dtype is one decision for the whole process (rollouts follow it too), so a
+    different section dtype is coerced to the base dtype (strictness ``warn``) or refused
+    (strictness ``error``).
+    """
+    from precision_plugin.manager import current_policy
+
+    explicit = policy if policy is not None else current_policy()
+    base = explicit if explicit is not None else PrecisionPolicy()
+    section = cfg.get(SECTION)
+    if section is None:
+        return base
+    if not isinstance(section, Mapping):
+        raise PrecisionConfigError(
+            f'DeepSpeed config "{SECTION}": expected an object with the policy\'s keys such as '
+            f'{{"dtype": "float16"}}, got {section!r}.'
+        )
+    try:
+        PrecisionPolicy.from_dict(section)  # validates keys and values with named messages
+        merged = base.replace(**dict(section))
+    except PrecisionConfigError as exc:
+        raise PrecisionConfigError(f'DeepSpeed config "{SECTION}" section: {exc}') from None
+    if explicit is not None and merged.dtype != explicit.dtype:
+        message = (
+            f'DeepSpeed config "{SECTION}.dtype"={section.get("dtype")!r} contradicts the '
+            f"active precision policy (dtype={explicit.dtype!r}); rollouts and learner must run "
+            f"one dtype."
+        )
+        if merged.strictness == "error":
+            raise PrecisionMismatchError(
+                f"{message} Fix: remove dtype from the section or make it {explicit.dtype!r}, "
+                f"or enable the plugin with dtype={merged.dtype!r}."
+            )
+        log.warning("%s The learner follows the policy: %s.", message, explicit.dtype)
+        merged = merged.replace(dtype=explicit.dtype)
+    return merged
+
+
+def apply_config(
+    cfg: Mapping[str, Any] | str | os.PathLike[str], policy: PrecisionPolicy | None = None
+) -> dict[str, Any]:
+    """Return a copy of DeepSpeed config ``cfg`` that runs the precision policy (``cfg`` untouched).
+
+    ``cfg`` is a dict or a path to a JSON file. The governing policy comes from
+    :func:`resolve_policy` (``policy`` / the active policy / defaults, then the config's
+    ``"precision_plugin"`` section). For ``float16``: ``fp16.enabled`` true with dynamic loss
+    scaling from ``policy.loss_scaler`` (``loss_scale`` 0, ``initial_scale_power``,
+    ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``) and ``bf16.enabled`` false; for
+    ``bfloat16`` the mirror image; for ``float32`` both off. ``"auto"`` values of other keys stay
+    for HF/Accelerate to fill. An explicit contradiction (bf16 enabled, ``fp16.enabled`` false,
+    a static ``loss_scale``, ``torch_autocast`` in another dtype) is coerced with a warning naming
+    the key (strictness ``warn``) or refused with :class:`PrecisionMismatchError` (``error``).
+    """
+    out = load_config(cfg)
+    return translate(out, resolve_policy(out, policy))
+
+
+def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
+    """Return a copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again).
+
+    :func:`apply_config` is ``translate(cfg, resolve_policy(cfg, policy))``; call this one when
+    the policy is already resolved.
+    """
+    out = copy.deepcopy(dict(cfg))
+    _Translator(out, policy).run()
+    return out
+
+
+def _is_true(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    value = cfg.get(name)
+    if value is None:
+        value = cfg[name] = {}
+    if not isinstance(value, dict):
+        raise PrecisionConfigError(
+            f"DeepSpeed config {name!r}: expected an object, got {value!r}. Example: "
+            f'"{name}": {{"enabled": true}}.'
+        )
+    return value
+
+
+class _Translator:
+    """Rewrites one (already copied) config dict in place for one policy."""
+
+    def __init__(self, cfg: dict[str, Any], policy: PrecisionPolicy) -> None:
+        self.cfg = cfg
+        self.policy = policy
+
+    def run(self) -> None:
+        dtype = self.policy.dtype
+        self._autocast()
+        self._param_dtype()
+        if dtype == "float16":
+            self._set_enabled(_FP16, True)
+            self._disable(_BF16)
+            self._fp16_scaler()
+        elif dtype == "bfloat16":
+            self._set_enabled(_BF16, True)
+            self._disable(_FP16)
+        else:
+            self._disable(_FP16)
+            self._disable(_BF16)
+
+    # -- conflicts ---------------------------------------------------------------------------
+    def _conflict(self, key: str, found: Any, coerced: str, why: str = "") -> None:
+        """Coerce (warn) or refuse (error) an explicit setting that contradicts the policy."""
+        what = (
+            f"DeepSpeed config {key}={json.dumps(found)} contradicts the precision policy "
+            f"(dtype={self.policy.dtype!r}){': ' + why if why else ''}."
+        )
+        if self.policy.strictness == "error":
+            raise PrecisionMismatchError(
+                f"{what} Fix: set {coerced} (or remove {key}) in the DeepSpeed config, or use "
+                f"strictness='warn' to let precision_plugin coerce it."
+            )
+        log.warning("%s precision_plugin set %s.", what, coerced)
+
+    # -- sections ----------------------------------------------------------------------------
+    def _set_enabled(self, name: str, enabled: bool) -> None:
+        section = _section(self.cfg, name)
+        current = section.get("enabled")
+        if current not in (None, "auto") and _is_true(current) != enabled:
+            self._conflict(f"{name}.enabled", current, f"{name}.enabled={json.dumps(enabled)}")
+        section["enabled"] = enabled
+
+    def _disable(self, name: str) -> None:
+        if name == _BF16 and _BF16_OLD in self.cfg:
+            legacy = _section(self.cfg, _BF16_OLD)
+            if _is_true(legacy.get("enabled")):
+                self._conflict(f"{_BF16_OLD}.enabled", legacy["enabled"], "bfloat16.enabled=false")
+            legacy["enabled"] = False
+            if name not in self.cfg:
+                return  # DeepSpeed reads the legacy section only when "bf16" is absent
+        self._set_enabled(name, False)
+
+    def _fp16_scaler(self) -> None:
+        fp16 = self.cfg[_FP16]
+        settings = self.policy.loss_scaler
+        if not settings.enabled:
+            return  # the user opted out of dynamic scaling: their loss_scale stands
+        current = fp16.get("loss_scale")
+        if current not in (None, "auto", 0, 0.0):
+            self._conflict(
+                "fp16.loss_scale",
+                current,
+                "fp16.loss_scale=0 (dynamic)",
+                "a static loss scale cannot back off on overflow; the policy asks for dynamic "
+                "scaling (set loss_scaler.enabled=false in the precision_plugin section to keep "
+                "a static scale)",
+            )
+        wanted = {
+            "loss_scale": 0,
+            "initial_scale_power": settings.initial_scale_power,
+            "loss_scale_window": settings.growth_interval,
+            "hysteresis": settings.hysteresis,
+            "min_loss_scale": settings.min_scale,
+        }
+        for key, value in wanted.items():
+            before = fp16.get(key)
+            if key != "loss_scale" and before not in (None, "auto", value):
+                log.info(
+                    "DeepSpeed fp16.%s: %r -> %r from the precision policy (set it in the "
+                    '"precision_plugin" section to change it)',
+                    key,
+                    before,
+                    value,
+                )
+            fp16[key] = value
+
+    def _autocast(self) -> None:
+        section = self.cfg.get(_AUTOCAST)
+        if not isinstance(section, dict) or not _is_true(section.get("enabled")):
+            return
+        raw = section.get("dtype")
+        try:
+            found = normalize_dtype(raw) if raw is not None else "bfloat16"
+        except PrecisionConfigError:
+            found = str(raw)
+        if self.policy.dtype != "float32" and found == self.policy.dtype:
+            # Same dtype, other mechanism: DeepSpeed's AMP mode cannot be combined with the
+            # fp16/bf16 section (ZeRO-0 fails) and its GradScaler ignores the policy's settings.
+            log.warning(
+                "DeepSpeed config torch_autocast (dtype %s) replaced by DeepSpeed's %s section, "
+                "which runs the policy's loss scaler; precision_plugin set "
+                "torch_autocast.enabled=false.",
+                found,
+                "fp16" if found == "float16" else "bf16",
+            )
+        else:
+            key = "torch_autocast.dtype" if raw is not None else "torch_autocast.enabled"
+            shown = raw if raw is not None else True
+            self._conflict(
+                key,
+                shown,
+                "torch_autocast.enabled=false",
+                f"torch_autocast would compute in {found}"
+                + ("" if raw is not None else " (DeepSpeed's documented default)"),
+            )
+        section["enabled"] = False
+
+    def _param_dtype(self) -> None:
+        data_types = self.cfg.get("data_types")
+        if not isinstance(data_types, dict) or data_types.get("param_dtype") in (None, "auto"):
+            return
+        try:
+            found = normalize_dtype(data_types["param_dtype"])
+        except PrecisionConfigError:
+            return  # not a precision this plugin governs; DeepSpeed validates it
+        if found != self.policy.dtype:
+            self._conflict(
+                "data_types.param_dtype",
+                data_types["param_dtype"],
+                f"data_types.param_dtype={json.dumps(self.policy.dtype)}",
+            )
+            data_types["param_dtype"] = self.policy.dtype

@@ -1,0 +1,232 @@
+"""Real DeepSpeed engines on CPU (one process, gloo): the config entry applied by
+``deepspeed.initialize``, inf/NaN skipping, telemetry, the loss-scale floor, checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+import torch
+
+import precision_plugin as pp
+from precision_plugin.deepspeed import apply_config, engine_scaler_stats, track_engine
+from precision_plugin.manager import get_plugin_manager
+from tests.integration import ds_cpu
+
+STAGES = [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def deepspeed():
+    """DeepSpeed on a one-process CPU world, fp16 allowed (see ds_cpu)."""
+    set_env = ds_cpu.single_process_env()
+    import deepspeed as ds
+
+    restore = ds_cpu.allow_fp16_on_cpu()
+    yield ds
+    restore()
+    for key in set_env:
+        os.environ.pop(key, None)
+
+
+def _init(deepspeed, cfg, seed=0, **kwargs):
+    model = ds_cpu.tiny_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg, **kwargs)
+    return engine
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bf16_config_runs_fp16_and_skips_inf_step(deepspeed, stage, caplog):
+    pp.enable()
+    cfg = ds_cpu.ds_config(stage)
+    original = json.dumps(cfg, sort_keys=True)
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        engine = _init(deepspeed, cfg)
+    assert json.dumps(cfg, sort_keys=True) == original  # the caller's dict is untouched
+    assert "bf16.enabled=true" in caplog.text
+    assert engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert engine.dynamic_loss_scale()
+    assert {p.dtype for p in engine.module.parameters()} == {torch.float16}
+    assert engine.config["fp16"]["loss_scale_window"] == 1000  # from the section
+
+    stats = engine_scaler_stats(engine)
+    assert stats.scale == 256 and stats.skipped_steps == 0
+
+    ds_cpu.train_step(engine, seed=1)
+    assert engine.was_step_applied()
+    before = ds_cpu.full_params(engine)
+    ds_cpu.train_step(engine, inject="inf", seed=2)
+    assert not engine.was_step_applied()
+    after = ds_cpu.full_params(engine)
+    assert all(
+        torch.equal(a, b) for a, b in zip(before, after, strict=True)
+    )  # the step was skipped
+
+    stats = engine_scaler_stats(engine)
+    assert stats.skipped_steps == 1 and stats.overflow_count == 1
+    assert stats.consecutive_skips == 1 and stats.steps == 2
+    assert stats.scale == 128  # hysteresis 1: halved at the first overflow
+
+    metrics = {}
+    for result in get_plugin_manager().hook.precision_collect_metrics(
+        policy=pp.current_policy(), trainer=None
+    ):
+        metrics.update(result or {})
+    assert metrics["loss_scale"] == 128 and metrics["skipped_steps"] == 1
+
+    ds_cpu.train_step(engine, seed=3)
+    assert engine.was_step_applied()
+    assert engine_scaler_stats(engine).consecutive_skips == 0
+    assert all(torch.isfinite(p).all() for p in ds_cpu.full_params(engine))
+
+
+def test_config_from_args_path_and_config_params(deepspeed, tmp_path):
+    pp.enable()
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds_cpu.ds_config(2)))
+    args = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    model = ds_cpu.tiny_model()
+    engine, *_ = deepspeed.initialize(
+        args=args, model=model, optimizer=torch.optim.AdamW(model.parameters())
+    )
+    assert args.deepspeed_config == str(path)  # the caller's args are untouched
+    assert engine.fp16_enabled() and engine_scaler_stats(engine).scale == 256
+
+    model = ds_cpu.tiny_model()
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), config_params=str(path)
+    )
+    assert engine.fp16_enabled() and not engine.bfloat16_enabled()
+
+
+def test_strict_policy_refuses_bf16_config(deepspeed):
+    pp.enable(strictness="error")
+    with pytest.raises(pp.PrecisionMismatchError, match=r"bf16\.enabled"):
+        _init(deepspeed, ds_cpu.ds_config(2))
+
+
+def test_disable_restores_initialize(deepspeed):
+    original = deepspeed.initialize
+    pp.enable()
+    assert deepspeed.initialize is not original
+    pp.disable()
+    assert deepspeed.initialize is original
+
+
+def test_floor_without_plugin_is_deepspeeds_bare_exception(deepspeed):
+    section = {"loss_scaler": {"init_scale": 2, "min_scale": 1, "hysteresis": 1}}
+    cfg = apply_config(ds_cpu.ds_config(2, section=section))
+    engine = _init(deepspeed, cfg)  # no enable(): DeepSpeed's own behaviour
+    ds_cpu.train_step(engine, inject="inf")  # 2 -> 1
+    with pytest.raises(Exception, match="loss scale already at minimum"):
+        ds_cpu.train_step(engine, inject="inf")
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_floor_raises_actionable_error(deepspeed, stage):
+    section = {
+        "loss_scaler": {"init_scale": 4, "min_scale": 1, "hysteresis": 1, "max_skips_at_min": 4}
+    }
+    pp.enable()
+    engine = _init(deepspeed, ds_cpu.ds_config(stage, section=section))
+    ds_cpu.train_step(engine, inject="inf")  # 4 -> 2
+    ds_cpu.train_step(engine, inject="inf")  # 2 -> 1
+    ds_cpu.train_step(engine, inject="inf")  # at the floor: DeepSpeed alone would exit here
+    with pytest.raises(pp.LossScaleAtMinimumError, match="stuck at its minimum"):
+        ds_cpu.train_step(engine, inject="inf")
+    stats = engine_scaler_stats(engine)
+    assert stats.at_min_scale and stats.consecutive_skips == 4 and stats.skipped_steps == 4
+
+
+def test_floor_warns_and_continues(deepspeed, caplog):
+    section = {
+        "loss_scaler": {
+            "init_scale": 2,
+            "min_scale": 1,
+            "hysteresis": 1,
+            "max_skips_at_min": 2,
+            "on_min_scale": "warn",
+        }
+    }
+    pp.enable()
+    engine = _init(deepspeed, ds_cpu.ds_config(2, section=section))
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        for _ in range(5):
+            ds_cpu.train_step(engine, inject="nan")
+    assert "stuck at its minimum" in caplog.text
+    ds_cpu.train_step(engine)
+    assert engine.was_step_applied() and engine.skipped_steps == 5
+
+
+def test_track_engine_without_enable(deepspeed):
+    cfg = apply_config(ds_cpu.ds_config(1))
+    engine = track_engine(_init(deepspeed, cfg))
+    for inject in ("inf", "nan", None):
+        ds_cpu.train_step(engine, inject=inject)
+    stats = engine_scaler_stats(engine)
+    assert stats.skipped_steps == 2 and stats.consecutive_skips == 0 and stats.steps == 3
+    assert stats.scale == 64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 2])
+def test_long_run_random_faults(deepspeed, stage):
+    """Hundreds of steps with random inf/NaN: no NaN in the weights, exact skip count, recovery."""
+    # Kept small: a scale above ~2**16 overflows this model's fp16 gradients by itself.
+    section = {"loss_scaler": {"init_scale": 2**6, "hysteresis": 1, "growth_interval": 20}}
+    pp.enable()
+    engine = _init(deepspeed, ds_cpu.ds_config(stage, section=section))
+    rng = random.Random(1234)
+    injected = 0
+    for step in range(300):
+        inject = None
+        if step < 150 and rng.random() < 0.15:
+            inject = rng.choice(["inf", "nan", "-inf"])
+            injected += 1
+        ds_cpu.train_step(engine, inject=inject, seed=step)
+        assert engine.was_step_applied() == (inject is None)
+        if inject is not None or step % 25 == 0:
+            assert all(torch.isfinite(p).all() for p in engine.module.parameters()), step
+        if step == 149:
+            scale_at_fault_end = engine_scaler_stats(engine).scale
+    stats = engine_scaler_stats(engine)
+    assert injected > 10
+    assert stats.skipped_steps == injected and stats.steps == 300
+    # At least 150 clean steps with growth every 20 clean steps: 7 doublings or more.
+    assert stats.scale >= scale_at_fault_end * 2**7
+    assert stats.scale >= 2**6  # back at or above where it started
+    assert all(torch.isfinite(p).all() for p in ds_cpu.full_params(engine))
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_checkpoint_keeps_scale_and_skips(deepspeed, stage, tmp_path):
+    pp.enable()
+    cfg = ds_cpu.ds_config(stage)
+    engine = _init(deepspeed, cfg)
+    for inject in (None, "inf", None, "nan", "inf", None):
+        ds_cpu.train_step(engine, inject=inject)
+    saved = engine_scaler_stats(engine)
+    assert saved.skipped_steps == 3 and saved.scale == 32
+    engine.save_checkpoint(str(tmp_path), tag="t")
+
+    resumed = _init(deepspeed, cfg, seed=99)
+    assert engine_scaler_stats(resumed).scale == 256  # fresh engine
+    resumed.load_checkpoint(str(tmp_path), tag="t")
+    stats = engine_scaler_stats(resumed)
+    assert stats.scale == saved.scale
+    assert stats.skipped_steps == saved.skipped_steps and stats.steps == saved.steps
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ds_cpu.full_params(engine), ds_cpu.full_params(resumed), strict=True)
+    )
+    ds_cpu.train_step(resumed, inject="inf")
+    assert engine_scaler_stats(resumed).skipped_steps == 4
+    assert engine_scaler_stats(resumed).scale == 16
