@@ -1,0 +1,140 @@
+"""HF Trainer on CPU with the real transformers/Accelerate: flags, master weights, metrics."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate")
+
+import transformers
+from accelerate.state import AcceleratorState
+from datasets import Dataset
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+import precision_plugin as pp
+from precision_plugin import PrecisionCallback, PrecisionMismatchError
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def _model(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def _data() -> Dataset:
+    ids = [[(i * 7 + j) % 64 for j in range(8)] for i in range(8)]
+    return Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    base = dict(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    return TrainingArguments(**{**base, **kw})
+
+
+def _metrics(trainer: Trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+def test_without_plugin_cpu_fp16_trains_in_fp32_without_scaler(tmp_path):
+    trainer = Trainer(model=_model(), args=_args(tmp_path, fp16=True), train_dataset=_data())
+    assert trainer.accelerator.scaler is None and not trainer.accelerator.native_amp
+
+
+def test_fp16_model_with_fp16_flag_trains_after_enable(tmp_path):
+    pp.enable(loss_scaler={"growth_interval": 50})
+    model = _model(torch.float16)  # as from_pretrained(..., dtype=torch.float16)
+    trainer = Trainer(model=model, args=_args(tmp_path, fp16=True), train_dataset=_data())
+    assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+    assert trainer.accelerator.scaler.get_growth_interval() == 50
+    callback = trainer.callback_handler.callbacks[0]
+    assert isinstance(callback, PrecisionCallback) and callback.trainer is trainer
+    trainer.train()
+    assert callback.forward_dtype == torch.float16  # the training forward really ran fp16
+    logged = _metrics(trainer)
+    assert len(logged) == 3
+    assert all(h["precision/loss_scale"] > 0 for h in logged)
+    assert logged[-1]["precision/skipped_steps"] >= 0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_fp16_model_refused_in_strict_mode(tmp_path):
+    pp.enable(strictness="error")
+    with pytest.raises(PrecisionMismatchError, match="Attempting to unscale FP16 gradients"):
+        Trainer(model=_model(torch.float16), args=_args(tmp_path, fp16=True), train_dataset=_data())
+
+
+def test_bf16_flag_is_coerced_or_refused(tmp_path, caplog):
+    pp.enable()
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        args = _args(tmp_path, bf16=True)
+    assert (args.fp16, args.bf16, args.mixed_precision) == (True, False, "fp16")
+    assert "bf16=True" in caplog.text
+    assert _args(tmp_path).fp16  # flags left unset follow the policy
+    pp.enable(strictness="error")
+    with pytest.raises(PrecisionMismatchError, match="bf16=True"):
+        _args(tmp_path, bf16=True)
+
+
+def test_callback_without_enable_reports_fp32_forward(tmp_path, caplog):
+    callback = PrecisionCallback()
+    trainer = Trainer(
+        model=_model(),
+        args=_args(tmp_path, fp16=True, max_steps=1),
+        train_dataset=_data(),
+        callbacks=[callback],
+    )
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        trainer.train()
+    assert callback.forward_dtype == torch.float32
+    assert "forward ran in float32" in caplog.text and "enable()" in caplog.text
+
+
+def test_callback_without_enable_strict_stops_before_training(tmp_path):
+    callback = PrecisionCallback(pp.PrecisionPolicy(strictness="error"))
+    trainer = Trainer(
+        model=_model(),
+        args=_args(tmp_path, fp16=True, max_steps=1),
+        train_dataset=_data(),
+        callbacks=[callback],
+    )
+    callback.bind(trainer)
+    with pytest.raises(PrecisionMismatchError, match="no loss scaler"):
+        trainer.train()
+
+
+def test_disable_restores_transformers_exactly():
+    post_init = vars(TrainingArguments)["__post_init__"]
+    init = vars(Trainer)["__init__"]
+    pp.enable()
+    assert vars(Trainer)["__init__"] is not init
+    pp.disable()
+    assert vars(TrainingArguments)["__post_init__"] is post_init
+    assert vars(Trainer)["__init__"] is init
+    assert transformers.Trainer is Trainer

@@ -1,0 +1,95 @@
+"""TRL GRPOTrainer (use_vllm=False, tiny in-code model and data) on CPU with precision_plugin."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+import transformers
+import trl
+from accelerate.state import AcceleratorState
+from trl.trainer.base_config import _BaseConfig
+
+import precision_plugin as pp
+from precision_plugin import PrecisionCallback, PrecisionMismatchError
+
+RECIPE = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("grpo_fp16_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.mark.slow
+def test_grpo_recipe_trains_fp16_logs_loss_scale_and_disable_restores(tmp_path):
+    originals = {
+        (cls, name): vars(cls)[name]
+        for cls, name in [
+            (_BaseConfig, "__post_init__"),
+            (transformers.TrainingArguments, "__post_init__"),
+            (transformers.Trainer, "__init__"),
+            (__import__("accelerate").Accelerator, "__init__"),
+            (__import__("accelerate").Accelerator, "prepare_model"),
+        ]
+    }
+    report = _recipe().main(["--max-steps", "2", "--output-dir", str(tmp_path)])
+    assert report["fp16"] is True and report["bf16"] is False  # TRL alone would pick bf16
+    assert report["forward_dtype"] == "float16"
+    assert report["loss_scale"] > 0 and report["steps"] == 2
+    assert pp.current_policy() is None  # the recipe disabled the plugin
+    for (cls, name), original in originals.items():
+        assert vars(cls)[name] is original, f"{cls.__name__}.{name} not restored"
+
+
+def test_unset_flags_follow_the_policy_and_explicit_bf16_is_refused(tmp_path):
+    assert trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True).bf16  # TRL's own default
+    pp.enable()
+    config = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert (config.fp16, config.bf16) == (True, False)
+    pp.enable(strictness="error")
+    with pytest.raises(PrecisionMismatchError, match="bf16=True"):
+        trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=True)
+
+
+@pytest.mark.slow
+def test_bf16_adapters_are_made_fp32_before_the_first_step(tmp_path, caplog):
+    """TRL casts QLoRA adapters to bf16 before Trainer.__init__; the plugin casts them back."""
+    recipe = _recipe()
+    pp.enable()
+    model, tokenizer = recipe.build_model_and_tokenizer()
+    for name, param in model.named_parameters():
+        if "mlp" in name:
+            param.data = param.data.to(torch.bfloat16)  # what grpo_trainer.py does for QLoRA
+        else:
+            param.requires_grad_(False)
+    original = recipe.build_model_and_tokenizer
+    recipe.build_model_and_tokenizer = lambda: (model, tokenizer)
+    try:
+        with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+            trainer = recipe.build_trainer(str(tmp_path), max_steps=1)
+    finally:
+        recipe.build_model_and_tokenizer = original
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 for p in trainable)
+    assert "bfloat16 -> float32" in caplog.text
+    trainer.train()
+    callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)]
+    assert len(callbacks) == 1 and callbacks[0].forward_dtype == torch.float16
+    assert "precision/loss_scale" in trainer.state.log_history[0]
