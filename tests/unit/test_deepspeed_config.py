@@ -1,0 +1,233 @@
+"""``precision_plugin.deepspeed.apply_config``: a pure translation of the config entry."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+
+import pytest
+
+import precision_plugin as pp
+from precision_plugin.deepspeed_config import apply_config, load_config, resolve_policy
+from precision_plugin.policy import PrecisionPolicy
+
+STRICT = PrecisionPolicy(strictness="error")
+
+
+def test_float16_mapping_from_policy_defaults():
+    out = apply_config({"zero_optimization": {"stage": 2}})
+    assert out["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 16,
+        "loss_scale_window": 400,
+        "hysteresis": 2,
+        "min_loss_scale": 1.0,
+    }
+    assert out["bf16"] == {"enabled": False}
+    assert out["zero_optimization"] == {"stage": 2}
+    assert "precision_plugin" not in out  # nothing added at the top level but fp16/bf16
+
+
+def test_section_keys_map_to_deepspeed_keys():
+    section = {
+        "loss_scaler": {
+            "init_scale": 1024,
+            "growth_interval": 50,
+            "hysteresis": 3,
+            "min_scale": 0.5,
+        }
+    }
+    out = apply_config({"precision_plugin": section})
+    fp16 = out["fp16"]
+    assert fp16["initial_scale_power"] == 10
+    assert fp16["loss_scale_window"] == 50
+    assert fp16["hysteresis"] == 3
+    assert fp16["min_loss_scale"] == 0.5
+    assert out["precision_plugin"] == section  # kept as written (DeepSpeed ignores it)
+    for key in ("fp16", "bf16"):  # plugin keys never go inside DeepSpeed's sections
+        assert set(out[key]) <= {
+            "enabled",
+            "loss_scale",
+            "initial_scale_power",
+            "loss_scale_window",
+            "hysteresis",
+            "min_loss_scale",
+        }
+
+
+def test_deepspeed_accepts_the_output():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+
+    out = apply_config({"bf16": {"enabled": True}, "precision_plugin": {"dtype": "fp16"}})
+    fp16 = get_float16_config(out)
+    assert fp16.enabled and fp16.loss_scale == 0
+    assert fp16.dynamic_loss_scale_args()["scale_window"] == 400
+    assert not get_bfloat16_config(out).enabled
+
+
+def test_bfloat16_is_the_mirror_image():
+    cfg = {"fp16": {"enabled": "auto", "loss_scale": 0}, "precision_plugin": {"dtype": "bf16"}}
+    out = apply_config(cfg)
+    assert out["bf16"] == {"enabled": True}
+    assert out["fp16"] == {"enabled": False, "loss_scale": 0}
+
+
+def test_float32_turns_both_off():
+    out = apply_config({"precision_plugin": {"dtype": "float32"}})
+    assert out["fp16"] == {"enabled": False} and out["bf16"] == {"enabled": False}
+
+
+def test_auto_values_stay_for_hf_and_accelerate():
+    cfg = {
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_clipping": "auto",
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+    }
+    out = apply_config(cfg)
+    assert out["train_micro_batch_size_per_gpu"] == "auto"
+    assert out["gradient_clipping"] == "auto"
+    assert out["zero_optimization"]["reduce_bucket_size"] == "auto"
+    # The precision keys are the policy's decision, not TrainingArguments': resolved here.
+    assert out["fp16"]["enabled"] is True and out["bf16"]["enabled"] is False
+
+
+def test_input_not_mutated_and_idempotent():
+    cfg = {
+        "bf16": {"enabled": True},
+        "fp16": {"loss_scale": 128},
+        "torch_autocast": {"enabled": True, "dtype": "bfloat16"},
+        "precision_plugin": {"loss_scaler": {"growth_interval": 100}},
+    }
+    frozen = copy.deepcopy(cfg)
+    out = apply_config(cfg)
+    assert cfg == frozen
+    assert apply_config(out) == out
+    out["fp16"]["enabled"] = "changed"
+    assert cfg == frozen  # no shared nested objects
+
+
+def test_path_and_json_string(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"precision_plugin": {"dtype": "bfloat16"}}))
+    assert apply_config(str(path))["bf16"]["enabled"] is True
+    assert apply_config(path)["bf16"]["enabled"] is True
+    assert load_config('{"a": 1}') == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key", "coerced"),
+    [
+        ({"bf16": {"enabled": True}}, "bf16.enabled", ("bf16", "enabled", False)),
+        ({"bf16": {"enabled": "true"}}, "bf16.enabled", ("bf16", "enabled", False)),
+        ({"bfloat16": {"enabled": True}}, "bfloat16.enabled", ("bfloat16", "enabled", False)),
+        ({"fp16": {"enabled": False}}, "fp16.enabled", ("fp16", "enabled", True)),
+        ({"fp16": {"loss_scale": 128}}, "fp16.loss_scale", ("fp16", "loss_scale", 0)),
+        (
+            {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}},
+            "torch_autocast.dtype",
+            ("torch_autocast", "enabled", False),
+        ),
+        (
+            {"torch_autocast": {"enabled": True}},
+            "torch_autocast.enabled",
+            ("torch_autocast", "enabled", False),
+        ),
+        (
+            {"data_types": {"param_dtype": "bf16"}},
+            "data_types.param_dtype",
+            ("data_types", "param_dtype", "float16"),
+        ),
+    ],
+)
+def test_conflicts_warn_and_coerce_or_refuse(cfg, key, coerced, caplog):
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config(cfg)
+    assert key in caplog.text and "contradicts the precision policy" in caplog.text
+    section, name, value = coerced
+    assert out[section][name] == value
+    with pytest.raises(pp.PrecisionMismatchError, match=key.replace(".", r"\.")) as info:
+        apply_config(cfg, STRICT)
+    assert "Fix:" in str(info.value)
+
+
+def test_bf16_policy_refuses_fp16_enabled():
+    with pytest.raises(pp.PrecisionMismatchError, match=r"fp16\.enabled"):
+        apply_config(
+            {"fp16": {"enabled": True}}, PrecisionPolicy(dtype="bfloat16", strictness="error")
+        )
+
+
+def test_torch_autocast_in_the_policy_dtype_is_replaced_not_refused(caplog):
+    cfg = {"torch_autocast": {"enabled": True, "dtype": "float16"}}
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config(cfg, STRICT)
+    assert out["torch_autocast"]["enabled"] is False and out["fp16"]["enabled"] is True
+    assert "torch_autocast" in caplog.text
+
+
+def test_static_scale_kept_when_scaler_disabled():
+    out = apply_config(
+        {"fp16": {"loss_scale": 128}, "precision_plugin": {"loss_scaler": {"enabled": False}}}
+    )
+    assert out["fp16"] == {"loss_scale": 128, "enabled": True}
+
+
+def test_no_conflict_no_warning(caplog):
+    cfg = {"fp16": {"enabled": True, "loss_scale": 0}, "bf16": {"enabled": False}}
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        apply_config(cfg, STRICT)
+    assert caplog.text == ""
+
+
+def test_precedence_defaults_policy_section():
+    base = PrecisionPolicy(loss_scaler={"growth_interval": 123, "hysteresis": 4})
+    out = apply_config({"precision_plugin": {"loss_scaler": {"hysteresis": 1}}}, base)
+    assert out["fp16"]["loss_scale_window"] == 123  # from the policy argument
+    assert out["fp16"]["hysteresis"] == 1  # the section wins over it
+    pp.enable(loss_scaler={"growth_interval": 77})
+    assert apply_config({})["fp16"]["loss_scale_window"] == 77  # the active policy
+    assert apply_config({}, base)["fp16"]["loss_scale_window"] == 123  # argument beats active
+
+
+def test_section_dtype_cannot_contradict_active_policy(caplog):
+    pp.enable(dtype="float16")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config({"precision_plugin": {"dtype": "bfloat16"}})
+    assert out["fp16"]["enabled"] is True and "precision_plugin.dtype" in caplog.text
+    with pytest.raises(pp.PrecisionMismatchError, match=r"precision_plugin\.dtype"):
+        apply_config({"precision_plugin": {"dtype": "bfloat16", "strictness": "error"}})
+    pp.disable()
+    # Without an active or explicit policy the section chooses the dtype freely.
+    assert resolve_policy({"precision_plugin": {"dtype": "bfloat16"}}).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "pattern"),
+    [
+        ({"precision_plugin": {"dtpye": "float16"}}, r"Did you mean 'dtype'"),
+        (
+            {"precision_plugin": {"loss_scaler": {"growth_intervall": 5}}},
+            r"Did you mean 'loss_scaler.growth_interval'",
+        ),
+        ({"precision_plugin": {"dtype": "fp8"}}, r"not a supported precision"),
+        ({"precision_plugin": "float16"}, r"expected an object"),
+        ({"precision_plugin": {"loss_scaler": {"hysteresis": 0}}}, r"loss_scaler.hysteresis"),
+        ({"fp16": True}, r"'fp16': expected an object"),
+    ],
+)
+def test_bad_input_messages(cfg, pattern):
+    with pytest.raises(pp.PrecisionConfigError, match=pattern) as info:
+        apply_config(cfg)
+    assert "DeepSpeed config" in str(info.value)
+
+
+def test_bad_config_types():
+    with pytest.raises(pp.PrecisionConfigError, match="neither an existing file nor JSON"):
+        apply_config("/no/such/ds_config.json")
+    with pytest.raises(pp.PrecisionConfigError, match="expected a dict"):
+        apply_config(42)  # type: ignore[arg-type]
