@@ -1,0 +1,72 @@
+"""Contract tests run in the separate vLLM environment (scripts/setup_vllm_env.sh).
+
+vLLM's CUDA wheel resolves its platform lazily; ``VLLM_TARGET_DEVICE=cpu`` selects the CPU
+platform so ``create_engine_config()`` and the CLI parser work on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+vllm = pytest.importorskip("vllm", reason="the vLLM contract environment is not active")
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+}
+GEMMA2 = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "torch_dtype": "bfloat16",
+}
+
+
+def write_checkpoint(path: Path, config: dict) -> Path:
+    """A checkpoint directory holding only ``config.json`` (vLLM's config layer needs no weights)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def llama_dir(tmp_path):
+    return str(write_checkpoint(tmp_path / "llama", LLAMA))
+
+
+@pytest.fixture
+def gemma2_dir(tmp_path):
+    return str(write_checkpoint(tmp_path / "gemma2", GEMMA2))
+
+
+def script_command(path: Path, program: str, variables: dict[str, str]) -> list[str]:
+    """The argument list of the ``exec PROGRAM ...`` line of a recipe script, variables filled."""
+    text = path.read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"exec {program}"))
+    for name, value in variables.items():
+        line = line.replace(f'"${name}"', shlex.quote(value))
+    return [a for a in shlex.split(line)[1:] if a != "$@"]
