@@ -1,0 +1,202 @@
+"""The HF Trainer with ``--deepspeed integrations/deepspeed/zero2_fp16.json`` (and ZeRO-3) on CPU,
+and the Accelerate DeepSpeed recipe through ``accelerate launch``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("accelerate")
+
+import torch
+
+import precision_plugin as pp
+from precision_plugin.deepspeed import engine_scaler_stats
+from tests.integration import ds_cpu
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "integrations" / "deepspeed"
+
+
+@pytest.fixture(scope="module")
+def ds_env():
+    """A one-process DeepSpeed world on CPU, fp16 allowed (see ds_cpu)."""
+    set_env = ds_cpu.single_process_env()
+    import deepspeed  # noqa: F401
+
+    restore = ds_cpu.allow_fp16_on_cpu()
+    yield
+    restore()
+    for key in set_env:
+        os.environ.pop(key, None)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict:
+        ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _train(tmp_path, recipe: str, *flags: str):
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+    argv = [
+        "--output_dir",
+        str(tmp_path),
+        "--deepspeed",
+        str(RECIPES / recipe),
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        *flags,
+    ]
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(argv)
+    callback = pp.PrecisionCallback()
+    trainer = Trainer(model=_tiny_llama(), args=args, train_dataset=_Tokens(), callbacks=[callback])
+    callback.bind(trainer)
+    result = trainer.train()
+    return trainer, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("recipe", "flags"),
+    [
+        ("zero2_fp16.json", ()),
+        ("zero2_fp16.json", ("--bf16", "True")),  # TRL's default: bf16=True
+        ("zero3_fp16.json", ("--fp16", "True")),
+    ],
+)
+def test_hf_trainer_trains_fp16_from_recipe(ds_env, tmp_path, recipe, flags):
+    import deepspeed
+
+    pp.enable()
+    trainer, result = _train(tmp_path, recipe, *flags)
+    engine = trainer.model_wrapped
+    assert isinstance(engine, deepspeed.DeepSpeedEngine)
+    assert engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert engine.zero_optimization_stage() == int(recipe[4])
+    assert engine.config["fp16"]["loss_scale_window"] == 400  # from the recipe's entry
+    assert trainer.state.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
+    stats = engine_scaler_stats(engine)
+    assert stats.steps == 3 and stats.scale > 0
+    logged = [h for h in trainer.state.log_history if "precision/loss_scale" in h]
+    assert logged, trainer.state.log_history
+    assert logged[-1]["precision/skipped_steps"] == stats.skipped_steps
+
+
+@pytest.mark.slow
+def test_hf_trainer_strict_refuses_contradicting_flags(ds_env, tmp_path):
+    pp.enable(strictness="error")
+    with pytest.raises(pp.PrecisionMismatchError):
+        _train(tmp_path, "zero2_fp16.json", "--bf16", "True")
+
+
+ACCELERATE_SCRIPT = """
+import json, sys, torch
+import precision_plugin as pp
+from tests.integration import ds_cpu
+from tests.integration.test_deepspeed_hf_trainer import _tiny_llama, _Tokens
+
+import deepspeed
+ds_cpu.allow_fp16_on_cpu()
+pp.enable()
+from accelerate import Accelerator
+from precision_plugin.deepspeed import engine_scaler_stats
+
+accelerator = Accelerator()
+model = _tiny_llama()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+loader = torch.utils.data.DataLoader(_Tokens(), batch_size=2)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for step, batch in enumerate(loader):
+    loss = model(**batch).loss
+    if step == 1:
+        loss = loss * float("inf")
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == 3:
+        break
+stats = engine_scaler_stats(model)
+json.dump({"fp16": model.fp16_enabled(), "bf16": model.bfloat16_enabled(),
+           "mixed_precision": accelerator.mixed_precision, "stage": model.zero_optimization_stage(),
+           "window": model.config["fp16"]["loss_scale_window"],
+           "dtype": str(next(model.module.parameters()).dtype), **stats.to_dict()},
+          open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_accelerate_deepspeed_yaml_recipe(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(ACCELERATE_SCRIPT)
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    for key in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        env.pop(key, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "integrations" / "accelerate" / "deepspeed_zero2_fp16.yaml"),
+        "--main_process_port",
+        str(ds_cpu.free_port()),
+        str(script),
+        str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(out.read_text())
+    assert result["fp16"] and not result["bf16"] and result["stage"] == 2
+    assert result["mixed_precision"] == "fp16"
+    assert result["dtype"] == "torch.float16" and result["window"] == 400
+    assert result["steps"] == 4 and result["skipped_steps"] == 1
