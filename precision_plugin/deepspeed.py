@@ -177,7 +177,31 @@ def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
         "consecutive-skip count need one",
     )
     _engines[engine] = tracker
+    _apply_scale_factor(engine, pol)
     return engine
+
+
+def _apply_scale_factor(engine: Any, policy: PrecisionPolicy) -> None:
+    """DeepSpeed's config has no scale factor (one factor, default 2, both ways): set it here."""
+    settings = policy.loss_scaler
+    if not policy.uses_loss_scaler or settings.growth_factor == 2.0 == 1 / settings.backoff_factor:
+        return
+    optimizer = getattr(engine, "optimizer", None)
+    holder = getattr(optimizer, "loss_scale_config", None) or getattr(
+        optimizer, "loss_scaler", None
+    )
+    if holder is None or not hasattr(holder, "scale_factor"):
+        return
+    if abs(settings.growth_factor * settings.backoff_factor - 1) > 1e-9:
+        log.warning(
+            "precision_plugin: DeepSpeed grows and backs off the loss scale by one factor; "
+            "loss_scaler.growth_factor=%g with backoff_factor=%g cannot both apply. DeepSpeed "
+            "uses %g both ways. Fix: set backoff_factor=1/growth_factor.",
+            settings.growth_factor,
+            settings.backoff_factor,
+            settings.growth_factor,
+        )
+    holder.scale_factor = settings.growth_factor
 
 
 def _policy_of(engine: Any) -> PrecisionPolicy:

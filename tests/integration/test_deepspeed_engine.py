@@ -230,3 +230,19 @@ def test_checkpoint_keeps_scale_and_skips(deepspeed, stage, tmp_path):
     ds_cpu.train_step(resumed, inject="inf")
     assert engine_scaler_stats(resumed).skipped_steps == 4
     assert engine_scaler_stats(resumed).scale == 16
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_policy_scale_factor_reaches_engine(deepspeed, stage):
+    section = {
+        "loss_scaler": {
+            "init_scale": 256,
+            "hysteresis": 1,
+            "growth_factor": 4.0,
+            "backoff_factor": 0.25,
+        }
+    }
+    pp.enable()
+    engine = _init(deepspeed, ds_cpu.ds_config(stage, section=section))
+    ds_cpu.train_step(engine, inject="inf")
+    assert engine_scaler_stats(engine).scale == 64  # DeepSpeed's fixed factor would give 128
