@@ -246,3 +246,13 @@ def test_policy_scale_factor_reaches_engine(deepspeed, stage):
     engine = _init(deepspeed, ds_cpu.ds_config(stage, section=section))
     ds_cpu.train_step(engine, inject="inf")
     assert engine_scaler_stats(engine).scale == 64  # DeepSpeed's fixed factor would give 128
+
+
+def test_doctor_reports_version_changes_and_device(deepspeed):
+    from precision_plugin.deepspeed import precision_doctor
+
+    findings = precision_doctor(policy=pp.PrecisionPolicy())
+    text = "\n".join(f.message for f in findings)
+    assert f"deepspeed {deepspeed.__version__}" in text
+    assert any(f.status == "change" and "'enabled': True" in f.message for f in findings)
+    assert any(f.status == "ok" and "supports fp16" in f.message for f in findings)

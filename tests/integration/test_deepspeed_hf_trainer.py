@@ -120,10 +120,27 @@ def test_hf_trainer_trains_fp16_from_recipe(ds_env, tmp_path, recipe, flags):
 
 
 @pytest.mark.slow
-def test_hf_trainer_strict_refuses_contradicting_flags(ds_env, tmp_path):
-    pp.enable(strictness="error")
-    with pytest.raises(pp.PrecisionMismatchError):
-        _train(tmp_path, "zero2_fp16.json", "--bf16", "True")
+def test_deepspeed_adapter_alone_settles_hf_flags(ds_env, tmp_path, caplog):
+    """Only the DeepSpeed adapter on: it alone reconciles TrainingArguments(bf16=True)."""
+    import logging
+
+    pp.enable(skip_adapters=["transformers", "trl", "accelerate"])
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        # use_cpu: HF refuses bf16=True on a machine without a bf16 GPU otherwise
+        trainer, _ = _train(tmp_path, "zero2_fp16.json", "--bf16", "True", "--use_cpu", "True")
+    assert trainer.args.bf16  # the flag itself is not this adapter's business...
+    assert trainer.model_wrapped.fp16_enabled()  # ...but DeepSpeed runs the policy
+    assert not trainer.model_wrapped.bfloat16_enabled()
+    assert "TrainingArguments fp16=False, bf16=True contradict" in caplog.text
+    assert "Accelerate mixed_precision='bf16' contradicts" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skip", [[], ["transformers", "trl", "accelerate"]])
+def test_hf_trainer_strict_refuses_contradicting_flags(ds_env, tmp_path, skip):
+    pp.enable(strictness="error", skip_adapters=skip)
+    with pytest.raises(pp.PrecisionMismatchError, match="bf16"):
+        _train(tmp_path, "zero2_fp16.json", "--bf16", "True", "--use_cpu", "True")
 
 
 ACCELERATE_SCRIPT = """
