@@ -1,4 +1,4 @@
-"""Rollout engines for the probe: the interface, and (added by the probe work) the HF engine.
+"""Rollout engines for the probe: the interface and the built-in HF engine.
 
 A rollout engine samples completions the way an RL rollout does and returns, for every sampled
 token, the log-probability the engine itself assigned to it (temperature 1, full vocabulary,
@@ -8,7 +8,7 @@ no top-k/top-p), so it can be compared with the trainer's full-sequence log-soft
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -45,3 +45,127 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine's memory (weights, KV cache, worker processes)."""
         ...
+
+
+def _autocast_device(device: str) -> str:
+    """The ``torch.autocast`` device type of a torch device string (``cuda:1`` -> ``cuda``)."""
+    return device.split(":", 1)[0]
+
+
+def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
+    """Load a local HF causal-LM checkpoint in float32 on ``device``, in eval mode.
+
+    Returns ``(model, tokenizer)``. Loads in float32 whatever the checkpoint's dtype, so callers
+    decide the precision (``.to(dtype)`` for a rollout copy, autocast for the trainer path).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model = model.to(device=device, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return model, tokenizer
+
+
+class HFRolloutEngine:
+    """Rollout with HF ``generate``: its own copy of the weights in ``dtype``, KV-cache decoding.
+
+    Samples token by token at temperature 1 over the full vocabulary (no top-k/top-p, no
+    repetition penalty: the checkpoint's generation defaults are replaced). The log-prob of each
+    sampled token is ``log_softmax`` in float32 of the engine's own ``dtype`` logits, as vLLM
+    computes it. Prompts of equal length are batched without padding and with an all-ones
+    attention mask, so position ids are ``0..T-1`` exactly as in a trainer's full forward.
+    """
+
+    name = "hf"
+
+    def __init__(self, model: Any, dtype: str, device: str) -> None:
+        import torch
+        from transformers import GenerationConfig
+
+        from precision_plugin.policy import torch_dtype
+
+        self.dtype = dtype
+        self.device = device
+        self.model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
+        config = self.model.config
+        eos = getattr(config, "eos_token_id", None)
+        self._eos: set[int] = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        pad = getattr(config, "pad_token_id", None)
+        self._pad = pad if pad is not None else (min(self._eos) if self._eos else 0)
+        # A fresh config: a checkpoint's generation_config.json (top_k=50, temperature=0.7,
+        # repetition_penalty, ...) must not reshape the distribution we compare against.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=sorted(self._eos) or None, pad_token_id=self._pad
+        )
+        self._torch = torch
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, dtype: str, device: str) -> HFRolloutEngine:
+        """Load ``model_path`` and keep a ``dtype`` copy of its weights on ``device``."""
+        model, _ = load_causal_lm(model_path, device)
+        return cls(model, dtype, device)
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seed: int
+    ) -> list[RolloutSample]:
+        """Sample one completion per prompt; a completion stops after its first EOS token."""
+        torch = self._torch
+        groups: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(len(prompt), []).append(i)
+        out: list[RolloutSample | None] = [None] * len(prompts)
+        devices = [self.device] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            torch.manual_seed(seed)
+            for length in sorted(groups):
+                rows = groups[length]
+                ids = torch.tensor([prompts[i] for i in rows], device=self.device)
+                samples = self._generate_batch(ids, max_new_tokens)
+                for row, sample in zip(rows, samples, strict=True):
+                    out[row] = sample
+        return [s for s in out if s is not None]
+
+    def _generate_batch(self, ids: Any, max_new_tokens: int) -> list[RolloutSample]:
+        torch = self._torch
+        result = self.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            use_cache=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = result.sequences[:, ids.shape[1] :]
+        logits = torch.stack(result.logits, dim=1)[:, : new.shape[1]]  # [batch, steps, vocab]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for b in range(ids.shape[0]):
+            tokens = new[b].tolist()
+            end = next((t + 1 for t, tok in enumerate(tokens) if tok in self._eos), len(tokens))
+            samples.append(
+                RolloutSample(
+                    prompt_ids=ids[b].tolist(),
+                    completion_ids=tokens[:end],
+                    logprobs=token_logp[b, :end].tolist(),
+                    meta={"engine": self.name, "dtype": self.dtype},
+                )
+            )
+        return samples
+
+    def close(self) -> None:
+        """Drop the weights (and the CUDA cache when on a GPU)."""
+        self.model = None
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()
+
+
+def hf_engine_factory(model_path: str, dtype: str, device: str, seed: int) -> HFRolloutEngine:
+    """``precision_probe_engines`` factory of the built-in ``hf`` engine."""
+    del seed  # sampling is seeded per generate() call
+    return HFRolloutEngine.from_pretrained(model_path, dtype, device)

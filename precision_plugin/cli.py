@@ -1,0 +1,340 @@
+"""The ``precision-plugin`` command line: ``probe`` and ``doctor``.
+
+Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
+``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from precision_plugin.errors import PrecisionPluginError
+
+PROG = "precision-plugin"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``precision-plugin: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line (what was asked, what is wrong, the fix) and exit with code 2."""
+        hint = f" (see '{self.prog} --help')"
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}{hint}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer; pass a number >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return value
+
+
+def _dtype_list(text: str) -> tuple[str, ...]:
+    from precision_plugin.policy import normalize_dtype
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no dtype; pass a comma list such as float16,bfloat16"
+        )
+    try:
+        return tuple(normalize_dtype(name, field_name="--dtypes") for name in names)
+    except PrecisionPluginError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dtypes: ")) from None
+
+
+def _single_dtype(text: str) -> str:
+    from precision_plugin.policy import normalize_dtype
+
+    try:
+        return normalize_dtype(text, field_name="--dtype")
+    except PrecisionPluginError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dtype: ")) from None
+
+
+def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentParser:
+    """The argument parser; ``engine_names`` are the ``--engine`` choices."""
+    from precision_plugin import __version__
+    from precision_plugin.probe import (
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_NUM_PROMPTS,
+        DEFAULT_SEED,
+    )
+
+    parser = _Parser(
+        prog=PROG,
+        description="One consistent precision (FP16 by default) for RL rollouts and training.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log what the plugin does (to stderr)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    probe = sub.add_parser(
+        "probe",
+        help="measure the train/rollout mismatch of a model in each dtype",
+        description=(
+            "Sample completions with a rollout engine in each dtype, score the same tokens the "
+            "way a trainer does (fp32 master weights, autocast), and report the mismatch. "
+            "float32 always runs first as the self-check."
+        ),
+    )
+    probe.add_argument(
+        "--model",
+        metavar="PATH",
+        help="local HF causal-LM checkpoint folder with tokenizer (default: embedded tiny Llama)",
+    )
+    probe.add_argument(
+        "--engine",
+        default="hf",
+        choices=list(engine_names),
+        help="rollout engine (default: hf; plugins add more, e.g. vllm)",
+    )
+    probe.add_argument(
+        "--dtypes",
+        type=_dtype_list,
+        default=("float32", "float16", "bfloat16"),
+        metavar="LIST",
+        help="comma list of dtypes, aliases ok (default: float32,float16,bfloat16)",
+    )
+    probe.add_argument(
+        "--num-prompts",
+        type=_positive_int,
+        default=DEFAULT_NUM_PROMPTS,
+        metavar="N",
+        help=f"completions per dtype (default: {DEFAULT_NUM_PROMPTS})",
+    )
+    probe.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        metavar="N",
+        help=f"longest completion; lengths are spread up to it (default: {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    probe.add_argument(
+        "--seed",
+        type=_non_negative_int,
+        default=DEFAULT_SEED,
+        help=f"sampling seed (default: {DEFAULT_SEED})",
+    )
+    probe.add_argument(
+        "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1"
+    )
+    probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    probe.add_argument(
+        "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
+    )
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="what is installed, what is at risk, what enable() would change",
+        description=(
+            "Report framework versions, the accelerator and every adapter's findings for a "
+            "policy. Exits 1 when a finding is an error."
+        ),
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    doctor.add_argument(
+        "--dtype",
+        type=_single_dtype,
+        default=None,
+        help="policy dtype to check (default: $PRECISION_PLUGIN, else float16)",
+    )
+    return parser
+
+
+def _engine_names() -> list[str]:
+    from precision_plugin.probe import available_engines
+
+    return sorted(available_engines())
+
+
+def _check_output_path(path: str | None, option: str) -> None:
+    if path is None or path == "-":
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise _UsageError(
+            f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
+            f"or pass another path"
+        )
+
+
+class _UsageError(PrecisionPluginError):
+    """Bad command-line input found after parsing."""
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from precision_plugin.probe import ProbeConfig, run_probe
+
+    _check_output_path(args.json, "--json")
+    _check_output_path(args.plot, "--plot")
+    if args.plot:
+        from precision_plugin.probe_plot import require_matplotlib
+
+        require_matplotlib()
+    config = ProbeConfig(
+        model=args.model,
+        engine=args.engine,
+        dtypes=args.dtypes,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=args.device,
+    )
+    err = Console(stderr=True)
+    out = err if args.json == "-" else Console()
+    result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
+    out.print(probe_table(result))
+    if args.json == "-":
+        sys.stdout.write(result.to_json() + "\n")
+    elif args.json:
+        Path(args.json).expanduser().write_text(result.to_json() + "\n", encoding="utf-8")
+        err.print(f"wrote {args.json}")
+    if args.plot:
+        from precision_plugin.probe_plot import plot_probe
+
+        plot_probe(result, args.plot)
+        err.print(f"wrote {args.plot}")
+    if not result.valid:
+        err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+_VERDICT_STYLE = {"ok": "green", "watch": "yellow", "problem": "red", "invalid": "bold red"}
+
+
+def probe_table(result: Any) -> Any:
+    """A rich ``Table`` of a :class:`~precision_plugin.probe.ProbeResult`, one row per dtype."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"train/rollout mismatch: {result.model} ({result.engine}, {result.device})",
+        caption=_caption(result),
+    )
+    for header in ("dtype", "k3 KL", "k1 KL", "|Δp| mean", "|Δp| max", "slope/1K", "tokens"):
+        table.add_column(header, justify="left" if header == "dtype" else "right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    for name, r in result.results.items():
+        m = r.metrics
+        style = _VERDICT_STYLE.get(r.verdict, "")
+        table.add_row(
+            f"{name}*" if name == "float32" else name,
+            _num(m.k3_kl),
+            _num(m.k1_kl),
+            _num(m.prob_diff_mean),
+            _num(m.prob_diff_max),
+            _num(m.seq_log_ratio_slope_per_1k),
+            f"{m.tokens}" + (f" ({m.nan_tokens} NaN)" if m.nan_tokens else ""),
+            f"[{style}]{r.verdict}[/]" if style else r.verdict,
+        )
+    return table
+
+
+def _num(value: float) -> str:
+    return "-" if value != value else f"{value:.1e}"
+
+
+def _caption(result: Any) -> str:
+    import math
+
+    lines = [f"* self-check: {result.self_check.message}"]
+    ratio = result.k3_ratio("bfloat16", "float16")
+    if not math.isnan(ratio):
+        lines.append(f"bfloat16 k3 is {ratio:.0f}x float16 k3 (theory ~64x).")
+    s = result.config.metrics
+    lines.append(
+        f"verdict on prob_diff_mean: < {s.prob_diff_ok:g} ok, <= {s.prob_diff_bad:g} watch, "
+        f"> {s.prob_diff_bad:g} problem (verl's thresholds)."
+    )
+    return "\n".join(lines)
+
+
+def _with_progress(console: Any, work: Callable[[Callable[[str, int, int], None]], Any]) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(description: str, completed: int, total: int) -> None:
+            bar.update(task, description=description, completed=completed, total=total)
+
+        return work(update)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from precision_plugin.doctor import doctor_policy, render_report, run_doctor
+
+    report = run_doctor(doctor_policy(args.dtype))
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        render_report(report, Console())
+    return EXIT_FAILED if report.errors else EXIT_OK
+
+
+def _quiet_transformers() -> None:
+    """Hide transformers' per-load progress bars: the probe shows its own."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        return
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``precision-plugin``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(_engine_names())
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(name)s: %(levelname)s: %(message)s",
+        )
+        if args.command == "probe":
+            _quiet_transformers()
+            return _cmd_probe(args)
+        return _cmd_doctor(args)
+    except PrecisionPluginError as exc:
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        return EXIT_USAGE
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130

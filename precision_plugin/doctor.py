@@ -1,0 +1,182 @@
+"""``precision-plugin doctor``: what is installed, what is at risk, what ``enable()`` would change.
+
+The core reports framework versions, the accelerator and whether it supports the policy dtype;
+every adapter adds its own findings through the ``precision_doctor`` hook (cascade-attention
+verdict, TRL ↔ vLLM range, what ``enable()`` would patch). A framework that is not installed is
+"not used", never an error. Any finding with status ``error`` makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_plugin.policy import PrecisionPolicy, normalize_dtype
+from precision_plugin.report import Finding
+from precision_plugin.versions import FRAMEWORKS, AcceleratorInfo, accelerator, package_info
+
+log = logging.getLogger("precision_plugin")
+
+_STATUS_STYLE = {
+    "ok": "green",
+    "info": "cyan",
+    "change": "blue",
+    "warning": "yellow",
+    "error": "bold red",
+}
+
+
+@dataclass
+class DoctorReport:
+    """What ``doctor`` found: the policy checked, versions, accelerator and all findings."""
+
+    policy: PrecisionPolicy
+    versions: dict[str, dict[str, str] | None]
+    accelerator: AcceleratorInfo
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        """The findings that block the policy (``status == "error"``)."""
+        return [f for f in self.findings if f.status == "error"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``policy``, ``versions``, ``accelerator``, ``findings``, ``errors``."""
+        acc = self.accelerator
+        return {
+            "policy": self.policy.to_dict(),
+            "versions": self.versions,
+            "accelerator": {
+                "kind": acc.kind,
+                "name": acc.name,
+                "capability": acc.capability_str if acc.capability else None,
+                "supports_fp16": acc.supports_fp16,
+                "supports_bf16": acc.supports_bf16,
+            },
+            "findings": [f.to_dict() for f in self.findings],
+            "errors": len(self.errors),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The JSON text of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+
+def doctor_policy(dtype: str | None = None) -> PrecisionPolicy:
+    """The policy to check: ``dtype`` when given, else ``PRECISION_PLUGIN``, else the default."""
+    base = PrecisionPolicy.from_env() or PrecisionPolicy()
+    return base.replace(dtype=normalize_dtype(dtype)) if dtype else base
+
+
+def installed_versions() -> dict[str, dict[str, str] | None]:
+    """``{framework: {"version", "distribution"} or None}`` without importing the frameworks."""
+    out: dict[str, dict[str, str] | None] = {}
+    for name in FRAMEWORKS:
+        info = package_info(name)
+        out[name] = (
+            {"version": str(info.version), "distribution": info.distribution} if info else None
+        )
+    return out
+
+
+def core_findings(policy: PrecisionPolicy, acc: AcceleratorInfo) -> list[Finding]:
+    """The core's own findings: the accelerator and whether it runs the policy dtype."""
+    cap = f", compute capability {acc.capability_str}" if acc.capability else ""
+    findings = [Finding("accelerator", "info", f"{acc.kind}: {acc.name}{cap}")]
+    supported = {"float16": acc.supports_fp16, "bfloat16": acc.supports_bf16, "float32": True}
+    if not supported[policy.dtype]:
+        other = "float16" if policy.dtype == "bfloat16" else "float32"
+        findings.append(
+            Finding(
+                "accelerator",
+                "error",
+                f"policy dtype {policy.dtype} was asked for, but {acc.name} ({acc.kind}{cap}) "
+                f"does not support it",
+                fix=f"use dtype={other!r} (PRECISION_PLUGIN={other}) or a GPU that supports "
+                f"{policy.dtype}",
+            )
+        )
+    elif acc.kind == "cpu" and policy.dtype != "float32":
+        findings.append(
+            Finding(
+                "accelerator",
+                "info",
+                f"no GPU: {policy.dtype} runs on CPU (autocast), slowly; fine for tests and the "
+                f"probe",
+            )
+        )
+    else:
+        findings.append(Finding("accelerator", "ok", f"{acc.kind} supports {policy.dtype}"))
+    return findings
+
+
+def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
+    """Every adapter's ``precision_doctor`` findings, one adapter at a time.
+
+    An adapter whose check crashes is reported as a warning (its check could not run), so one
+    broken plugin neither hides the others nor blocks the command.
+    """
+    from precision_plugin.manager import get_plugin_manager
+
+    findings: list[Finding] = []
+    for impl in reversed(get_plugin_manager().hook.precision_doctor.get_hookimpls()):
+        try:
+            found = impl.function(policy=policy)
+        except Exception as exc:
+            log.debug("doctor check of %s crashed", impl.plugin_name, exc_info=True)
+            findings.append(
+                Finding(
+                    impl.plugin_name,
+                    "warning",
+                    f"the {impl.plugin_name} check crashed ({type(exc).__name__}: {exc}), so "
+                    f"it could not be checked",
+                    fix="report this with `precision-plugin doctor --json` output",
+                )
+            )
+            continue
+        findings.extend(found or [])
+    return findings
+
+
+def run_doctor(policy: PrecisionPolicy | None = None) -> DoctorReport:
+    """Collect everything ``doctor`` reports for ``policy`` (default: :func:`doctor_policy`)."""
+    policy = policy or doctor_policy()
+    acc = accelerator()
+    report = DoctorReport(policy, installed_versions(), acc)
+    report.findings.extend(core_findings(policy, acc))
+    report.findings.extend(adapter_findings(policy))
+    return report
+
+
+def render_report(report: DoctorReport, console: Any) -> None:
+    """Print the report as two rich tables (versions, findings) and a one-line summary."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    versions = Table(title=f"precision_plugin doctor: policy dtype {report.policy.dtype}")
+    versions.add_column("framework")
+    versions.add_column("version")
+    versions.add_column("distribution")
+    for name, info in report.versions.items():
+        if info is None:
+            versions.add_row(name, "[dim]not installed (not used)[/]", "")
+        else:
+            versions.add_row(name, info["version"], info["distribution"])
+    console.print(versions)
+
+    findings = Table(title="findings", show_lines=False)
+    findings.add_column("framework")
+    findings.add_column("status")
+    findings.add_column("finding (and fix)", overflow="fold")
+    for f in report.findings:
+        style = _STATUS_STYLE.get(f.status, "")
+        text = escape(f.message) + (f"\n[bold]fix:[/] {escape(f.fix)}" if f.fix else "")
+        findings.add_row(f.framework, f"[{style}]{f.status}[/]", text)
+    console.print(findings)
+    n = len(report.errors)
+    if n:
+        console.print(f"[bold red]{n} blocking problem(s)[/]: fix the 'error' rows above.")
+    else:
+        console.print("[green]no blocking problem[/]")
