@@ -10,10 +10,14 @@ deleted again rather than shadowed.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 log = logging.getLogger("precision_plugin")
@@ -31,6 +35,7 @@ class _Record:
     original: Any  # raw __dict__ entry, or _MISSING when the attribute was not set there
     reason: str
     is_env: bool = False
+    is_hook: bool = False
 
 
 def _own_entry(target: Any, name: str) -> Any:
@@ -54,9 +59,7 @@ class Patcher:
     @property
     def patched(self) -> list[str]:
         """Human-readable names of what is currently patched, in patch order."""
-        return [
-            f"${r.name}" if r.is_env else f"{_qualname(r.target)}.{r.name}" for r in self._records
-        ]
+        return [_describe(r) for r in self._records]
 
     def setattr(self, target: Any, name: str, value: Any, *, reason: str) -> None:
         """Replace ``target.name`` with ``value``; ``reason`` says why no hook could do it."""
@@ -93,13 +96,35 @@ class Patcher:
         )
         os.environ[name] = value
 
+    def when_imported(
+        self, module: str, callback: Callable[[ModuleType], None], *, reason: str
+    ) -> None:
+        """Run ``callback(module)`` now if ``module`` is loaded, else right after its first import.
+
+        Lets ``enable()`` patch a framework without importing it (importing DeepSpeed, TRL or vLLM
+        is slow and has side effects). Patches the callback makes should go through this same
+        patcher, so :meth:`restore` undoes them; a hook still waiting is removed by
+        :meth:`restore`. An exception in the callback is logged, never raised into the user's
+        import.
+        """
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            callback(loaded)
+            return
+        hook = _PostImportHook(module, callback)
+        self._records.append(_Record(sys.meta_path, module, hook, reason, is_hook=True))
+        sys.meta_path.insert(0, hook)
+        log.debug("%s will patch %s when it is imported: %s", self.owner, module, reason)
+
     def restore(self) -> None:
         """Undo every patch in reverse order; safe to call twice."""
         errors: list[str] = []
         while self._records:
             rec = self._records.pop()
             try:
-                if rec.is_env:
+                if rec.is_hook:
+                    rec.original.remove()
+                elif rec.is_env:
                     if rec.original is _MISSING:
                         os.environ.pop(rec.name, None)
                     else:
@@ -112,6 +137,65 @@ class Patcher:
                 errors.append(f"{_qualname(rec.target)}.{rec.name}: {exc}")
         if errors:
             log.error("%s could not restore: %s", self.owner, "; ".join(errors))
+
+
+def _describe(rec: _Record) -> str:
+    if rec.is_env:
+        return f"${rec.name}"
+    if rec.is_hook:
+        return f"import hook for {rec.name}"
+    return f"{_qualname(rec.target)}.{rec.name}"
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """A ``sys.meta_path`` finder that calls back once ``module`` has executed, then leaves."""
+
+    def __init__(self, module: str, callback: Callable[[ModuleType], None]) -> None:
+        self.module = module
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.module or self._busy:
+            return None
+        self._busy = True  # let the regular finders locate the real spec
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _CallbackLoader(spec.loader, self)
+        return spec
+
+    def fire(self, module: ModuleType) -> None:
+        self.remove()
+        try:
+            self.callback(module)
+        except Exception as exc:
+            log.error("precision_plugin: could not patch %s on import: %s", self.module, exc)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    """The real loader, plus the hook's call back once the module has executed."""
+
+    def __init__(self, loader: Any, hook: _PostImportHook) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook.fire(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_data, resource readers, ...
+        return getattr(self._loader, name)
 
 
 def _qualname(obj: Any) -> str:

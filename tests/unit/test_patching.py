@@ -95,3 +95,75 @@ def test_same_attribute_twice_restores_the_first_original():
     p.wrap(Target, "method", lambda orig: lambda self, x: -2, reason="t")
     p.restore()
     assert Target.__dict__["method"] is raw
+
+
+def _write_module(tmp_path, name, body="VALUE = 1\n\ndef f():\n    return 'original'\n"):
+    (tmp_path / f"{name}.py").write_text(body)
+
+
+def test_when_imported_patches_on_first_import(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    _write_module(tmp_path, "pp_lazy_target")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = Patcher()
+    seen = []
+
+    def on_import(module):
+        seen.append(module.__name__)
+        p.wrap(module, "f", lambda orig: lambda: "patched", reason="t")
+
+    p.when_imported("pp_lazy_target", on_import, reason="t")
+    assert seen == [] and "pp_lazy_target" not in sys.modules
+    assert p.patched == ["import hook for pp_lazy_target"]
+    mod = importlib.import_module("pp_lazy_target")
+    assert seen == ["pp_lazy_target"] and mod.f() == "patched"
+    raw = mod.__dict__["f"].__precision_plugin_original__
+    p.restore()
+    assert mod.f is raw and mod.f() == "original"
+    assert not any(type(h).__name__ == "_PostImportHook" for h in sys.meta_path)
+    sys.modules.pop("pp_lazy_target", None)
+
+
+def test_when_imported_runs_now_when_already_imported():
+    import json
+
+    p = Patcher()
+    seen = []
+    p.when_imported("json", lambda m: seen.append(m), reason="t")
+    assert seen == [json] and len(p) == 0
+
+
+def test_restore_before_import_removes_the_hook(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    _write_module(tmp_path, "pp_never_patched")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = Patcher()
+    seen = []
+    p.when_imported("pp_never_patched", seen.append, reason="t")
+    p.restore()
+    importlib.import_module("pp_never_patched")
+    assert seen == []
+    sys.modules.pop("pp_never_patched", None)
+
+
+def test_callback_error_never_breaks_the_import(tmp_path, monkeypatch, caplog):
+    import importlib
+    import sys
+
+    _write_module(tmp_path, "pp_boom")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = Patcher()
+
+    def boom(module):
+        raise RuntimeError("nope")
+
+    p.when_imported("pp_boom", boom, reason="t")
+    mod = importlib.import_module("pp_boom")
+    assert mod.VALUE == 1
+    assert "could not patch pp_boom on import: nope" in caplog.text
+    p.restore()
+    sys.modules.pop("pp_boom", None)
