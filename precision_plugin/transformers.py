@@ -106,6 +106,10 @@ class _ForwardProbe:
             self._handle = None
 
 
+def _no_trainer() -> None:
+    return None
+
+
 def _make_callback_class() -> type:
     from transformers import TrainerCallback
 
@@ -122,10 +126,14 @@ def _make_callback_class() -> type:
 
         def __init__(self, policy: PrecisionPolicy | None = None) -> None:
             self._policy = policy
-            self._trainer: Callable[[], Any] = lambda: None
+            self._trainer: Callable[[], Any] = _no_trainer
             self._probe: _ForwardProbe | None = None
             #: The dtype the first training forward ran in (``None`` until it ran).
             self.forward_dtype: Any = None
+
+        def __getstate__(self) -> dict[str, Any]:
+            # The trainer reference and the forward hook belong to this process only.
+            return {**self.__dict__, "_trainer": _no_trainer, "_probe": None}
 
         @property
         def policy(self) -> PrecisionPolicy:
@@ -190,6 +198,8 @@ def _make_callback_class() -> type:
                 merged.update(alias_metrics(logs))
             return {PREFIX + k: float(v) for k, v in merged.items()}
 
+    PrecisionCallback.__qualname__ = "PrecisionCallback"  # importable name: pickling, docs
+    PrecisionCallback.__module__ = __name__
     return PrecisionCallback
 
 
