@@ -17,6 +17,8 @@ the HF Trainer's and Accelerate's own precision requests are reconciled with the
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import sys
 import weakref
@@ -352,17 +354,66 @@ def precision_adapter_name() -> str:
     return "deepspeed"
 
 
-@hookimpl
-def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
-    """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
-    global _state
-    if not _ds_available():
-        return
-    try:
-        import deepspeed
-    except Exception as exc:  # a broken DeepSpeed install must not block the other adapters
-        log.warning("precision_plugin: deepspeed is installed but fails to import (%s)", exc)
-        return
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``on_import(module)`` right after ``module_name`` is first imported, then leaves.
+
+    ``enable()`` must not import DeepSpeed (slow, and it logs to stdout while probing the
+    accelerator); Accelerate, TRL and HF import it only when they start an engine.
+    """
+
+    def __init__(self, module_name: str, on_import: Callable[[Any], None]) -> None:
+        self.module_name = module_name
+        self.on_import = on_import
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.module_name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PostExecLoader(spec.loader, self)
+        return spec
+
+    def fired(self, module: Any) -> None:
+        self.remove()
+        try:
+            self.on_import(module)
+        except Exception as exc:  # never break the user's import
+            log.error("precision_plugin: could not patch %s on import: %s", self.module_name, exc)
+
+    def remove(self) -> None:
+        """Leave ``sys.meta_path`` (idempotent)."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _PostExecLoader(importlib.abc.Loader):
+    """The real loader, plus a call back once the module has executed."""
+
+    def __init__(self, loader: Any, hook: _PatchOnImport) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._hook.fired(module)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers, get_data, ...
+        return getattr(self._loader, name)
+
+
+_import_hook: _PatchOnImport | None = None
+
+
+def _patch_deepspeed(deepspeed: Any, policy: PrecisionPolicy, patcher: Patcher) -> None:
     patcher.wrap(
         deepspeed,
         "initialize",
@@ -370,6 +421,28 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
         reason="DeepSpeed has no config or engine hook; Accelerate, TRL and HF look "
         "deepspeed.initialize up at call time, so one wrap covers every caller",
     )
+
+
+@hookimpl
+def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
+    """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
+    global _state, _import_hook
+    if not _ds_available():
+        return
+    state = _State(policy, patcher)
+    if "deepspeed" in sys.modules:
+        _patch_deepspeed(sys.modules["deepspeed"], policy, patcher)
+    else:
+
+        def on_import(module: Any) -> None:
+            from precision_plugin.manager import current_policy
+
+            # Skip when this install was rolled back or replaced before DeepSpeed was imported.
+            if _state is state and current_policy() == policy:
+                _patch_deepspeed(module, policy, patcher)
+
+        _import_hook = _PatchOnImport("deepspeed", on_import)
+        sys.meta_path.insert(0, _import_hook)
     try:
         from accelerate.utils import dataclasses as acc_dataclasses
         from accelerate.utils import deepspeed as acc_deepspeed
@@ -403,13 +476,16 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
             reason="the HF Trainer fills fp16/bf16 from TrainingArguments and raises on any "
             "difference at train(); the policy must settle them",
         )
-    _state = _State(policy, patcher)
+    _state = state
 
 
 @hookimpl
 def precision_uninstall(policy: PrecisionPolicy) -> None:
-    """Forget the active policy (the engine step wraps are restored with the patches)."""
-    global _state
+    """Forget the active policy and the import hook (patches are restored by the manager)."""
+    global _state, _import_hook
+    if _import_hook is not None:
+        _import_hook.remove()
+        _import_hook = None
     _state = None
     _engines.clear()
 

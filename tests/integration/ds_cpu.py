@@ -10,8 +10,10 @@ engine, its optimizers, loss scaler and communication run unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -36,6 +38,32 @@ def single_process_env() -> dict[str, str]:
     set_now = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(set_now)
     return set_now
+
+
+@contextlib.contextmanager
+def one_process_world() -> Iterator[Any]:
+    """DeepSpeed in a one-process CPU world with fp16 allowed; yields the ``deepspeed`` module.
+
+    On exit everything the DeepSpeed runs left behind in this process is undone, so later tests
+    see a clean process: the environment (Accelerate sets ``ACCELERATE_USE_DEEPSPEED=true`` for
+    good when given a DeepSpeed plugin), Accelerate's shared state and the fp16 capability check.
+    The gloo process group stays: DeepSpeed caches its groups, and later DeepSpeed tests reuse it.
+    """
+    saved = dict(os.environ)
+    single_process_env()
+    import deepspeed
+
+    restore = allow_fp16_on_cpu()
+    try:
+        yield deepspeed
+    finally:
+        restore()
+        with contextlib.suppress(ImportError):
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=True)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def allow_fp16_on_cpu() -> Any:

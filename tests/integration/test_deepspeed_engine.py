@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 
 import pytest
@@ -26,14 +25,8 @@ STAGES = [0, 1, 2, 3]
 @pytest.fixture(scope="module")
 def deepspeed():
     """DeepSpeed on a one-process CPU world, fp16 allowed (see ds_cpu)."""
-    set_env = ds_cpu.single_process_env()
-    import deepspeed as ds
-
-    restore = ds_cpu.allow_fp16_on_cpu()
-    yield ds
-    restore()
-    for key in set_env:
-        os.environ.pop(key, None)
+    with ds_cpu.one_process_world() as ds:
+        yield ds
 
 
 def _init(deepspeed, cfg, seed=0, **kwargs):

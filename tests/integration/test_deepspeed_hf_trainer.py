@@ -27,14 +27,8 @@ RECIPES = ROOT / "integrations" / "deepspeed"
 @pytest.fixture(scope="module")
 def ds_env():
     """A one-process DeepSpeed world on CPU, fp16 allowed (see ds_cpu)."""
-    set_env = ds_cpu.single_process_env()
-    import deepspeed  # noqa: F401
-
-    restore = ds_cpu.allow_fp16_on_cpu()
-    yield
-    restore()
-    for key in set_env:
-        os.environ.pop(key, None)
+    with ds_cpu.one_process_world():
+        yield
 
 
 class _Tokens(torch.utils.data.Dataset):
