@@ -249,3 +249,24 @@ def test_doctor_reports_version_changes_and_device(deepspeed):
     assert f"deepspeed {deepspeed.__version__}" in text
     assert any(f.status == "change" and "'enabled': True" in f.message for f in findings)
     assert any(f.status == "ok" and "supports fp16" in f.message for f in findings)
+
+
+def test_enable_does_not_import_deepspeed_but_patches_it_on_import():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, precision_plugin as pp
+        from precision_plugin.patching import is_patched
+        pp.enable()
+        before = "deepspeed" in sys.modules
+        import deepspeed
+        patched = is_patched(deepspeed.initialize)
+        pp.disable()
+        hooks = [h for h in sys.meta_path if type(h).__name__ == "_PatchOnImport"]
+        print("RESULT", before, patched, is_patched(deepspeed.initialize), len(hooks))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    assert line == "RESULT False True False 0", out.stderr[-2000:]
