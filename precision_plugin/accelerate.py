@@ -171,22 +171,24 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     """Wrap ``Accelerator.__init__`` and ``Accelerator.prepare_model`` (see the module doc)."""
     if not _available():
         return
-    import accelerate
 
-    patcher.wrap(
-        accelerate.Accelerator,
-        "__init__",
-        _wrap_init(policy),
-        reason="no Accelerate hook sees mixed_precision/kwargs_handlers before the scaler is "
-        "built, and none builds one on CPU",
-    )
-    patcher.wrap(
-        accelerate.Accelerator,
-        "prepare_model",
-        _wrap_prepare_model(policy),
-        reason="no Accelerate hook runs before a model is wrapped; fp16/bf16 trainable "
-        "parameters must become fp32 master weights before the first step",
-    )
+    def patch(module: Any) -> None:
+        patcher.wrap(
+            module.Accelerator,
+            "__init__",
+            _wrap_init(policy),
+            reason="no Accelerate hook sees mixed_precision/kwargs_handlers before the scaler "
+            "is built, and none builds one on CPU",
+        )
+        patcher.wrap(
+            module.Accelerator,
+            "prepare_model",
+            _wrap_prepare_model(policy),
+            reason="no Accelerate hook runs before a model is wrapped; fp16/bf16 trainable "
+            "parameters must become fp32 master weights before the first step",
+        )
+
+    patcher.when_imported("accelerate.accelerator", patch, reason="enable() imports no framework")
 
 
 @hookimpl

@@ -59,7 +59,7 @@ class Patcher:
     @property
     def patched(self) -> list[str]:
         """Human-readable names of what is currently patched, in patch order."""
-        return [_describe(r) for r in self._records]
+        return [_describe(r) for r in self._records if not (r.is_hook and r.original.fired)]
 
     def setattr(self, target: Any, name: str, value: Any, *, reason: str) -> None:
         """Replace ``target.name`` with ``value``; ``reason`` says why no hook could do it."""
@@ -153,6 +153,7 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
     def __init__(self, module: str, callback: Callable[[ModuleType], None]) -> None:
         self.module = module
         self.callback = callback
+        self.fired = False
         self._busy = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -169,6 +170,7 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return spec
 
     def fire(self, module: ModuleType) -> None:
+        self.fired = True
         self.remove()
         try:
             self.callback(module)

@@ -278,21 +278,27 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     """Wrap ``TrainingArguments.__post_init__`` and ``Trainer.__init__`` (see the module doc)."""
     if installed_version("transformers") is None:
         return
-    import transformers
-
-    patcher.wrap(
-        transformers.TrainingArguments,
-        "__post_init__",
-        _wrap_args_post_init(policy),
-        reason="fp16/bf16 are read in __post_init__ (mixed_precision, DeepSpeed 'auto' fill); "
-        "no hook runs before it",
+    patcher.when_imported(
+        "transformers.training_args",
+        lambda module: patcher.wrap(
+            module.TrainingArguments,
+            "__post_init__",
+            _wrap_args_post_init(policy),
+            reason="fp16/bf16 are read in __post_init__ (mixed_precision, DeepSpeed 'auto' "
+            "fill); no hook runs before it",
+        ),
+        reason="enable() imports no framework",
     )
-    patcher.wrap(
-        transformers.Trainer,
-        "__init__",
-        _wrap_trainer_init(policy),
-        reason="callbacks never receive the trainer; binding it and fixing the model's dtypes "
-        "before the first step needs the constructed trainer",
+    patcher.when_imported(
+        "transformers.trainer",
+        lambda module: patcher.wrap(
+            module.Trainer,
+            "__init__",
+            _wrap_trainer_init(policy),
+            reason="callbacks never receive the trainer; binding it and fixing the model's "
+            "dtypes before the first step needs the constructed trainer",
+        ),
+        reason="enable() imports no framework",
     )
 
 

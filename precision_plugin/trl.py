@@ -35,14 +35,6 @@ def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _base_config() -> type | None:
-    try:
-        from trl.trainer.base_config import _BaseConfig
-    except ImportError:  # another TRL layout: the TrainingArguments adapter still applies
-        return None
-    return _BaseConfig
-
-
 def _wrap_post_init(policy: PrecisionPolicy) -> Callable[[Callable[..., Any]], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def __post_init__(self: Any) -> None:
@@ -62,16 +54,23 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     """Wrap TRL's base config ``__post_init__`` so unset flags follow the policy."""
     if installed_version("trl") is None:
         return
-    base = _base_config()
-    if base is None or "__post_init__" not in vars(base):
-        log.info("precision_plugin: TRL's _BaseConfig.__post_init__ not found; flags left to TRL")
-        return
-    patcher.wrap(
-        base,
-        "__post_init__",
-        _wrap_post_init(policy),
-        reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs first",
-    )
+
+    def patch(module: Any) -> None:
+        base = getattr(module, "_BaseConfig", None)
+        if base is None or "__post_init__" not in vars(base):
+            log.info(
+                "precision_plugin: TRL's _BaseConfig.__post_init__ not found; flags left to TRL"
+            )
+            return
+        patcher.wrap(
+            base,
+            "__post_init__",
+            _wrap_post_init(policy),
+            reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs "
+            "first",
+        )
+
+    patcher.when_imported("trl.trainer.base_config", patch, reason="enable() imports no framework")
 
 
 @hookimpl

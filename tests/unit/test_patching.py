@@ -119,6 +119,7 @@ def test_when_imported_patches_on_first_import(tmp_path, monkeypatch):
     assert p.patched == ["import hook for pp_lazy_target"]
     mod = importlib.import_module("pp_lazy_target")
     assert seen == ["pp_lazy_target"] and mod.f() == "patched"
+    assert p.patched == ["pp_lazy_target.f"]
     raw = mod.__dict__["f"].__precision_plugin_original__
     p.restore()
     assert mod.f is raw and mod.f() == "original"
