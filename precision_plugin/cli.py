@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -186,8 +187,6 @@ class _UsageError(PrecisionPluginError):
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from precision_plugin.probe import ProbeConfig, run_probe
 
     _check_output_path(args.json, "--json")
@@ -205,9 +204,12 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
     )
-    err = Console(stderr=True)
-    out = err if args.json == "-" else Console()
-    result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
+    err = _console(stderr=True)
+    out = err if args.json == "-" else _console()
+    # Frameworks imported during the run may log to stdout (DeepSpeed does); keep stdout for
+    # the table and JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
     out.print(probe_table(result))
     if args.json == "-":
         sys.stdout.write(result.to_json() + "\n")
@@ -230,11 +232,13 @@ _VERDICT_STYLE = {"ok": "green", "watch": "yellow", "problem": "red", "invalid":
 
 def probe_table(result: Any) -> Any:
     """A rich ``Table`` of a :class:`~precision_plugin.probe.ProbeResult`, one row per dtype."""
+    from rich import box
     from rich.table import Table
 
     table = Table(
         title=f"train/rollout mismatch: {result.model} ({result.engine}, {result.device})",
         caption=_caption(result),
+        box=box.SIMPLE_HEAD,
     )
     for header in ("dtype", "k3 KL", "k1 KL", "|Δp| mean", "|Δp| max", "slope/1K", "tokens"):
         table.add_column(header, justify="left" if header == "dtype" else "right", no_wrap=True)
@@ -274,6 +278,14 @@ def _caption(result: Any) -> str:
     return "\n".join(lines)
 
 
+def _console(stderr: bool = False) -> Any:
+    """A rich console; 100 columns when writing to a file or pipe (rich would assume 80)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=100)
+
+
 def _with_progress(console: Any, work: Callable[[Callable[[str, int, int], None]], Any]) -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -294,15 +306,13 @@ def _with_progress(console: Any, work: Callable[[Callable[[str, int, int], None]
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from precision_plugin.doctor import doctor_policy, render_report, run_doctor
 
     report = run_doctor(doctor_policy(args.dtype))
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
-        render_report(report, Console())
+        render_report(report, _console())
     return EXIT_FAILED if report.errors else EXIT_OK
 
 

@@ -409,6 +409,31 @@ def _model_dir(config: ProbeConfig) -> Iterator[tuple[str, str]]:
         yield str(save_default_model(tmp)), DEFAULT_MODEL_NAME
 
 
+#: Below this many parameters, CPU runs use one thread (see :func:`_single_thread_if_tiny`).
+TINY_MODEL_PARAMS = 20_000_000
+
+
+@contextlib.contextmanager
+def _single_thread_if_tiny(model: Any, device: str) -> Iterator[None]:
+    """Run a tiny model on one CPU thread, restoring torch's setting afterwards.
+
+    Token-by-token decoding of a few-million-parameter model is latency-bound: thread hand-offs
+    cost more than they save, and on a busy machine OpenMP spin-waits made a 2-thread run 20x
+    slower than a 1-thread one.
+    """
+    import torch
+
+    if device != "cpu" or sum(p.numel() for p in model.parameters()) >= TINY_MODEL_PARAMS:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _load_trainer(path: str, device: str) -> tuple[Any, Any]:
     try:
         return load_causal_lm(path, device)
@@ -418,6 +443,41 @@ def _load_trainer(path: str, device: str) -> tuple[Any, Any]:
             f"model: could not load {path!r} as an HF causal LM with its tokenizer ({first}); "
             f"pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()."
         ) from None
+
+
+def _measure_dtype(
+    config: ProbeConfig,
+    factory: EngineFactory,
+    path: str,
+    device: str,
+    model: Any,
+    prompts: list[list[int]],
+    budgets: list[int],
+    dtype: str,
+    tick: Callable[[str, int], None],
+) -> DtypeResult:
+    """Rollout in ``dtype``, the trainer's forward, and the metrics, for one dtype."""
+    n = len(prompts)
+    t0 = time.perf_counter()
+    tick(f"{dtype}: rollout ({config.engine})", 0)
+    engine = factory(path, dtype, device, config.seed)
+    try:
+        samples = engine.generate(prompts, config.max_new_tokens, config.seed)
+    finally:
+        engine.close()
+    samples = [
+        RolloutSample(s.prompt_ids, s.completion_ids[:b], s.logprobs[:b], s.meta)
+        for s, b in zip(samples, budgets, strict=True)
+    ]
+    tick(f"{dtype}: trainer forward", n)
+    train = []
+    for sample in samples:
+        train.extend(trainer_logprobs(model, [sample], dtype, device))
+        tick(f"{dtype}: trainer forward", 1)
+    rollout = [list(s.logprobs) for s in samples]
+    metrics = measure(train, rollout)
+    label, reason = verdict(metrics, config.metrics)
+    return DtypeResult(dtype, metrics, label, reason, train, rollout, time.perf_counter() - t0)
 
 
 def run_probe(
@@ -437,7 +497,7 @@ def run_probe(
     if config.engine not in engines:
         raise PrecisionConfigError(
             f"engine: {config.engine!r} is not available; available: {', '.join(sorted(engines))}"
-            f". vLLM appears once the vllm package is installed."
+            f". Other engines come from plugins (vllm: install the vllm package)."
         )
     factory = engines[config.engine]
     device = resolve_device(config.device)
@@ -464,29 +524,11 @@ def run_probe(
             )
         budgets = completion_budgets(n, config.max_new_tokens)
         results: dict[str, DtypeResult] = {}
-        for dtype in config.dtypes:
-            t0 = time.perf_counter()
-            tick(f"{dtype}: rollout ({config.engine})", 0)
-            engine = factory(path, dtype, device, config.seed)
-            try:
-                samples = engine.generate(prompts, config.max_new_tokens, config.seed)
-            finally:
-                engine.close()
-            samples = [
-                RolloutSample(s.prompt_ids, s.completion_ids[:b], s.logprobs[:b], s.meta)
-                for s, b in zip(samples, budgets, strict=True)
-            ]
-            tick(f"{dtype}: trainer forward", n)
-            train = []
-            for sample in samples:
-                train.extend(trainer_logprobs(model, [sample], dtype, device))
-                tick(f"{dtype}: trainer forward", 1)
-            rollout = [list(s.logprobs) for s in samples]
-            metrics = measure(train, rollout)
-            label, reason = verdict(metrics, config.metrics)
-            results[dtype] = DtypeResult(
-                dtype, metrics, label, reason, train, rollout, time.perf_counter() - t0
-            )
+        with _single_thread_if_tiny(model, device):
+            for dtype in config.dtypes:
+                results[dtype] = _measure_dtype(
+                    config, factory, path, device, model, prompts, budgets, dtype, tick
+                )
         del model
 
     check = self_check(results[SELF_CHECK_DTYPE].metrics, config.metrics)

@@ -126,11 +126,15 @@ class HFRolloutEngine:
                     out[row] = sample
         return [s for s in out if s is not None]
 
+    def _attention_mask(self, ids: Any) -> Any:
+        """All ones, passed explicitly: ``generate`` would otherwise mask every pad-id token."""
+        return self._torch.ones_like(ids)
+
     def _generate_batch(self, ids: Any, max_new_tokens: int) -> list[RolloutSample]:
         torch = self._torch
         result = self.model.generate(
             input_ids=ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=self._attention_mask(ids),
             do_sample=True,
             temperature=1.0,
             top_k=0,

@@ -1,0 +1,168 @@
+"""``precision-plugin probe`` through the command line: outputs, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from precision_plugin.cli import main
+from precision_plugin.manager import get_plugin_manager
+from precision_plugin.tiny_model import build_tokenizer
+
+from .test_probe import _pad_masking_factory
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def qwen_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly saved small Qwen2 (not the default's architecture or size), pad id = EOS id."""
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.05,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(11)
+    model = Qwen2ForCausalLM(config)
+    folder = tmp_path_factory.mktemp("cli") / "qwen2-tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_probe_on_a_saved_model_writes_json_and_png(
+    qwen_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json, out_png = tmp_path / "probe.json", tmp_path / "probe.png"
+    args = ["probe", "--model", str(qwen_checkpoint), "--num-prompts", "8"]
+    args += ["--max-new-tokens", "64", "--device", "cpu", "--seed", "1"]
+    rc = main([*args, "--json", str(out_json), "--plot", str(out_png)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "float32*" in captured.out and "bfloat16" in captured.out  # the table
+    data = json.loads(out_json.read_text())
+    assert data["model"] == str(qwen_checkpoint) and data["engine"] == "hf"
+    k3 = {name: r["k3_kl"] for name, r in data["results"].items()}
+    assert k3["float32"] < 1e-9
+    assert k3["bfloat16"] > 10 * k3["float16"]
+    assert data["bf16_over_fp16_k3"] == pytest.approx(k3["bfloat16"] / k3["float16"])
+    assert out_png.read_bytes()[:8] == PNG_MAGIC
+    assert out_png.stat().st_size > 20_000
+
+
+@pytest.mark.slow
+def test_failed_self_check_exits_1_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine from a plugin (the ``precision_probe_engines`` hook) that breaks alignment."""
+    from precision_plugin.hookspecs import hookimpl
+
+    class BrokenEnginePlugin:
+        @hookimpl
+        def precision_probe_engines(self) -> dict:
+            return {"pad-masking": _pad_masking_factory}
+
+    pm = get_plugin_manager()
+    plugin = BrokenEnginePlugin()
+    pm.register(plugin, name="test-broken-engine")
+    try:
+        args = ["probe", "--engine", "pad-masking", "--dtypes", "fp16", "--num-prompts", "3"]
+        rc = main([*args, "--max-new-tokens", "16", "--json", "-"])
+    finally:
+        pm.unregister(plugin)
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "INVALID MEASUREMENT" in captured.err
+    data = json.loads(captured.out)  # --json - keeps stdout pure JSON
+    assert data["self_check"]["passed"] is False
+    assert data["results"]["float16"]["verdict"] == "invalid"
+
+
+def _no_config_dir(tmp_path: Path) -> str:
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    return str(folder)
+
+
+BAD_ARGS = {
+    "missing model": (lambda tmp: ["probe", "--model", str(tmp / "nope")], "does not exist"),
+    "no config.json": (lambda tmp: ["probe", "--model", _no_config_dir(tmp)], "config.json"),
+    "unknown dtype": (lambda tmp: ["probe", "--dtypes", "fp16,fp8"], "'fp8'"),
+    "empty dtypes": (lambda tmp: ["probe", "--dtypes", ","], "names no dtype"),
+    "zero prompts": (lambda tmp: ["probe", "--num-prompts", "0"], "positive integer"),
+    "negative tokens": (lambda tmp: ["probe", "--max-new-tokens=-5"], "positive integer"),
+    "text tokens": (lambda tmp: ["probe", "--max-new-tokens", "many"], "positive integer"),
+    "negative seed": (lambda tmp: ["probe", "--seed=-1"], ">= 0"),
+    "unknown engine": (lambda tmp: ["probe", "--engine", "sglang"], "invalid choice"),
+    "json dir missing": (
+        lambda tmp: ["probe", "--json", str(tmp / "no" / "x.json")],
+        "does not exist",
+    ),
+    "bad device": (lambda tmp: ["probe", "--device", "tpu9"], "device"),
+    "too many tokens": (lambda tmp: ["probe", "--max-new-tokens", "5000"], "max_position"),
+    "unknown command": (lambda tmp: ["train"], "invalid choice"),
+    "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGS))
+def test_bad_input_is_one_line_and_exit_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build, expected = BAD_ARGS[case]
+    rc = main(build(tmp_path))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2
+    assert len(lines) == 1, err
+    assert lines[0].startswith("precision-plugin: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in err
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    rc = main(["probe", "--device", "cuda"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("precision-plugin: error: device: 'cuda'")
+    assert "--device cpu" in err
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--model", "--engine", "--dtypes", "--num-prompts", "--max-new-tokens"):
+        assert option in out
+    for option in ("--seed", "--json", "--plot", "--device"):
+        assert option in out
+    assert main(["--version"]) == 0
+    assert "precision-plugin 0." in capsys.readouterr().out
+
+
+def test_python_dash_m_runs_the_same_cli(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "precision_plugin", "probe", "--model", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("precision-plugin: error: model: ")
+    assert "Traceback" not in proc.stderr
