@@ -17,8 +17,6 @@ the HF Trainer's and Accelerate's own precision requests are reconciled with the
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
 import sys
 import weakref
@@ -354,65 +352,6 @@ def precision_adapter_name() -> str:
     return "deepspeed"
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Runs ``on_import(module)`` right after ``module_name`` is first imported, then leaves.
-
-    ``enable()`` must not import DeepSpeed (slow, and it logs to stdout while probing the
-    accelerator); Accelerate, TRL and HF import it only when they start an engine.
-    """
-
-    def __init__(self, module_name: str, on_import: Callable[[Any], None]) -> None:
-        self.module_name = module_name
-        self.on_import = on_import
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.module_name or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PostExecLoader(spec.loader, self)
-        return spec
-
-    def fired(self, module: Any) -> None:
-        self.remove()
-        try:
-            self.on_import(module)
-        except Exception as exc:  # never break the user's import
-            log.error("precision_plugin: could not patch %s on import: %s", self.module_name, exc)
-
-    def remove(self) -> None:
-        """Leave ``sys.meta_path`` (idempotent)."""
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
-class _PostExecLoader(importlib.abc.Loader):
-    """The real loader, plus a call back once the module has executed."""
-
-    def __init__(self, loader: Any, hook: _PatchOnImport) -> None:
-        self._loader = loader
-        self._hook = hook
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        self._hook.fired(module)
-
-    def __getattr__(self, name: str) -> Any:  # resource readers, get_data, ...
-        return getattr(self._loader, name)
-
-
-_import_hook: _PatchOnImport | None = None
-
-
 def _patch_deepspeed(deepspeed: Any, policy: PrecisionPolicy, patcher: Patcher) -> None:
     patcher.wrap(
         deepspeed,
@@ -426,23 +365,16 @@ def _patch_deepspeed(deepspeed: Any, policy: PrecisionPolicy, patcher: Patcher) 
 @hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
-    global _state, _import_hook
+    global _state
     if not _ds_available():
         return
     state = _State(policy, patcher)
-    if "deepspeed" in sys.modules:
-        _patch_deepspeed(sys.modules["deepspeed"], policy, patcher)
-    else:
-
-        def on_import(module: Any) -> None:
-            from precision_plugin.manager import current_policy
-
-            # Skip when this install was rolled back or replaced before DeepSpeed was imported.
-            if _state is state and current_policy() == policy:
-                _patch_deepspeed(module, policy, patcher)
-
-        _import_hook = _PatchOnImport("deepspeed", on_import)
-        sys.meta_path.insert(0, _import_hook)
+    patcher.when_imported(
+        "deepspeed",
+        lambda module: _patch_deepspeed(module, policy, patcher),
+        reason="importing DeepSpeed in enable() is slow and logs to stdout; Accelerate, TRL "
+        "and HF import it only when they start an engine",
+    )
     try:
         from accelerate.utils import dataclasses as acc_dataclasses
         from accelerate.utils import deepspeed as acc_deepspeed
@@ -481,11 +413,8 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
 
 @hookimpl
 def precision_uninstall(policy: PrecisionPolicy) -> None:
-    """Forget the active policy and the import hook (patches are restored by the manager)."""
-    global _state, _import_hook
-    if _import_hook is not None:
-        _import_hook.remove()
-        _import_hook = None
+    """Forget the active policy (patches and the import hook are restored by the manager)."""
+    global _state
     _state = None
     _engines.clear()
 
