@@ -329,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``precision-plugin``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(_engine_names())
+        # Asking plugins for engines can be slow (vLLM); only the probe needs them.
+        parser = build_parser(_engine_names() if "probe" in argv else ("hf",))
         args = parser.parse_args(argv)
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,

@@ -115,7 +115,10 @@ class HFRolloutEngine:
         for i, prompt in enumerate(prompts):
             groups.setdefault(len(prompt), []).append(i)
         out: list[RolloutSample | None] = [None] * len(prompts)
-        devices = [self.device] if self.device.startswith("cuda") else []
+        dev = torch.device(self.device)
+        devices = []
+        if dev.type == "cuda":
+            devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(seed)
             for length in sorted(groups):
