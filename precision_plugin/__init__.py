@@ -21,8 +21,8 @@ from precision_plugin.manager import current_policy, disable, enable
 from precision_plugin.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
+    from precision_plugin.callback import PrecisionCallback
     from precision_plugin.master_weights import prepare_model
-    from precision_plugin.transformers import PrecisionCallback
 
 __version__ = "0.1.0"
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "PrecisionCallback": "precision_plugin.transformers",
+    "PrecisionCallback": "precision_plugin.callback",
     "prepare_model": "precision_plugin.master_weights",
 }
 
