@@ -47,11 +47,6 @@ class RolloutEngine(Protocol):
         ...
 
 
-def _autocast_device(device: str) -> str:
-    """The ``torch.autocast`` device type of a torch device string (``cuda:1`` -> ``cuda``)."""
-    return device.split(":", 1)[0]
-
-
 def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     """Load a local HF causal-LM checkpoint in float32 on ``device``, in eval mode.
 
@@ -89,8 +84,11 @@ class HFRolloutEngine:
         self.device = device
         self.model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
         config = self.model.config
-        eos = getattr(config, "eos_token_id", None)
-        self._eos: set[int] = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self._eos: set[int] = set()
+        # Some checkpoints name their EOS ids only in generation_config.json.
+        for source in (config, getattr(self.model, "generation_config", None)):
+            eos = getattr(source, "eos_token_id", None)
+            self._eos.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
         pad = getattr(config, "pad_token_id", None)
         self._pad = pad if pad is not None else (min(self._eos) if self._eos else 0)
         # A fresh config: a checkpoint's generation_config.json (top_k=50, temperature=0.7,
@@ -148,9 +146,14 @@ class HFRolloutEngine:
             return_dict_in_generate=True,
         )
         new = result.sequences[:, ids.shape[1] :]
-        logits = torch.stack(result.logits, dim=1)[:, : new.shape[1]]  # [batch, steps, vocab]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        token_logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # One step at a time: stacking [batch, steps, vocab] would double the peak memory.
+        token_logp = torch.stack(
+            [
+                torch.log_softmax(step.float(), dim=-1).gather(-1, new[:, t : t + 1]).squeeze(-1)
+                for t, step in enumerate(result.logits[: new.shape[1]])
+            ],
+            dim=1,
+        )
         samples = []
         for b in range(ids.shape[0]):
             tokens = new[b].tolist()

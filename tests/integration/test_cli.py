@@ -166,3 +166,19 @@ def test_python_dash_m_runs_the_same_cli(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("precision-plugin: error: model: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_docs_cli_page_lists_every_option() -> None:
+    import argparse
+
+    from precision_plugin.cli import build_parser
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command, subparser in sub.choices.items():
+        assert f"precision-plugin {command}" in text
+        for action in subparser._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    assert f"`{option}" in text, f"docs/cli.md misses {command} {option}"
