@@ -84,7 +84,11 @@ def installed_versions() -> dict[str, dict[str, str] | None]:
 def core_findings(policy: PrecisionPolicy, acc: AcceleratorInfo) -> list[Finding]:
     """The core's own findings: the accelerator and whether it runs the policy dtype."""
     cap = f", compute capability {acc.capability_str}" if acc.capability else ""
-    findings = [Finding("accelerator", "info", f"{acc.kind}: {acc.name}{cap}")]
+    support = ", ".join(
+        f"{name} {'yes' if ok else 'no'}"
+        for name, ok in (("fp16", acc.supports_fp16), ("bf16", acc.supports_bf16))
+    )
+    findings = [Finding("accelerator", "info", f"{acc.kind}: {acc.name}{cap}; {support}")]
     supported = {"float16": acc.supports_fp16, "bfloat16": acc.supports_bf16, "float32": True}
     if not supported[policy.dtype]:
         other = "float16" if policy.dtype == "bfloat16" else "float32"

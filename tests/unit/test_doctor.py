@@ -126,3 +126,20 @@ def test_policy_comes_from_flag_then_environment(monkeypatch: pytest.MonkeyPatch
     assert doctor_policy("fp32").dtype == "float32"
     monkeypatch.delenv("PRECISION_PLUGIN")
     assert doctor_policy().dtype == "float16"
+
+
+def test_bad_policy_in_the_environment_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PRECISION_PLUGIN", "fp8")
+    assert main(["doctor"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("precision-plugin: error: PRECISION_PLUGIN='fp8'")
+    assert len(err.splitlines()) == 1
+
+
+def test_accelerator_row_says_what_it_supports(capsys: pytest.CaptureFixture[str]) -> None:
+    _, data = _doctor_json(capsys)
+    first = data["findings"][0]
+    assert first["framework"] == "accelerator"
+    assert "fp16 " in first["message"] and "bf16 " in first["message"]
