@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.errors import settle_conflict
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -58,13 +58,13 @@ def resolve_mixed_precision(requested: str | None, policy: PrecisionPolicy, *, w
         f"{where} asked for mixed_precision={str(requested)!r} but the precision_plugin policy "
         f"is {policy.dtype} (mixed_precision={wanted!r})"
     )
-    if policy.strictness == "error":
-        raise PrecisionMismatchError(
-            f"precision_plugin: {message} and strictness='error'. Fix: pass "
-            f"mixed_precision={wanted!r} (or leave it unset), or enable the plugin with "
-            f"dtype matching what you want (enable(dtype='bfloat16') for bf16)."
-        )
-    log.warning("precision_plugin: %s; running %r instead.", message, wanted)
+    settle_conflict(
+        policy.strictness,
+        message,
+        fix=f"pass mixed_precision={wanted!r} (or leave it unset), or enable the plugin with the "
+        f"dtype you want (enable(dtype='bfloat16') for bf16)",
+        outcome=f"running {wanted!r} instead",
+    )
     return wanted
 
 

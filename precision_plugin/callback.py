@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.errors import settle_conflict
 from precision_plugin.manager import current_policy, get_plugin_manager
 from precision_plugin.policy import PrecisionPolicy
 
@@ -150,9 +150,7 @@ def _report_forward(policy: PrecisionPolicy, ran: Any, args: Any) -> None:
         "call precision_plugin.enable() before building the trainer (on CPU, Accelerate and the "
         "HF Trainer silently run fp32 when asked for fp16; enable() makes them run fp16)"
     )
-    if policy.strictness == "error":
-        raise PrecisionMismatchError(f"precision_plugin: {message}. Fix: {fix}.")
-    log.warning("precision_plugin: %s. Fix: %s.", message, fix)
+    settle_conflict(policy.strictness, message, fix=fix, outcome=f"fix: {fix}")
 
 
 def bind_callback(trainer: Any, policy: PrecisionPolicy | None = None) -> Any:

@@ -31,7 +31,7 @@ from precision_plugin.deepspeed_config import (
     resolve_policy,
     translate,
 )
-from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.errors import settle_conflict
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
@@ -303,13 +303,14 @@ def _wrap_trainer_config_process(policy: PrecisionPolicy) -> _Wrapper:
                     f"precision policy (dtype={pol.dtype!r}) that the DeepSpeed config follows "
                     f"({'; '.join(m[2:] for m in ours)})"
                 )
-                if pol.strictness == "error":
-                    raise PrecisionMismatchError(
-                        f"precision_plugin: {message}. Fix: pass "
-                        f"{'fp16=True, bf16=False' if pol.is_fp16 else 'bf16=True, fp16=False'}"
-                        f" (TRL configs default to bf16=True), or use strictness='warn'."
-                    )
-                log.warning("precision_plugin: %s; DeepSpeed runs %s.", message, pol.dtype)
+                flags = "fp16=True, bf16=False" if pol.is_fp16 else "bf16=True, fp16=False"
+                settle_conflict(
+                    pol.strictness,
+                    message,
+                    fix=f"pass {flags} (TRL configs default to bf16=True), or use "
+                    "strictness='warn'",
+                    outcome=f"DeepSpeed runs {pol.dtype}",
+                )
                 self.mismatches = [m for m in self.mismatches if m not in ours]
             self._dtype = resolve_policy(self.config, policy).torch_dtype
             return result
@@ -329,12 +330,13 @@ def _wrap_set_mixed_precision(policy: PrecisionPolicy) -> _Wrapper:
                     f"Accelerate mixed_precision={mixed_precision!r} contradicts the precision "
                     f"policy (dtype={pol.dtype!r}) that the DeepSpeed config follows"
                 )
-                if pol.strictness == "error":
-                    raise PrecisionMismatchError(
-                        f"precision_plugin: {message}. Fix: use mixed_precision={wanted!r} "
-                        f"(accelerate config / --mixed_precision), or strictness='warn'."
-                    )
-                log.warning("precision_plugin: %s; DeepSpeed runs %s.", message, pol.dtype)
+                settle_conflict(
+                    pol.strictness,
+                    message,
+                    fix=f"use mixed_precision={wanted!r} (accelerate config / --mixed_precision), "
+                    "or strictness='warn'",
+                    outcome=f"DeepSpeed runs {pol.dtype}",
+                )
             return original(self, wanted, *args, **kwargs)
 
         return set_mixed_precision

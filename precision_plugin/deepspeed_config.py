@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 
 log = logging.getLogger("precision_plugin")
@@ -91,17 +91,15 @@ def resolve_policy(
     except PrecisionConfigError as exc:
         raise PrecisionConfigError(f'DeepSpeed config "{SECTION}" section: {exc}') from None
     if explicit is not None and merged.dtype != explicit.dtype:
-        message = (
+        settle_conflict(
+            merged.strictness,
             f'DeepSpeed config "{SECTION}.dtype"={section.get("dtype")!r} contradicts the '
             f"active precision policy (dtype={explicit.dtype!r}); rollouts and learner must run "
-            f"one dtype."
+            f"one dtype",
+            fix=f"remove dtype from the section or make it {explicit.dtype!r}, or enable the "
+            f"plugin with dtype={merged.dtype!r}",
+            outcome=f"the learner follows the policy: {explicit.dtype}",
         )
-        if merged.strictness == "error":
-            raise PrecisionMismatchError(
-                f"{message} Fix: remove dtype from the section or make it {explicit.dtype!r}, "
-                f"or enable the plugin with dtype={merged.dtype!r}."
-            )
-        log.warning("%s The learner follows the policy: %s.", message, explicit.dtype)
         merged = merged.replace(dtype=explicit.dtype)
     return merged
 
@@ -177,16 +175,14 @@ class _Translator:
     # -- conflicts ---------------------------------------------------------------------------
     def _conflict(self, key: str, found: Any, coerced: str, why: str = "") -> None:
         """Coerce (warn) or refuse (error) an explicit setting that contradicts the policy."""
-        what = (
+        settle_conflict(
+            self.policy.strictness,
             f"DeepSpeed config {key}={json.dumps(found)} contradicts the precision policy "
-            f"(dtype={self.policy.dtype!r}){': ' + why if why else ''}."
+            f"(dtype={self.policy.dtype!r}){': ' + why if why else ''}",
+            fix=f"set {coerced} (or remove {key}) in the DeepSpeed config, or use "
+            f"strictness='warn' to let precision_plugin coerce it",
+            outcome=f"precision_plugin set {coerced}",
         )
-        if self.policy.strictness == "error":
-            raise PrecisionMismatchError(
-                f"{what} Fix: set {coerced} (or remove {key}) in the DeepSpeed config, or use "
-                f"strictness='warn' to let precision_plugin coerce it."
-            )
-        log.warning("%s precision_plugin set %s.", what, coerced)
 
     # -- sections ----------------------------------------------------------------------------
     def _set_enabled(self, name: str, enabled: bool) -> None:

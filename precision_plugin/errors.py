@@ -5,6 +5,8 @@ Every message says what was asked, what was found, and how to fix it.
 
 from __future__ import annotations
 
+import logging
+
 
 class PrecisionPluginError(Exception):
     """Base class of every error the plugin raises on purpose."""
@@ -34,3 +36,17 @@ class AdapterInstallError(PrecisionPluginError, RuntimeError):
 
 class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
     """The dynamic loss scale sat at its floor while steps kept overflowing."""
+
+
+def settle_conflict(strictness: str, message: str, *, fix: str, outcome: str) -> None:
+    """Settle a user setting that contradicts the policy: refuse it, or say what runs instead.
+
+    ``strictness="error"`` raises :class:`PrecisionMismatchError` ("precision_plugin: MESSAGE.
+    Fix: FIX."); ``"warn"`` logs a warning ("precision_plugin: MESSAGE; OUTCOME."), where
+    ``outcome`` says what the plugin runs instead (or why it cannot change it).
+    """
+    if strictness == "error":
+        raise PrecisionMismatchError(
+            f"precision_plugin: {message} (strictness='error'). Fix: {fix}."
+        )
+    logging.getLogger("precision_plugin").warning("precision_plugin: %s; %s.", message, outcome)

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.errors import settle_conflict
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -33,12 +33,8 @@ _FLAGS = {"float16": (True, False), "bfloat16": (False, True), "float32": (False
 
 
 def _mismatch(policy: PrecisionPolicy, message: str, fix: str, *, coerced: bool = True) -> None:
-    if policy.strictness == "error":
-        raise PrecisionMismatchError(
-            f"precision_plugin: {message} (strictness='error'). Fix: {fix}"
-        )
-    action = "coerced to the policy" if coerced else f"fix: {fix}"
-    log.warning("precision_plugin: %s; %s.", message, action)
+    outcome = "coerced to the policy" if coerced else f"fix: {fix}"
+    settle_conflict(policy.strictness, message, fix=fix, outcome=outcome)
 
 
 def _uses_deepspeed(args: Any, trainer: Any = None) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin import versions
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.manager import current_policy
 from precision_plugin.patching import Patcher
@@ -150,13 +150,14 @@ def _report(settings: EngineSettings, policy: PrecisionPolicy, where: str) -> No
     """Log what changed; raise or warn about conflicts according to ``policy.strictness``."""
     if settings.conflicts:
         text = "; ".join(settings.conflicts)
-        if policy.strictness == "error":
-            raise PrecisionMismatchError(
-                f"{where}: {text} (strictness='error'). Fix: leave dtype/kv_cache_dtype at "
-                f"'auto' (the plugin sets {policy.dtype}), or enable the dtype you want, e.g. "
-                f"precision_plugin.enable(dtype='bfloat16') / {ENV_VAR}=bfloat16."
-            )
-        log.warning("%s: %s; the precision policy wins (strictness='warn').", where, text)
+        settle_conflict(
+            policy.strictness,
+            f"{where}: {text}",
+            fix=f"leave dtype/kv_cache_dtype at 'auto' (the plugin sets {policy.dtype}), or "
+            f"enable the dtype you want, e.g. precision_plugin.enable(dtype='bfloat16') / "
+            f"{ENV_VAR}=bfloat16",
+            outcome="the precision policy wins (strictness='warn')",
+        )
     if settings.notes:
         log.info("%s: %s", where, "; ".join(settings.notes))
 
