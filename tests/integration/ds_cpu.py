@@ -126,3 +126,27 @@ def full_params(engine: Any) -> list[Any]:
         with deepspeed.zero.GatheredParameters(params):
             return [p.detach().float().clone() for p in params]
     return [p.detach().float().clone() for p in params]
+
+
+def launcher_env(root: os.PathLike[str] | str) -> dict[str, str]:
+    """Environment for a launcher subprocess (torchrun, accelerate launch) of the DeepSpeed tests.
+
+    The repository is importable, DeepSpeed uses its CPU accelerator, and any rank variables
+    this process set for its own one-process world are dropped so the launcher assigns its own.
+    """
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    for key in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        env.pop(key, None)
+    return env

@@ -4,7 +4,6 @@ and the Accelerate DeepSpeed recipe through ``accelerate launch``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,21 +177,7 @@ def test_accelerate_deepspeed_yaml_recipe(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(ACCELERATE_SCRIPT)
     out = tmp_path / "out.json"
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    for key in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
-        env.pop(key, None)
+    env = ds_cpu.launcher_env(ROOT)
     cmd = [
         sys.executable,
         "-m",

@@ -4,7 +4,6 @@ both, the parameters stay identical across ranks, and the loss scale stays in st
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,21 +23,7 @@ STAGES = [0, 2, 3]
 def two_ranks(tmp_path_factory):
     """Run the worker once on two ranks for every stage; return {rank: {stage: result}}."""
     out = tmp_path_factory.mktemp("ds2")
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    for key in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
-        env.pop(key, None)
+    env = ds_cpu.launcher_env(ROOT)
     cmd = [
         sys.executable,
         "-m",
