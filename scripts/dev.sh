@@ -49,7 +49,7 @@ case "$cmd" in
     setup_vllm
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
     echo ">> ruff"
-    "$venv/bin/ruff" check precision_plugin tests scripts
+    "$venv/bin/ruff" check precision_plugin tests scripts integrations
     echo ">> pytest"
     "$venv/bin/python" -m pytest --ignore=tests/contract "$@"
     echo ">> pytest (vLLM contract tests, separate environment)"
