@@ -17,6 +17,8 @@ the HF Trainer's and Accelerate's own precision requests are reconciled with the
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 import sys
 import weakref
@@ -236,37 +238,30 @@ def _find_engine(trainer: Any) -> Any:
 # -- automatic application ---------------------------------------------------------------------
 def _wrap_initialize(policy: PrecisionPolicy) -> _Wrapper:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
         def initialize(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind_partial(*args, **kwargs)
+            arguments = bound.arguments
             resolved = policy
-            ds_args = kwargs.get("args", args[0] if args else None)
+            ds_args = arguments.get("args")
             ds_path = getattr(ds_args, "deepspeed_config", None)
             if ds_path is not None:
                 # DeepSpeed reads args.deepspeed_config and asserts config is None: hand it the
                 # applied dict instead, on a copy of args so the caller's object is untouched.
-                import copy
-
                 ds_args = copy.copy(ds_args)
                 ds_args.deepspeed_config = None
-                cfg = load_config(ds_path)
-                resolved = resolve_policy(cfg, policy)
-                kwargs["config"] = translate(cfg, resolved)
-                kwargs.pop("config_params", None)
-                if args:
-                    args = (ds_args, *args[1:])
-                else:
-                    kwargs["args"] = ds_args
+                arguments["args"] = ds_args
+                arguments.pop("config_params", None)
+                key, raw = "config", ds_path
             else:
-                key = "config" if kwargs.get("config") is not None else "config_params"
-                positional = key not in kwargs and len(args) > 10 and args[10] is not None
-                raw = args[10] if positional else kwargs.get(key)
-                if raw is not None:
-                    cfg = load_config(raw)
-                    resolved = resolve_policy(cfg, policy)
-                    if positional:
-                        args = (*args[:10], translate(cfg, resolved), *args[11:])
-                    else:
-                        kwargs[key] = translate(cfg, resolved)
-            result = original(*args, **kwargs)
+                key = "config" if arguments.get("config") is not None else "config_params"
+                raw = arguments.get(key)
+            if raw is not None:
+                cfg = load_config(raw)
+                resolved = resolve_policy(cfg, policy)
+                arguments[key] = translate(cfg, resolved)
+            result = original(*bound.args, **bound.kwargs)
             track_engine(result[0], resolved)
             return result
 
@@ -364,53 +359,69 @@ def _patch_deepspeed(deepspeed: Any, policy: PrecisionPolicy, patcher: Patcher) 
     )
 
 
+def _patch_hf_trainer_config(module: Any, policy: PrecisionPolicy, patcher: Patcher) -> None:
+    cls = getattr(module, "HfTrainerDeepSpeedConfig", None)
+    if cls is None or not hasattr(cls, "trainer_config_process"):
+        log.info(
+            "precision_plugin: transformers has no HfTrainerDeepSpeedConfig.trainer_config_process;"
+            " the HF Trainer's fp16/bf16 flags are left to transformers"
+        )
+        return
+    patcher.wrap(
+        cls,
+        "trainer_config_process",
+        _wrap_trainer_config_process(policy),
+        reason="the HF Trainer fills fp16/bf16 from TrainingArguments and raises on any "
+        "difference at train(); the policy must settle them",
+    )
+
+
 @hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
     global _state
     if not _ds_available():
         return
-    state = _State(policy, patcher)
     patcher.when_imported(
         "deepspeed",
         lambda module: _patch_deepspeed(module, policy, patcher),
         reason="importing DeepSpeed in enable() is slow and logs to stdout; Accelerate, TRL "
         "and HF import it only when they start an engine",
     )
-    try:
-        from accelerate.utils import dataclasses as acc_dataclasses
-        from accelerate.utils import deepspeed as acc_deepspeed
-    except Exception:
-        acc_deepspeed = acc_dataclasses = None
-    if acc_deepspeed is not None:
-        patcher.wrap(
-            acc_deepspeed.HfDeepSpeedConfig,
+    if installed_version("accelerate") is not None:
+        _patch_accelerate_on_import(policy, patcher)
+    if installed_version("transformers") is not None:
+        patcher.when_imported(
+            "transformers.integrations.deepspeed",
+            lambda module: _patch_hf_trainer_config(module, policy, patcher),
+            reason="enable() imports no framework",
+        )
+    _state = _State(policy, patcher)
+
+
+def _patch_accelerate_on_import(policy: PrecisionPolicy, patcher: Patcher) -> None:
+    patcher.when_imported(
+        "accelerate.utils.deepspeed",
+        lambda module: patcher.wrap(
+            module.HfDeepSpeedConfig,
             "__init__",
             _wrap_hf_config_init(policy),
             reason="Accelerate and the HF Trainer read fp16/bf16 from this object long before "
             "deepspeed.initialize; it must already follow the policy",
-        )
-        patcher.wrap(
-            acc_dataclasses.DeepSpeedPlugin,
+        ),
+        reason="enable() imports no framework",
+    )
+    patcher.when_imported(
+        "accelerate.utils.dataclasses",
+        lambda module: patcher.wrap(
+            module.DeepSpeedPlugin,
             "set_mixed_precision",
             _wrap_set_mixed_precision(policy),
             reason="Accelerate raises when its mixed_precision contradicts the DeepSpeed "
             "config; under the policy the config is right and the request is reconciled",
-        )
-    try:
-        from transformers.integrations import deepspeed as hf_deepspeed
-    except Exception:
-        hf_deepspeed = None
-    cls = getattr(hf_deepspeed, "HfTrainerDeepSpeedConfig", None)
-    if cls is not None and hasattr(cls, "trainer_config_process"):
-        patcher.wrap(
-            cls,
-            "trainer_config_process",
-            _wrap_trainer_config_process(policy),
-            reason="the HF Trainer fills fp16/bf16 from TrainingArguments and raises on any "
-            "difference at train(); the policy must settle them",
-        )
-    _state = state
+        ),
+        reason="enable() imports no framework",
+    )
 
 
 @hookimpl

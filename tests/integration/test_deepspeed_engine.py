@@ -270,3 +270,30 @@ def test_enable_does_not_import_deepspeed_but_patches_it_on_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
     assert line == "RESULT False True False 0", out.stderr[-2000:]
+
+
+def test_enable_imports_neither_accelerate_nor_transformers():
+    """The DeepSpeed adapter patches Accelerate's and HF's DeepSpeed config classes on import."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, precision_plugin as pp
+        from precision_plugin.patching import is_patched
+        pp.enable()
+        heavy = [m for m in ("accelerate", "transformers", "deepspeed") if m in sys.modules]
+        from accelerate.utils import dataclasses as acc, deepspeed as acc_ds
+        from transformers.integrations import deepspeed as hf_ds
+        targets = (acc_ds.HfDeepSpeedConfig.__init__, acc.DeepSpeedPlugin.set_mixed_precision,
+                   hf_ds.HfTrainerDeepSpeedConfig.trainer_config_process)
+        on = [is_patched(t) for t in targets]
+        pp.disable()
+        off = [is_patched(t) for t in (acc_ds.HfDeepSpeedConfig.__init__,
+               acc.DeepSpeedPlugin.set_mixed_precision,
+               hf_ds.HfTrainerDeepSpeedConfig.trainer_config_process)]
+        print("RESULT", heavy, on, off)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), out.stderr)
+    assert line == "RESULT [] [True, True, True] [False, False, False]", out.stderr[-2000:]
