@@ -346,10 +346,15 @@ def _is_ours(obj: Any) -> bool:
     return bool(getattr(obj, _MARK, False))
 
 
-def install_vllm_patches(policy: PrecisionPolicy, patcher: Patcher) -> list[str]:
+def install_vllm_patches(
+    policy: PrecisionPolicy, patcher: Patcher, *, runner: bool = True
+) -> list[str]:
     """Make every ``EngineArgs`` in this process follow the active policy; idempotent.
 
-    Returns what was patched now (empty when it already was).
+    ``runner=False`` leaves out the cascade patch of the GPU model runner (an import of the
+    runner while ``vllm.engine.arg_utils`` is still being imported could be circular; the
+    engine process applies it through the general plugin). Returns what was patched now (empty
+    when it already was).
     """
     from vllm.engine.arg_utils import EngineArgs
 
@@ -364,7 +369,7 @@ def install_vllm_patches(policy: PrecisionPolicy, patcher: Patcher) -> list[str]
         )
         done.append("EngineArgs.create_model_config")
     decision = cascade_guard(policy)
-    if decision.action == "patch_runner":
+    if runner and decision.action == "patch_runner":
         try:
             from vllm.v1.worker.gpu_model_runner import GPUModelRunner
         except Exception as exc:
@@ -400,8 +405,9 @@ def general_plugin() -> None:
     if policy is None or vllm_version() is None:
         return
     with _lock:
-        enabled = current_policy() is not None and _enable_patcher is not None
-        patcher = _enable_patcher if enabled and _enable_patcher is not None else _env_patcher
+        patcher = _env_patcher
+        if current_policy() is not None and _enable_patcher is not None:
+            patcher = _enable_patcher  # patches made under enable() are undone by disable()
         install_vllm_patches(policy, patcher)
 
 
@@ -429,6 +435,14 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
         _enable_patcher = patcher
         if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)):
             install_vllm_patches(policy, patcher)
+            return
+    # Not through the general plugin alone: vLLM loads general plugins once per process and
+    # only those VLLM_PLUGINS allows, but enable() here must reach this process's engines.
+    patcher.when_imported(
+        "vllm.engine.arg_utils",
+        lambda module: install_vllm_patches(policy, patcher, runner=False),
+        reason="enable() imports no framework",
+    )
 
 
 @hookimpl

@@ -204,3 +204,37 @@ def test_general_plugin_is_idempotent(llama_dir, monkeypatch):
     monkeypatch.delenv("PRECISION_PLUGIN")
     # the env-var patch stays for the process, but without a policy it passes through
     assert engine_args(llama_dir).create_model_config().dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_enable_before_vllm_import_reaches_engines_whatever_vllm_plugins(llama_dir, tmp_path):
+    """enable() does not wait for vLLM's general plugin (loaded once, and only if allowed)."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import precision_plugin as pp
+        pp.enable()
+        print("IMPORTED", "vllm" in sys.modules)
+        from vllm.engine.arg_utils import EngineArgs
+        args = EngineArgs(model={llama_dir!r}, skip_tokenizer_init=True)
+        print("ON", args.create_model_config().dtype)
+        pp.disable()
+        args = EngineArgs(model={llama_dir!r}, skip_tokenizer_init=True)
+        print("OFF", args.create_model_config().dtype)
+        """
+    )
+    environ = {k: v for k, v in os.environ.items() if k not in ("PRECISION_PLUGIN", "PYTHONPATH")}
+    environ["VLLM_PLUGINS"] = "lora_filesystem_resolver"  # precision_plugin not allowed
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert out["IMPORTED"] == "False"
+    assert out["ON"] == "torch.float16"
+    assert out["OFF"] == "torch.bfloat16"
