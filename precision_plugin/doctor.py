@@ -122,12 +122,12 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
     An adapter whose check crashes is reported as a warning (its check could not run), so one
     broken plugin neither hides the others nor blocks the command.
     """
-    from precision_plugin.manager import get_plugin_manager
+    from precision_plugin.manager import call_hookimpl, get_plugin_manager
 
     findings: list[Finding] = []
     for impl in reversed(get_plugin_manager().hook.precision_doctor.get_hookimpls()):
         try:
-            found = impl.function(policy=policy)
+            found = call_hookimpl(impl, policy=policy)
         except Exception as exc:
             log.debug("doctor check of %s crashed", impl.plugin_name, exc_info=True)
             findings.append(

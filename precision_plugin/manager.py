@@ -40,6 +40,7 @@ _manager: pluggy.PluginManager | None = None
 @dataclass
 class _ActiveState:
     policy: PrecisionPolicy
+    skip: frozenset[str] = frozenset()
     patchers: list[tuple[str, Patcher]] = field(default_factory=list)
 
 
@@ -63,6 +64,15 @@ def get_plugin_manager() -> pluggy.PluginManager:
             pm.load_setuptools_entrypoints(hookspecs.PROJECT)
             _manager = pm
         return _manager
+
+
+def call_hookimpl(impl: pluggy.HookImpl, **kwargs: Any) -> Any:
+    """Call one hook implementation with the subset of ``kwargs`` it declares, as pluggy does.
+
+    The core calls some hooks one implementation at a time (to roll back, or to isolate a
+    broken plugin); an implementation may accept any subset of the hook's arguments.
+    """
+    return impl.function(*(kwargs[name] for name in impl.argnames))
 
 
 def adapter_names() -> list[str]:
@@ -99,18 +109,20 @@ def coerce_policy(
 def enable(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
-    skip_adapters: Iterable[str] = (),
+    skip_adapters: Iterable[str] | str = (),
     **overrides: Any,
 ) -> PrecisionPolicy:
     """Install every adapter for ``policy``; return the active policy.
 
-    Idempotent: enabling the same policy again changes nothing; a different policy replaces
-    the active one (the old patches are restored first). Atomic: when an adapter fails,
-    everything is rolled back and :class:`AdapterInstallError` names it.
+    Idempotent: enabling the same policy (and the same ``skip_adapters``) again changes
+    nothing; anything else replaces the active installation (the old patches are restored
+    first). Atomic: when an adapter fails, everything it and the others installed is rolled
+    back, the previously active policy (if any) is reinstalled, and
+    :class:`AdapterInstallError` names the adapter.
     """
     global _active
     new = coerce_policy(policy, **overrides)
-    skip = set(skip_adapters)
+    skip = frozenset([skip_adapters] if isinstance(skip_adapters, str) else skip_adapters)
     unknown = skip - set(adapter_names())
     if unknown:
         raise PrecisionConfigError(
@@ -118,31 +130,44 @@ def enable(
             f"adapters: {adapter_names()}."
         )
     with _lock:
-        if _active is not None:
-            if _active.policy == new:
-                return new
+        previous = _active
+        if previous is not None:
+            if previous.policy == new and previous.skip == skip:
+                return previous.policy
             disable()
-        pm = get_plugin_manager()
-        state = _ActiveState(new)
-        for impl in reversed(pm.hook.precision_install.get_hookimpls()):
-            if impl.plugin_name in skip:
-                continue
-            patcher = Patcher(owner=f"precision_plugin[{impl.plugin_name}]")
-            state.patchers.append((impl.plugin_name, patcher))
-            try:
-                impl.function(policy=new, patcher=patcher)
-            except Exception as exc:
-                for _, done in reversed(state.patchers):
-                    done.restore()
-                raise AdapterInstallError(impl.plugin_name, exc) from exc
-        _active = state
+        try:
+            _active = _install(new, skip)
+        except AdapterInstallError:
+            if previous is not None:
+                try:
+                    _active = _install(previous.policy, previous.skip)
+                except AdapterInstallError:  # pragma: no cover - it installed a moment ago
+                    log.exception("precision_plugin: could not reinstall the previous policy")
+            raise
         log.info(
             "precision_plugin enabled: dtype=%s, %d patch(es) by %s",
             new.dtype,
-            sum(len(p) for _, p in state.patchers),
-            [name for name, p in state.patchers if len(p)],
+            sum(len(p) for _, p in _active.patchers),
+            [name for name, p in _active.patchers if len(p)],
         )
         return new
+
+
+def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
+    """Run every adapter's ``precision_install``; on a failure restore all and raise."""
+    state = _ActiveState(policy, skip)
+    for impl in reversed(get_plugin_manager().hook.precision_install.get_hookimpls()):
+        if impl.plugin_name in skip:
+            continue
+        patcher = Patcher(owner=f"precision_plugin[{impl.plugin_name}]")
+        state.patchers.append((impl.plugin_name, patcher))
+        try:
+            call_hookimpl(impl, policy=policy, patcher=patcher)
+        except Exception as exc:
+            for _, done in reversed(state.patchers):
+                done.restore()
+            raise AdapterInstallError(impl.plugin_name, exc) from exc
+    return state
 
 
 def disable() -> bool:

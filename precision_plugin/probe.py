@@ -220,13 +220,13 @@ def _json_safe(value: Any) -> Any:
 
 def available_engines() -> dict[str, EngineFactory]:
     """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
-    from precision_plugin.manager import get_plugin_manager
+    from precision_plugin.manager import call_hookimpl, get_plugin_manager
 
     engines: dict[str, EngineFactory] = {"hf": hf_engine_factory}
     # One hook at a time: a broken plugin must not take the built-in engine down with it.
     for impl in reversed(get_plugin_manager().hook.precision_probe_engines.get_hookimpls()):
         try:
-            found = impl.function()
+            found = call_hookimpl(impl)
         except Exception as exc:
             log.warning(
                 "plugin %r failed to list its probe engines (%s: %s); its engines are skipped",

@@ -105,6 +105,55 @@ def test_skip_adapters(pm):
         pp.enable(skip_adapters=["nope"])
 
 
+def test_changing_skip_adapters_reinstalls(pm):
+    good = pm(GoodAdapter(), "good")
+    pp.enable()
+    assert "good" in manager.active_patches()
+    pp.enable(skip_adapters="good")  # same policy, one adapter fewer: a plain name works too
+    assert "good" not in manager.active_patches() and Victim().run() == "original"
+    assert good.installs == 1
+
+
+def test_failed_switch_keeps_the_previous_policy(pm):
+    pm(GoodAdapter(), "good")
+    pm(BrokenAdapter(), "broken")
+    pp.enable(skip_adapters=["broken"])
+    with pytest.raises(pp.AdapterInstallError, match="nothing changed"):
+        pp.enable(dtype="bfloat16")
+    assert pp.current_policy() == pp.PrecisionPolicy() and Victim().run() == "float16"
+    assert not hasattr(Victim, "extra")
+
+
+class SubsetAdapter:
+    """Takes only some of each hook's arguments, as pluggy allows."""
+
+    def __init__(self):
+        self.seen = []
+
+    @hookimpl
+    def precision_install(self, policy):
+        self.seen.append(policy.dtype)
+
+    @hookimpl
+    def precision_doctor(self):
+        return []
+
+    @hookimpl
+    def precision_probe_engines(self):
+        return {"subset": object}
+
+
+def test_hook_implementations_may_take_a_subset_of_arguments(pm):
+    from precision_plugin.doctor import adapter_findings
+    from precision_plugin.probe import available_engines
+
+    adapter = pm(SubsetAdapter(), "subset")
+    pp.enable()
+    assert adapter.seen == ["float16"]
+    assert not [f for f in adapter_findings(pp.PrecisionPolicy()) if f.framework == "subset"]
+    assert available_engines()["subset"] is object
+
+
 @pytest.mark.parametrize(
     ("arg", "kwargs", "dtype"),
     [(None, {}, "float16"), ("bf16", {}, "bfloat16"), ({"dtype": "fp32"}, {}, "float32"),
