@@ -26,13 +26,7 @@ from precision_plugin.scaler import TelemetryGradScaler
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state(monkeypatch):
-    """Accelerate keeps one process-wide state; each test builds its own Accelerator."""
-    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 def _model() -> torch.nn.Module:

@@ -10,20 +10,13 @@ import torch
 pytest.importorskip("accelerate")
 
 import transformers
-from accelerate.state import AcceleratorState
 from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback, PrecisionMismatchError
 
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state(monkeypatch):
-    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 def _model(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:

@@ -13,7 +13,6 @@ pytest.importorskip("trl")
 
 import transformers
 import trl
-from accelerate.state import AcceleratorState
 from trl.trainer.base_config import _BaseConfig
 
 import precision_plugin as pp
@@ -29,12 +28,7 @@ def _recipe():
     return module
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state(monkeypatch):
-    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 @pytest.mark.slow
