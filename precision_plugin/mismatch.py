@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
 #: Our metric name -> the names other systems log for the same (or the closest) quantity.
@@ -79,8 +80,30 @@ class MismatchMetrics:
         return -sum(self.seq_log_ratio) / len(self.seq_log_ratio)
 
 
-def _as_2d(x: Any) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.float64)
+def _none_to_nan(x: Any) -> Any:
+    """Replace ``None`` (a token an engine returned no log-prob for) by NaN in nested lists."""
+    if x is None:
+        return math.nan
+    if isinstance(x, (list, tuple)):
+        return [_none_to_nan(v) for v in x]
+    return x
+
+
+def _as_2d(x: Any, what: str) -> torch.Tensor:
+    """``x`` as a float64 ``[batch, seq]`` tensor (``[seq]`` becomes one row)."""
+    try:
+        t = torch.as_tensor(x if isinstance(x, torch.Tensor) else _none_to_nan(x))
+        t = t.to(torch.float64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise PrecisionConfigError(
+            f"compute_mismatch: {what} is not a rectangular array of numbers ({exc}); pass a "
+            f"[batch, seq] tensor, padded, with a mask of the real tokens."
+        ) from None
+    if t.dim() not in (1, 2):
+        raise PrecisionConfigError(
+            f"compute_mismatch: {what} has shape {tuple(t.shape)}; pass [batch, seq] or [seq] "
+            f"(the log-probs of the sampled tokens, not the full [.., vocab] distributions)."
+        )
     return t.unsqueeze(0) if t.dim() == 1 else t
 
 
@@ -102,23 +125,24 @@ def compute_mismatch(
 
     ``train_logprobs`` (π) and ``rollout_logprobs`` (μ) are tensors (or nested lists) of shape
     ``[batch, seq]`` or ``[seq]``; ``mask`` (same shape, bool or 0/1) marks the tokens that
-    count. A token whose log-prob is NaN/inf on either side, or ``+inf`` probability, is
-    excluded and counted in ``nan_tokens``. With no valid token every mean is NaN and
-    ``tokens`` is 0. Computation is in float64, so the result does not depend on input dtype.
+    count. A token whose log-prob is ``None``, NaN or infinite on either side is excluded and
+    counted in ``nan_tokens``. With no valid token every mean is NaN and ``tokens`` is 0. Bad
+    shapes raise :class:`~precision_plugin.errors.PrecisionConfigError` (a ``ValueError``).
+    Computation is in float64, so the result does not depend on input dtype.
     """
-    lp_train = _as_2d(train_logprobs)
-    lp_roll = _as_2d(rollout_logprobs)
+    lp_train = _as_2d(train_logprobs, "train_logprobs")
+    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
     if lp_train.shape != lp_roll.shape:
-        raise ValueError(
+        raise PrecisionConfigError(
             f"compute_mismatch: train_logprobs has shape {tuple(lp_train.shape)} but "
             f"rollout_logprobs has {tuple(lp_roll.shape)}; pass the log-probs of the same tokens."
         )
     if mask is None:
         base = torch.ones_like(lp_train, dtype=torch.bool)
     else:
-        base = _as_2d(mask).to(torch.bool)
+        base = _as_2d(mask, "mask").to(torch.bool)
         if base.shape != lp_train.shape:
-            raise ValueError(
+            raise PrecisionConfigError(
                 f"compute_mismatch: mask has shape {tuple(base.shape)}, log-probs have "
                 f"{tuple(lp_train.shape)}."
             )

@@ -105,6 +105,20 @@ def test_lists_accepted_and_shape_errors():
         compute_mismatch(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(3, 2))
 
 
+def test_none_from_an_engine_is_excluded_and_counted():
+    m = compute_mismatch([[None, -0.1], [-0.3, -0.2]], [[-0.2, -0.1], [-0.3, None]])
+    assert m.tokens == 2 and m.nan_tokens == 2 and m.k3_kl == pytest.approx(0.0)
+
+
+def test_full_distributions_and_ragged_lists_are_refused():
+    from precision_plugin.errors import PrecisionConfigError
+
+    with pytest.raises(PrecisionConfigError, match=r"shape \(2, 3, 5\).*not the full"):
+        compute_mismatch(torch.zeros(2, 3, 5), torch.zeros(2, 3, 5))
+    with pytest.raises(PrecisionConfigError, match="train_logprobs is not a rectangular"):
+        compute_mismatch([[-0.1, -0.2], [-0.3]], [[-0.1, -0.2], [-0.3, -0.1]])
+
+
 def test_k3_is_nonnegative_and_matches_kl_for_small_noise():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 32, 50, generator=g)
