@@ -335,6 +335,7 @@ class PrecisionPolicy:
         text = raw.strip()
         if text.lower() in _ENV_DEFAULT:
             return cls()
+        data: Any = {"dtype": text}
         if text.startswith("{"):
             try:
                 data = json.loads(text)
@@ -344,9 +345,8 @@ class PrecisionPolicy:
                     f"position {exc.pos}). Use a dtype name such as float16, or a JSON object "
                     f'such as {{"dtype": "float16"}}.'
                 ) from None
-            return cls.from_dict(data)
         try:
-            return cls(dtype=text)  # type: ignore[arg-type]
+            return cls.from_dict(data)
         except PrecisionConfigError as exc:
             raise PrecisionConfigError(f"{ENV_VAR}={raw!r}: {exc}") from None
 

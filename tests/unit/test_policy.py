@@ -146,6 +146,9 @@ def test_env_errors_are_clear():
         PrecisionPolicy.from_env({"PRECISION_PLUGIN": "fp8"})
     with pytest.raises(PrecisionConfigError, match=r"looks like JSON but does not parse"):
         PrecisionPolicy.from_env({"PRECISION_PLUGIN": "{dtype: fp16}"})
+    # A bad key inside valid JSON names the variable too: the user must know where to look.
+    with pytest.raises(PrecisionConfigError, match=r"""PRECISION_PLUGIN='{"dtyp".*'dtype'\?"""):
+        PrecisionPolicy.from_env({"PRECISION_PLUGIN": '{"dtyp": "fp16"}'})
 
 
 def test_every_field_has_help():
