@@ -140,7 +140,7 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         help=f"sampling seed (default: {DEFAULT_SEED})",
     )
     probe.add_argument(
-        "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1"
+        "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1, mps, xpu"
     )
     probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     probe.add_argument(

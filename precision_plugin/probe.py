@@ -240,21 +240,40 @@ def available_engines() -> dict[str, EngineFactory]:
 
 
 def resolve_device(device: str) -> str:
-    """Turn ``"auto"`` into ``cuda``/``cpu``; refuse a device torch cannot use."""
+    """Turn ``"auto"`` into ``cuda``/``cpu``; refuse a device torch cannot use here."""
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        kind = torch.device(device).type
+        parsed = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise PrecisionConfigError(
             f"device: {device!r} is not a torch device ({exc}); pass cpu, cuda, cuda:1 or auto."
         ) from None
-    if kind == "cuda" and not torch.cuda.is_available():
+    xpu = getattr(torch, "xpu", None)
+    counts = {
+        "cpu": 1,
+        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "mps": 1 if torch.backends.mps.is_available() else 0,
+        "xpu": xpu.device_count() if xpu is not None and xpu.is_available() else 0,
+    }
+    if parsed.type not in counts:
         raise PrecisionConfigError(
-            f"device: {device!r} was asked for but torch sees no CUDA GPU "
+            f"device: {device!r} is not a device the probe runs on; pass cpu, cuda, cuda:1, "
+            f"mps, xpu or auto."
+        )
+    found = counts[parsed.type]
+    if found == 0:
+        label = "CUDA GPU" if parsed.type == "cuda" else f"{parsed.type} device"
+        raise PrecisionConfigError(
+            f"device: {device!r} was asked for but torch sees no {label} "
             f"(torch {torch.__version__}); pass --device cpu or auto."
+        )
+    if parsed.index is not None and parsed.index >= found:
+        raise PrecisionConfigError(
+            f"device: {device!r} was asked for but torch sees {found} {parsed.type} device(s) "
+            f"(indices 0..{found - 1}); pass one of those or auto."
         )
     return device
 

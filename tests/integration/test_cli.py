@@ -115,6 +115,8 @@ BAD_ARGS = {
         "does not exist",
     ),
     "bad device": (lambda tmp: ["probe", "--device", "tpu9"], "device"),
+    "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the probe runs on"),
+    "absent gpu index": (lambda tmp: ["probe", "--device", "cuda:99"], "device: 'cuda:99'"),
     "too many tokens": (lambda tmp: ["probe", "--max-new-tokens", "5000"], "max_position"),
     "unknown command": (lambda tmp: ["train"], "invalid choice"),
     "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
@@ -143,6 +145,15 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("precision-plugin: error: device: 'cuda'")
     assert "--device cpu" in err
+
+
+def test_absent_mps_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.backends.mps.is_available():
+        pytest.skip("MPS is present")
+    rc = main(["probe", "--device", "mps"])  # was a RuntimeError traceback from .to("mps")
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("precision-plugin: error: device: 'mps'")
+    assert "Traceback" not in err
 
 
 def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
