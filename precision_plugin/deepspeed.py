@@ -92,15 +92,27 @@ class _EngineTracker:
     def __init__(self, policy: PrecisionPolicy) -> None:
         self.policy = policy
         self.consecutive_skips = 0
+        self._silenced: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def before_step(self, engine: Any) -> tuple[int, int]:
         # DeepSpeed's ZeRO scaler raises a bare Exception on the first overflow at its floor;
-        # the policy (loss_scaler.on_min_scale / max_skips_at_min) decides instead. Set before
-        # every step because load_checkpoint replaces the scaler object.
+        # the policy (loss_scaler.on_min_scale / max_skips_at_min) decides instead. Checked
+        # before every step because load_checkpoint replaces the scaler object.
         scaler = getattr(engine.optimizer, "loss_scaler", None)
-        if scaler is not None and hasattr(scaler, "raise_error_at_min_scale"):
+        if getattr(scaler, "raise_error_at_min_scale", False):
             scaler.raise_error_at_min_scale = False
+            self._silenced.add(scaler)
         return engine.global_steps, engine.skipped_steps
+
+    def release(self) -> None:
+        """Give DeepSpeed its own abort at the floor back: the floor check leaves with disable().
+
+        Not a Patcher record: the patcher names its targets by ``repr``, which DeepSpeed's
+        scalers cannot produce (their config ``__repr__`` fails on torch dtypes).
+        """
+        for scaler in list(self._silenced):
+            scaler.raise_error_at_min_scale = True
+        self._silenced = weakref.WeakSet()
 
     def after_step(self, engine: Any, before: tuple[int, int]) -> None:
         steps, skipped = before
@@ -169,8 +181,8 @@ def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
         return engine
     state = _state
     pol = policy or (state.policy if state else None) or _policy_of(engine)
-    tracker = _EngineTracker(pol)
     patcher = state.patcher if state is not None else Patcher(owner="precision_plugin[deepspeed]")
+    tracker = _EngineTracker(pol)
     patcher.wrap(
         engine,
         "step",
@@ -429,6 +441,8 @@ def precision_uninstall(policy: PrecisionPolicy) -> None:
     """Forget the active policy (patches and the import hook are restored by the manager)."""
     global _state
     _state = None
+    for tracker in list(_engines.values()):
+        tracker.release()
     _engines.clear()
 
 

@@ -297,3 +297,16 @@ def test_enable_imports_neither_accelerate_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")), out.stderr)
     assert line == "RESULT [] [True, True, True] [False, False, False]", out.stderr[-2000:]
+
+
+def test_disable_gives_deepspeed_its_floor_abort_back(deepspeed):
+    """The tracker's override of raise_error_at_min_scale is a patch: disable() restores it."""
+    pp.enable()
+    engine = _init(deepspeed, ds_cpu.ds_config(2))
+    ds_cpu.train_step(engine, seed=1)
+    scaler = engine.optimizer.loss_scaler
+    assert scaler.raise_error_at_min_scale is False
+    assert "step" in vars(engine)
+    pp.disable()
+    assert scaler.raise_error_at_min_scale is True
+    assert "step" not in vars(engine)
