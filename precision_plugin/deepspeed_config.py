@@ -42,8 +42,15 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
     if isinstance(cfg, (str, os.PathLike)):
         text = os.fspath(cfg)
         if os.path.exists(text):
-            with open(text, encoding="utf-8") as fh:
-                data = json.load(fh)
+            try:
+                with open(text, encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise PrecisionConfigError(
+                    f"DeepSpeed config {text!r} is not valid JSON ({exc.msg} at line "
+                    f"{exc.lineno}, column {exc.colno}). Fix the file, or pass the config as a "
+                    f"dict."
+                ) from None
         else:
             try:
                 data = json.loads(text)

@@ -231,3 +231,11 @@ def test_bad_config_types():
         apply_config("/no/such/ds_config.json")
     with pytest.raises(pp.PrecisionConfigError, match="expected a dict"):
         apply_config(42)  # type: ignore[arg-type]
+
+
+def test_a_broken_json_file_is_one_clear_error(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"fp16": {"enabled": true,}}')
+    with pytest.raises(pp.PrecisionConfigError, match=r"not valid JSON .* line 1") as info:
+        apply_config(path)
+    assert str(path) in str(info.value) and info.value.__cause__ is None
