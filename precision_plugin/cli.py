@@ -171,15 +171,33 @@ def _engine_names() -> list[str]:
     return sorted(available_engines())
 
 
-def _check_output_path(path: str | None, option: str) -> None:
-    if path is None or path == "-":
+def _check_output_path(path: str | None, option: str, formats: Sequence[str] = ()) -> None:
+    """Refuse an output path the run could not write, before the run (not after it)."""
+    if path is None or (path == "-" and not formats):
         return
-    parent = Path(path).expanduser().resolve().parent
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise _UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
+    parent = target.resolve().parent
     if not parent.is_dir():
         raise _UsageError(
             f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
             f"or pass another path"
         )
+    suffix = target.suffix.lower().lstrip(".")
+    if formats and suffix not in formats:
+        raise _UsageError(
+            f"{option}: cannot write {path!r}: {suffix or 'no'} extension is not an image format "
+            f"matplotlib writes; use .png (or one of {', '.join(sorted(formats))})"
+        )
+
+
+def _write(path: str, option: str, write: Callable[[Path], Any]) -> None:
+    """Run ``write(path)``; an OS error (permissions, full disk) becomes one line, exit 2."""
+    try:
+        write(Path(path).expanduser())
+    except OSError as exc:
+        raise _UsageError(f"{option}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 class _UsageError(PrecisionPluginError):
@@ -190,11 +208,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.probe import ProbeConfig, run_probe
 
     _check_output_path(args.json, "--json")
-    _check_output_path(args.plot, "--plot")
     if args.plot:
-        from precision_plugin.probe_plot import require_matplotlib
+        from precision_plugin.probe_plot import image_formats
 
-        require_matplotlib()
+        _check_output_path(args.plot, "--plot", image_formats())
     config = ProbeConfig(
         model=args.model,
         engine=args.engine,
@@ -214,12 +231,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if args.json == "-":
         sys.stdout.write(result.to_json() + "\n")
     elif args.json:
-        Path(args.json).expanduser().write_text(result.to_json() + "\n", encoding="utf-8")
+        text = result.to_json() + "\n"
+        _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
         err.print(f"wrote {args.json}")
     if args.plot:
         from precision_plugin.probe_plot import plot_probe
 
-        plot_probe(result, args.plot)
+        _write(args.plot, "--plot", lambda path: plot_probe(result, path))
         err.print(f"wrote {args.plot}")
     if not result.valid:
         err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")

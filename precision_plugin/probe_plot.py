@@ -30,6 +30,14 @@ def require_matplotlib() -> Any:
     return matplotlib
 
 
+def image_formats() -> tuple[str, ...]:
+    """File extensions matplotlib can write (``png``, ``pdf``, ``svg``, ...); needs matplotlib."""
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    return tuple(Figure().canvas.get_supported_filetypes())
+
+
 def plot_probe(result: Any, path: str | Path) -> Path:
     """Draw the figure for a :class:`~precision_plugin.probe.ProbeResult` and save it as PNG."""
     require_matplotlib()

@@ -114,6 +114,11 @@ BAD_ARGS = {
         lambda tmp: ["probe", "--json", str(tmp / "no" / "x.json")],
         "does not exist",
     ),
+    "json is a folder": (lambda tmp: ["probe", "--json", str(tmp)], "is a folder"),
+    "plot not an image": (
+        lambda tmp: ["probe", "--plot", str(tmp / "fig.txt")],
+        "txt extension is not an image format",
+    ),
     "bad device": (lambda tmp: ["probe", "--device", "tpu9"], "device"),
     "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the probe runs on"),
     "absent gpu index": (lambda tmp: ["probe", "--device", "cuda:99"], "device: 'cuda:99'"),
@@ -193,3 +198,14 @@ def test_docs_cli_page_lists_every_option() -> None:
             for option in action.option_strings:
                 if option.startswith("--") and option != "--help":
                     assert f"`{option}" in text, f"docs/cli.md misses {command} {option}"
+
+
+def test_a_failed_write_is_one_clear_error() -> None:
+    from precision_plugin import cli
+    from precision_plugin.errors import PrecisionPluginError
+
+    def full_disk(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(PrecisionPluginError, match=r"--json: cannot write 'x.json': No space left"):
+        cli._write("x.json", "--json", full_disk)
