@@ -71,6 +71,7 @@ class PrecisionCallback(TrainerCallback):
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
         self.forward_dtype: Any = None
+        self._logs_seen = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer reference and the forward hook belong to this process only.
@@ -112,7 +113,12 @@ class PrecisionCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
         if logs is None:
             return
-        metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs)
+        # Mismatch metrics follow policy.metrics (enabled, every log_every-th log); the loss
+        # scaler's telemetry is logged every time.
+        settings = self.policy.metrics
+        due = settings.enabled and self._logs_seen % settings.log_every == 0
+        self._logs_seen += 1
+        metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs if due else None)
         if not metrics:
             return
         logs.update(metrics)
@@ -120,7 +126,12 @@ class PrecisionCallback(TrainerCallback):
             state.log_history[-1].update(metrics)
 
     def collect(self, optimizer: Any = None, logs: Any = None) -> dict[str, float]:
-        """The ``precision/<name>`` metrics to log now."""
+        """The ``precision/<name>`` metrics to log now.
+
+        Adapter metrics and the loss scaler's telemetry, plus the mismatch metrics the trainer
+        itself put in ``logs`` (TRL's ``sampling/sampling_logp_difference/*``, ...) under our
+        names.
+        """
         merged: dict[str, float] = {}
         results = get_plugin_manager().hook.precision_collect_metrics(
             policy=self.policy, trainer=self.trainer

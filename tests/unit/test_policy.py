@@ -160,3 +160,25 @@ def test_every_field_has_help():
         "metrics.prob_diff_ok",
     } <= {r[0] for r in rows}
     assert all(help_text for _, _, help_text in rows)
+
+
+def test_metric_settings_take_effect_in_the_callback():
+    """metrics.enabled / metrics.log_every gate the mismatch metrics PrecisionCallback logs."""
+    from types import SimpleNamespace
+
+    from precision_plugin.callback import PrecisionCallback
+
+    trl_logs = {"sampling/sampling_logp_difference/mean": 0.01}
+
+    def logged(policy, times):
+        cb = PrecisionCallback(policy)
+        seen = []
+        for _ in range(times):
+            logs = dict(trl_logs)
+            cb.on_log(None, SimpleNamespace(log_history=[]), None, logs=logs)
+            seen.append("precision/logp_abs_diff_mean" in logs)
+        return seen
+
+    assert logged(PrecisionPolicy(), 2) == [True, True]
+    assert logged(PrecisionPolicy(metrics={"log_every": 2}), 4) == [True, False, True, False]
+    assert logged(PrecisionPolicy(metrics={"enabled": False}), 2) == [False, False]
