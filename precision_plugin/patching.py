@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -78,10 +79,13 @@ class Patcher:
         """Replace the function ``target.name`` with ``make_wrapper(original)``.
 
         The wrapper gets ``functools.wraps`` metadata and an ``__precision_plugin_original__``
-        attribute. ``staticmethod``/``classmethod`` descriptors are unwrapped and re-wrapped.
+        attribute. ``staticmethod``/``classmethod`` descriptors (own or inherited) are unwrapped
+        and re-wrapped, so a subclass still receives its own ``cls``.
         Returns the installed wrapper.
         """
         raw = _own_entry(target, name)
+        if raw is _MISSING and isinstance(target, type):  # inherited: find the raw descriptor
+            raw = inspect.getattr_static(target, name, _MISSING)
         descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         original = raw.__func__ if descriptor else getattr(target, name)
         wrapper = functools.wraps(original)(make_wrapper(original))

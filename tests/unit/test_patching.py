@@ -56,6 +56,32 @@ def test_wrap_keeps_descriptors():
     assert not is_patched(Target.method)
 
 
+def test_wrap_inherited_classmethod_and_staticmethod():
+    class Parent:
+        @classmethod
+        def make(cls):
+            return cls.__name__
+
+        @staticmethod
+        def twice(x):
+            return 2 * x
+
+    class Child(Parent):
+        pass
+
+    class GrandChild(Child):
+        pass
+
+    p = Patcher()
+    p.wrap(Child, "make", lambda orig: lambda *a: orig(*a) + "!", reason="test")
+    p.wrap(Child, "twice", lambda orig: lambda *a: orig(*a) + 1, reason="test")
+    assert GrandChild.make() == "GrandChild!" and Child().make() == "Child!"
+    assert Child().twice(3) == 7 and Child.twice(3) == 7
+    p.restore()
+    assert "make" not in vars(Child) and "twice" not in vars(Child)
+    assert GrandChild.make() == "GrandChild" and Child().twice(3) == 6
+
+
 def test_inherited_attribute_is_deleted_not_shadowed():
     p = Patcher()
     p.setattr(Target, "inherited", lambda self: "patched", reason="t")
