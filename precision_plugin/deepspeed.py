@@ -123,7 +123,7 @@ class _EngineTracker:
         else:
             self.consecutive_skips = 0
         settings = self.policy.loss_scaler
-        if self.consecutive_skips and self.consecutive_skips % settings.max_skips_at_min == 0:
+        if self.consecutive_skips:
             check_scale_floor(engine_scaler_stats(engine), settings, backend="DeepSpeed")
 
 

@@ -53,11 +53,14 @@ class ScalerStats:
 def check_scale_floor(stats: ScalerStats, settings: LossScalerSettings, *, backend: str) -> bool:
     """Act when the scale is stuck at its floor: the run only skips steps, it no longer learns.
 
-    Returns ``True`` when the floor condition holds (``stats.at_min_scale`` and at least
-    ``settings.max_skips_at_min`` consecutive skips). Then ``on_min_scale="error"`` raises
-    :class:`LossScaleAtMinimumError`; ``"warn"`` logs a warning and returns ``True``.
+    Backends call it after every skipped step. It acts when the scale is at its floor and the
+    run of consecutive skips reaches ``settings.max_skips_at_min`` (and again at every further
+    multiple of it, so ``"warn"`` does not log on every step): ``on_min_scale="error"`` raises
+    :class:`LossScaleAtMinimumError`; ``"warn"`` logs a warning and returns ``True``. Returns
+    ``False`` when it did not act.
     """
-    if not (stats.at_min_scale and stats.consecutive_skips >= settings.max_skips_at_min):
+    n, every = stats.consecutive_skips, settings.max_skips_at_min
+    if not (stats.at_min_scale and n >= every and n % every == 0):
         return False
     message = (
         f"precision_plugin: the {backend} loss scale is stuck at its minimum "
@@ -120,8 +123,7 @@ class _Telemetry:
             # torch has no floor (its scale may sink below 1, towards 0); DeepSpeed's min_loss_scale
             # semantics keep the two backends comparable.
             self._scale.clamp_(min=self._pp_settings.min_scale)  # type: ignore[attr-defined]
-            if self._pp_consecutive >= self._pp_settings.max_skips_at_min:
-                check_scale_floor(self.precision_stats(), self._pp_settings, backend="torch")
+            check_scale_floor(self.precision_stats(), self._pp_settings, backend="torch")
         else:
             self._pp_consecutive = 0
 

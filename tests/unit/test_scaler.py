@@ -172,7 +172,27 @@ def test_floor_warn_keeps_going(caplog):
     for _ in range(6):
         _step(model, opt, scaler, poison=math.inf)
     assert scaler_stats(scaler).skipped_steps == 6
-    assert "stuck at its minimum" in caplog.text
+    # Acts at 3 and 6 consecutive skips, not on every skipped step.
+    assert caplog.text.count("stuck at its minimum") == 2
+
+
+@pytest.mark.parametrize(
+    ("consecutive", "at_min", "acts"),
+    [(2, True, False), (3, True, True), (4, True, False), (6, True, True), (3, False, False)],
+)
+def test_check_scale_floor_acts_at_multiples_of_the_limit(consecutive, at_min, acts):
+    from precision_plugin.policy import LossScalerSettings
+    from precision_plugin.scaler import ScalerStats, check_scale_floor
+
+    stats = ScalerStats(scale=1.0, consecutive_skips=consecutive, at_min_scale=at_min)
+    warn = LossScalerSettings(max_skips_at_min=3, on_min_scale="warn")
+    assert check_scale_floor(stats, warn, backend="torch") is acts
+    error = LossScalerSettings(max_skips_at_min=3, on_min_scale="error")
+    if acts:
+        with pytest.raises(LossScaleAtMinimumError, match="torch loss scale is stuck"):
+            check_scale_floor(stats, error, backend="torch")
+    else:
+        assert check_scale_floor(stats, error, backend="torch") is False
 
 
 def test_state_dict_round_trip_keeps_counters_and_plain_scaler_compat():
