@@ -31,21 +31,25 @@ import torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
-#: Our metric name -> the names other systems log for the same (or the closest) quantity.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "k1_kl": ("rollout_corr/kl", "kl_sample_train_v1", "mismatch_kl (k1 form)"),
-    "k3_kl": ("rollout_corr/k3_kl", "mismatch_kl (prime-rl)", "vllm_kl (SkyRL, k3 form)"),
-    "prob_diff_mean": ("training/rollout_probs_diff_mean", "token_mult_prob_error (NeMo-RL)"),
+#: Our metric name -> ``(system, name)`` pairs: what other systems log for the same (or the
+#: closest) quantity. ``docs/concepts.md`` renders this table; a test keeps the two in sync.
+ALIASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "k1_kl": (("verl", "rollout_corr/kl"), ("paper / oat", "kl_sample_train_v1")),
+    "k3_kl": (("verl", "rollout_corr/k3_kl"), ("prime-rl", "mismatch_kl"), ("SkyRL", "vllm_kl")),
+    "prob_diff_mean": (
+        ("verl", "training/rollout_probs_diff_mean"),
+        ("NeMo-RL", "token_mult_prob_error"),
+    ),
     "prob_diff_max": (
-        "training/rollout_probs_diff_max",
-        "sampler_learner_prob_diff_max (paper / oat)",
+        ("verl", "training/rollout_probs_diff_max"),
+        ("paper / oat", "sampler_learner_prob_diff_max"),
     ),
     "logp_abs_diff_mean": (
-        "sampling/sampling_logp_difference/mean (TRL)",
-        "train_rollout_logprob_abs_diff (slime)",
+        ("TRL", "sampling/sampling_logp_difference/mean"),
+        ("slime", "train_rollout_logprob_abs_diff"),
     ),
-    "prob_pearson": ("training/rollout_probs_pearson_corr",),
-    "logp_sq_diff_half_mean": ("kl_sample_train_v2",),
+    "prob_pearson": (("verl", "training/rollout_probs_pearson_corr"),),
+    "logp_sq_diff_half_mean": (("paper / oat", "kl_sample_train_v2"),),
 }
 
 

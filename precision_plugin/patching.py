@@ -207,7 +207,9 @@ class _CallbackLoader(importlib.abc.Loader):
 def _qualname(obj: Any) -> str:
     if obj is os.environ:
         return "os.environ"
-    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    # An instance is named by its class: some reprs (DeepSpeed's scalers) raise.
+    return name or f"<{type(obj).__qualname__} instance>"
 
 
 def is_patched(func: Any) -> bool:

@@ -194,3 +194,20 @@ def test_callback_error_never_breaks_the_import(tmp_path, monkeypatch, caplog):
     assert "could not patch pp_boom on import: nope" in caplog.text
     p.restore()
     sys.modules.pop("pp_boom", None)
+
+
+def test_patching_an_instance_whose_repr_raises():
+    """DeepSpeed's scalers cannot repr themselves; the patcher names instances by class."""
+
+    class NoRepr:
+        flag = True
+
+        def __repr__(self):
+            raise TypeError("not serializable")
+
+    obj = NoRepr()
+    p = Patcher()
+    p.setattr(obj, "flag", False, reason="t")
+    assert obj.flag is False and p.patched == ["<NoRepr instance>.flag"]
+    p.restore()
+    assert obj.flag is True and "flag" not in vars(obj)
