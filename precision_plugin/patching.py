@@ -209,7 +209,7 @@ def _qualname(obj: Any) -> str:
         return "os.environ"
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     # An instance is named by its class: some reprs (DeepSpeed's scalers) raise.
-    return name or f"<{type(obj).__qualname__} instance>"
+    return name or f"<{type(obj).__name__} instance>"
 
 
 def is_patched(func: Any) -> bool:
