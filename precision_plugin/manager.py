@@ -18,7 +18,7 @@ from typing import Any
 import pluggy
 
 from precision_plugin import hookspecs
-from precision_plugin.errors import AdapterInstallError, PrecisionConfigError
+from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 
@@ -166,6 +166,8 @@ def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
         except Exception as exc:
             for _, done in reversed(state.patchers):
                 done.restore()
+            if isinstance(exc, PrecisionPluginError):
+                raise  # a deliberate refusal (strictness, bad config) already says what to fix
             raise AdapterInstallError(impl.plugin_name, exc) from exc
     return state
 

@@ -96,6 +96,23 @@ def test_enable_is_atomic_and_names_the_adapter(pm):
     assert pp.current_policy() is None
 
 
+class RefusingAdapter:
+    @hookimpl(trylast=True)
+    def precision_install(self, policy, patcher):
+        patcher.setattr(Victim, "extra", 1, reason="test")
+        raise pp.PrecisionMismatchError("framework asked bf16. Fix: pass fp16")
+
+
+def test_a_deliberate_refusal_is_raised_as_is_after_rollback(pm):
+    pm(GoodAdapter(), "good")
+    pm(RefusingAdapter(), "refusing")
+    raw = Victim.__dict__["run"]
+    with pytest.raises(pp.PrecisionMismatchError, match=r"framework asked bf16\. Fix: pass fp16"):
+        pp.enable()
+    assert Victim.__dict__["run"] is raw and not hasattr(Victim, "extra")
+    assert pp.current_policy() is None
+
+
 def test_skip_adapters(pm):
     pm(GoodAdapter(), "good")
     pm(BrokenAdapter(), "broken")
