@@ -18,6 +18,7 @@ import torch
 import precision_plugin as pp
 from precision_plugin.deepspeed import engine_scaler_stats
 from tests.integration import ds_cpu
+from tests.tiny import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "integrations" / "deepspeed"
@@ -40,19 +41,7 @@ class _Tokens(torch.utils.data.Dataset):
 
 
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_llama(max_position_embeddings=32)
 
 
 def _train(tmp_path, recipe: str, *flags: str):

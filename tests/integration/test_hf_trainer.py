@@ -11,25 +11,17 @@ pytest.importorskip("accelerate")
 
 import transformers
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback, PrecisionMismatchError
+from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 
 def _model(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config).to(dtype)
+    return tiny_llama().to(dtype)
 
 
 def _data() -> Dataset:
