@@ -52,11 +52,14 @@ _BF16_HINT = (
 
 
 def vllm_refusal_table() -> dict[str, str]:
-    """The installed vLLM's own fp16 refusal table when vLLM is already imported, else ours."""
-    module = sys.modules.get("vllm.config.model")
-    table = getattr(module, "_FLOAT16_NOT_SUPPORTED_MODELS", None)
-    if isinstance(table, Mapping):
-        return {str(k): str(v) for k, v in table.items()}
+    """The installed vLLM's own fp16 refusal table when vLLM is already imported, else ours.
+
+    vLLM >= 0.11 keeps it in ``vllm/config/model.py``; 0.10.x in ``vllm/config/__init__.py``.
+    """
+    for name in ("vllm.config.model", "vllm.config"):
+        table = getattr(sys.modules.get(name), "_FLOAT16_NOT_SUPPORTED_MODELS", None)
+        if isinstance(table, Mapping):
+            return {str(k): str(v) for k, v in table.items()}
     return dict(VLLM_FP16_REFUSED)
 
 
