@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 venv="${PRECISION_PLUGIN_VENV:-$root/.venv}"
 vllm_venv="${PRECISION_PLUGIN_VLLM_VENV:-$root/.venv-vllm}"
+vllm_old_venv="${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old}"
 py="${PYTHON:-python3}"
 
 setup_main() {
@@ -31,6 +32,8 @@ setup_vllm() {
   # vLLM's wheel is CUDA-only, but its config layer runs on CPU: a separate environment with the
   # CPU torch, vLLM without its deps, and vLLM's pure-Python requirements (tests/contract/).
   bash scripts/setup_vllm_env.sh "$vllm_venv"
+  # vLLM 0.10.1: the last line with the cascade-attention flag defaulting to off.
+  bash scripts/setup_vllm_old_env.sh "$vllm_old_venv"
 }
 
 cmd="${1:-}"
@@ -54,6 +57,8 @@ case "$cmd" in
     "$venv/bin/python" -m pytest --ignore=tests/contract "$@"
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
+    echo ">> pytest (vLLM 0.10.1 contract tests, separate environment)"
+    "$vllm_old_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
     echo ">> mkdocs build --strict"
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;
