@@ -33,7 +33,7 @@ setup_vllm() {
   # CPU torch, vLLM without its deps, and vLLM's pure-Python requirements (tests/contract/).
   bash scripts/setup_vllm_env.sh "$vllm_venv"
   # vLLM 0.10.1: the last line with the cascade-attention flag defaulting to off.
-  bash scripts/setup_vllm_old_env.sh "$vllm_old_venv"
+  bash scripts/setup_vllm_env.sh "$vllm_old_venv" old
 }
 
 cmd="${1:-}"

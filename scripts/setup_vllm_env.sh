@@ -1,19 +1,39 @@
 #!/usr/bin/env bash
-# Build the separate vLLM contract-test environment (tests/contract/) at the given path.
-#   bash scripts/setup_vllm_env.sh <venv-dir>
-# vLLM's wheel is CUDA-only and pins torch 2.14 / transformers < 5.21, which conflict with the main
-# environment; its config layer (EngineArgs, ModelConfig, the CLI parser, general plugins) runs on
-# CPU with the local torch 2.13 CPU wheel, vLLM installed without its dependencies, and its
-# pure-Python requirements (tests/contract/requirements-vllm.txt, every version pinned).
+# Build a separate vLLM contract-test environment (tests/contract/) at the given path.
+#   bash scripts/setup_vllm_env.sh <venv-dir> [current|old]
+#   current: vLLM 0.33.0 (tests/contract/requirements-vllm.txt)
+#   old:     vLLM 0.10.1, the last minor release of the cascade-attention bug era (0.8.2 - 0.10.x),
+#            where the plugin passes disable_cascade_attn=True (tests/contract/requirements-vllm-old.txt)
+# vLLM's wheels are CUDA-only and pin torch/transformers versions that conflict with the main
+# environment; their config layer (EngineArgs, ModelConfig, the CLI parser, general plugins) runs
+# on CPU with the local torch 2.13 CPU wheel, vLLM installed without its dependencies, and its
+# pure-Python requirements (every version pinned).
 # Idempotent: a stamp of the inputs skips the installs; precision_plugin itself is reinstalled (a
 # real, non-editable install, so its vllm.general_plugins entry point is real) only when its
 # sources change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${1:?usage: bash scripts/setup_vllm_env.sh <venv-dir>}"
+venv="${1:?usage: bash scripts/setup_vllm_env.sh <venv-dir> [current|old]}"
+flavour="${2:-current}"
 py="${PYTHON:-python3}"
-vllm_version="0.33.0"
-reqs="tests/contract/requirements-vllm.txt"
+case "$flavour" in
+  current)
+    vllm_version="0.33.0"
+    reqs="tests/contract/requirements-vllm.txt"
+    # vLLM pins these; their own dependency metadata would pull CUDA packages.
+    no_deps_pins=("xgrammar==0.2.8" "apache-tvm-ffi==0.1.11")
+    ;;
+  old)
+    vllm_version="0.10.1"
+    reqs="tests/contract/requirements-vllm-old.txt"
+    # vLLM pins these; their own dependency metadata would pull torch 2.7 / triton.
+    no_deps_pins=("compressed-tensors==0.10.2" "xgrammar==0.1.21")
+    ;;
+  *)
+    echo "setup_vllm_env.sh: unknown flavour '$flavour'; use 'current' or 'old'" >&2
+    exit 2
+    ;;
+esac
 
 if [ ! -x "$venv/bin/python" ]; then
   echo ">> creating $venv"
@@ -22,14 +42,13 @@ fi
 pip=("$venv/bin/python" -m pip install -q)
 
 stamp="$venv/.precision_plugin-vllm-deps"
-want=$(cat "$0" "$reqs" constraints.txt | sha256sum | cut -d' ' -f1)
+want=$( (cat "$0" "$reqs" constraints.txt; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo ">> installing vLLM $vllm_version (no CUDA dependencies) into $venv"
   "${pip[@]}" -c constraints.txt "torch==2.13.0"
   "${pip[@]}" --no-deps "vllm==$vllm_version"
   "${pip[@]}" -c constraints.txt -r "$reqs"
-  # vLLM pins these two; their own dependency metadata would pull CUDA packages.
-  "${pip[@]}" --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.11"
+  "${pip[@]}" --no-deps "${no_deps_pins[@]}"
   echo "$want" > "$stamp"
   rm -f "$venv/.precision_plugin-vllm-src"
 fi

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,27 @@ def script_command(path: Path, program: str, variables: dict[str, str]) -> list[
     for name, value in variables.items():
         line = line.replace(f'"${name}"', shlex.quote(value))
     return [a for a in shlex.split(line)[1:] if a != "$@"]
+
+
+def run_installed(code: str, cwd: Path, **env: str) -> dict[str, str]:
+    """Run ``code`` in a fresh interpreter against the *installed* precision_plugin.
+
+    ``PRECISION_PLUGIN``/``VLLM_PLUGINS`` are cleared, then ``env`` applied; the process runs
+    outside the repository with no ``PYTHONPATH``, so the real (non-editable) distribution and its
+    entry point are what load. Returns the ``KEY value`` lines it printed as a dict.
+    """
+    drop = ("PRECISION_PLUGIN", "VLLM_PLUGINS", "PYTHONPATH")
+    environ = {k: v for k, v in os.environ.items() if k not in drop}
+    environ.update(env)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert "site-packages" in out["FILE"], "precision_plugin must be a real (non-editable) install"
+    return out

@@ -1,19 +1,17 @@
 """The cascade-attention guard against a real vLLM of the FA2-bug era (0.8.2 - 0.10.x), on CPU.
 
-Runs in the old contract environment (scripts/setup_vllm_old_env.sh, vLLM 0.10.1) and skips
+Runs in the old contract environment (scripts/setup_vllm_env.sh DIR old, vLLM 0.10.1) and skips
 itself on any vLLM >= 0.11, where the flag is not passed (or is deprecated).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_installed
 from vllm.engine.arg_utils import EngineArgs
 
 import precision_plugin as pp
@@ -97,19 +95,6 @@ PROBE = textwrap.dedent(
     ids=["PRECISION_PLUGIN=float16", "unset"],
 )
 def test_general_plugin_entry_point(llama_dir, tmp_path: Path, env, dtype, cascade_off):
-    environ = {k: v for k, v in os.environ.items() if k not in ("PRECISION_PLUGIN", "VLLM_PLUGINS")}
-    environ.pop("PYTHONPATH", None)
-    environ.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(model=llama_dir)],
-        cwd=tmp_path,  # not the repository: the installed distribution is imported
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert "site-packages" in out["FILE"], "precision_plugin must be a real (non-editable) install"
+    out = run_installed(PROBE.format(model=llama_dir), tmp_path, **env)
     assert out["DTYPE"] == dtype
     assert out["CASCADE_OFF"] == cascade_off
