@@ -17,7 +17,7 @@ from precision_plugin.errors import (
     PrecisionMismatchError,
     PrecisionPluginError,
 )
-from precision_plugin.manager import current_policy, disable, enable
+from precision_plugin.manager import current_policy, disable, enable, resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ __all__ = [
     "disable",
     "enable",
     "prepare_model",
+    "resolve_policy",
 ]
 
 _LAZY = {

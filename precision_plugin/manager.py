@@ -81,28 +81,51 @@ def adapter_names() -> list[str]:
     return [impl.plugin_name for impl in reversed(pm.hook.precision_install.get_hookimpls())]
 
 
+def _as_policy(value: PrecisionPolicy | Mapping[str, Any] | str, what: str) -> PrecisionPolicy:
+    """Turn an explicit policy argument (a policy, a dict, a dtype name) into a policy."""
+    if isinstance(value, PrecisionPolicy):
+        return value
+    if isinstance(value, Mapping):
+        return PrecisionPolicy.from_dict(value)
+    if isinstance(value, str):
+        return PrecisionPolicy(dtype=value)  # type: ignore[arg-type]
+    raise PrecisionConfigError(
+        f"{what}: policy must be a PrecisionPolicy, a dict, a dtype name or None; got "
+        f"{type(value).__name__}. Example: precision_plugin.enable(dtype='float16')."
+    )
+
+
+def resolve_policy(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    *,
+    what: str = "policy",
+) -> PrecisionPolicy:
+    """The one answer to "which policy applies here?", used by every public entry point.
+
+    In order: ``policy`` when given (a policy, a dict or a dtype name), else the policy
+    ``enable()`` installed in this process, else the one ``PRECISION_PLUGIN`` describes, else
+    the defaults (float16). ``what`` names the caller in the error for a wrong kind of object.
+    """
+    if policy is not None:
+        return _as_policy(policy, what)
+    return current_policy() or PrecisionPolicy.from_env() or PrecisionPolicy()
+
+
 def coerce_policy(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None, **overrides: Any
 ) -> PrecisionPolicy:
     """Turn what a user passes to ``enable()`` into a ``PrecisionPolicy``.
 
     ``policy`` may be a policy, a dict, a dtype name, or ``None`` (defaults, or the
-    ``PRECISION_PLUGIN`` environment variable when set); keyword ``overrides`` apply on top
-    (``enable(dtype="bfloat16")``, ``enable(loss_scaler={"growth_interval": 200})``).
+    ``PRECISION_PLUGIN`` environment variable when set; never the policy already active, so
+    ``enable()`` after ``enable(dtype="bfloat16")`` switches back to the defaults); keyword
+    ``overrides`` apply on top (``enable(dtype="bfloat16")``,
+    ``enable(loss_scaler={"growth_interval": 200})``).
     """
     if policy is None:
         base = PrecisionPolicy.from_env() or PrecisionPolicy()
-    elif isinstance(policy, PrecisionPolicy):
-        base = policy
-    elif isinstance(policy, Mapping):
-        base = PrecisionPolicy.from_dict(policy)
-    elif isinstance(policy, str):
-        base = PrecisionPolicy(dtype=policy)  # type: ignore[arg-type]
     else:
-        raise PrecisionConfigError(
-            f"enable(): policy must be a PrecisionPolicy, a dict, a dtype name or None; got "
-            f"{type(policy).__name__}. Example: precision_plugin.enable(dtype='float16')."
-        )
+        base = _as_policy(policy, "enable()")
     return base.replace(**overrides) if overrides else base
 
 
