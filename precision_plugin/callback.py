@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import TrainerCallback
 
 from precision_plugin.errors import settle_conflict
-from precision_plugin.manager import current_policy, get_plugin_manager
+from precision_plugin.manager import get_plugin_manager, resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -61,12 +61,13 @@ class PrecisionCallback(TrainerCallback):
     dtypes against the policy, a vLLM server's dtype, ...); on the first training step it
     checks the dtype the forward really ran in; on every log it adds the adapters'
     ``precision_collect_metrics`` (loss scale, skipped steps, ...) as ``precision/<name>``.
-    ``policy`` defaults to the active policy, else the default (float16) policy. The trainer
+    ``policy`` (a policy, a dict or a dtype name) defaults to
+    [`resolve_policy()`][precision_plugin.manager.resolve_policy]'s answer. The trainer
     is known when ``enable()`` is on (the plugin binds it) or after :meth:`bind`.
     """
 
-    def __init__(self, policy: PrecisionPolicy | None = None) -> None:
-        self._policy = policy
+    def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
+        self._policy = resolve_policy(policy, what="PrecisionCallback()") if policy else None
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
@@ -80,7 +81,7 @@ class PrecisionCallback(TrainerCallback):
     @property
     def policy(self) -> PrecisionPolicy:
         """The policy this callback enforces."""
-        return self._policy or current_policy() or PrecisionPolicy()
+        return resolve_policy(self._policy)
 
     @property
     def trainer(self) -> Any:

@@ -206,10 +206,11 @@ class _UsageError(PrecisionPluginError):
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.probe import ProbeConfig, run_probe
+    from precision_plugin.probe.table import render_probe_table
 
     _check_output_path(args.json, "--json")
     if args.plot:
-        from precision_plugin.probe_plot import image_formats
+        from precision_plugin.probe.plot import image_formats
 
         _check_output_path(args.plot, "--plot", image_formats())
     config = ProbeConfig(
@@ -227,7 +228,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     # the table and JSON.
     with contextlib.redirect_stdout(sys.stderr):
         result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
-    out.print(probe_table(result))
+    out.print(render_probe_table(result))
     if args.json == "-":
         sys.stdout.write(result.to_json() + "\n")
     elif args.json:
@@ -235,7 +236,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
         err.print(f"wrote {args.json}")
     if args.plot:
-        from precision_plugin.probe_plot import plot_probe
+        from precision_plugin.probe.plot import plot_probe
 
         _write(args.plot, "--plot", lambda path: plot_probe(result, path))
         err.print(f"wrote {args.plot}")
@@ -243,57 +244,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")
         return EXIT_FAILED
     return EXIT_OK
-
-
-_VERDICT_STYLE = {"ok": "green", "watch": "yellow", "problem": "red", "invalid": "bold red"}
-
-
-def probe_table(result: Any) -> Any:
-    """A rich ``Table`` of a :class:`~precision_plugin.probe.ProbeResult`, one row per dtype."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
-        title=f"train/rollout mismatch: {result.model} ({result.engine}, {result.device})",
-        caption=_caption(result),
-        box=box.SIMPLE_HEAD,
-    )
-    for header in ("dtype", "k3 KL", "k1 KL", "|Δp| mean", "|Δp| max", "slope/1K", "tokens"):
-        table.add_column(header, justify="left" if header == "dtype" else "right", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
-    for name, r in result.results.items():
-        m = r.metrics
-        style = _VERDICT_STYLE.get(r.verdict, "")
-        table.add_row(
-            f"{name}*" if name == "float32" else name,
-            _num(m.k3_kl),
-            _num(m.k1_kl),
-            _num(m.prob_diff_mean),
-            _num(m.prob_diff_max),
-            _num(m.seq_log_ratio_slope_per_1k),
-            f"{m.tokens}" + (f" ({m.nan_tokens} NaN)" if m.nan_tokens else ""),
-            f"[{style}]{r.verdict}[/]" if style else r.verdict,
-        )
-    return table
-
-
-def _num(value: float) -> str:
-    return "-" if value != value else f"{value:.1e}"
-
-
-def _caption(result: Any) -> str:
-    import math
-
-    lines = [f"* self-check: {result.self_check.message}"]
-    ratio = result.k3_ratio("bfloat16", "float16")
-    if not math.isnan(ratio):
-        lines.append(f"bfloat16 k3 is {ratio:.0f}x float16 k3 (theory ~64x).")
-    s = result.config.metrics
-    lines.append(
-        f"verdict on prob_diff_mean: < {s.prob_diff_ok:g} ok, <= {s.prob_diff_bad:g} watch, "
-        f"> {s.prob_diff_bad:g} problem (verl's thresholds)."
-    )
-    return "\n".join(lines)
 
 
 def _console(stderr: bool = False) -> Any:

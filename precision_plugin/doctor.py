@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
 from precision_plugin.versions import FRAMEWORKS, AcceleratorInfo, accelerator, package_info
@@ -65,8 +66,9 @@ class DoctorReport:
 
 
 def doctor_policy(dtype: str | None = None) -> PrecisionPolicy:
-    """The policy to check: ``dtype`` when given, else ``PRECISION_PLUGIN``, else the default."""
-    base = PrecisionPolicy.from_env() or PrecisionPolicy()
+    """The policy to check: ``dtype`` when given, on top of
+    [`resolve_policy()`][precision_plugin.manager.resolve_policy]."""
+    base = resolve_policy()
     return base.replace(dtype=normalize_dtype(dtype)) if dtype else base
 
 

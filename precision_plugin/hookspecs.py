@@ -71,8 +71,8 @@ def precision_probe_engines() -> dict[str, Any] | None:  # type: ignore[empty-bo
     """Return rollout engines the probe may use, as ``{name: factory}``.
 
     ``factory(model_path, dtype, device, seed)`` returns an object that follows
-    :class:`precision_plugin.rollout.RolloutEngine`. ``precision-plugin probe --engine NAME``
-    chooses among all engines every plugin returns.
+    [`RolloutEngine`][precision_plugin.probe.RolloutEngine].
+    ``precision-plugin probe --engine NAME`` chooses among all engines every plugin returns.
     """
 
 

@@ -20,7 +20,7 @@ import pluggy
 from precision_plugin import hookspecs
 from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
 from precision_plugin.patching import Patcher
-from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -28,9 +28,9 @@ log = logging.getLogger("precision_plugin")
 BUILTIN_ADAPTERS: dict[str, str] = {
     "transformers": "precision_plugin.transformers",
     "accelerate": "precision_plugin.accelerate",
-    "deepspeed": "precision_plugin.deepspeed",
+    "deepspeed": "precision_plugin.deepspeed.adapter",
     "trl": "precision_plugin.trl",
-    "vllm": "precision_plugin.vllm",
+    "vllm": "precision_plugin.vllm.adapter",
 }
 
 _lock = threading.RLock()
@@ -108,7 +108,16 @@ def resolve_policy(
     """
     if policy is not None:
         return _as_policy(policy, what)
-    return current_policy() or PrecisionPolicy.from_env() or PrecisionPolicy()
+    return requested_policy() or PrecisionPolicy()
+
+
+def requested_policy() -> PrecisionPolicy | None:
+    """The policy this process was asked to follow: ``enable()``'s, else ``PRECISION_PLUGIN``'s.
+
+    ``None`` when neither asked for one: code that acts only on request (vLLM's general plugin)
+    does nothing then.
+    """
+    return current_policy() or PrecisionPolicy.from_env()
 
 
 def coerce_policy(
@@ -179,6 +188,14 @@ def enable(
 def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
     """Run every adapter's ``precision_install``; on a failure restore all and raise."""
     state = _ActiveState(policy, skip)
+    core = Patcher(owner="precision_plugin[core]")
+    core.setenv(
+        ENV_VAR,
+        policy.to_json(),
+        reason="child processes (vLLM servers, engine cores, launched workers) follow the "
+        "policy this process enabled",
+    )
+    state.patchers.append(("core", core))
     for impl in reversed(get_plugin_manager().hook.precision_install.get_hookimpls()):
         if impl.plugin_name in skip:
             continue
@@ -217,6 +234,17 @@ def disable() -> bool:
 def current_policy() -> PrecisionPolicy | None:
     """The policy ``enable()`` installed in this process, or ``None``."""
     return _active.policy if _active is not None else None
+
+
+def adapter_patcher(name: str) -> Patcher | None:
+    """The patcher ``enable()`` gave adapter ``name``, or ``None`` when not enabled.
+
+    For patches an adapter makes later, from a framework callback (vLLM's general plugin), so
+    that ``disable()`` restores them with the rest.
+    """
+    if _active is None:
+        return None
+    return next((p for n, p in _active.patchers if n == name), None)
 
 
 def active_patches() -> dict[str, list[str]]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 
@@ -36,14 +37,6 @@ class _Cast:
     found: torch.dtype
     wanted: torch.dtype
     why: str
-
-
-def _resolve(policy: PrecisionPolicy | None) -> PrecisionPolicy:
-    if policy is not None:
-        return policy
-    from precision_plugin.manager import current_policy
-
-    return current_policy() or PrecisionPolicy()
 
 
 def _fp32_names(model: torch.nn.Module, policy: PrecisionPolicy) -> set[str]:
@@ -115,7 +108,7 @@ def check_model(model: torch.nn.Module, policy: PrecisionPolicy | None = None) -
     One ``change`` finding per group of parameters ``prepare_model`` would cast; a single ``ok``
     finding when nothing needs to change.
     """
-    policy = _resolve(policy)
+    policy = resolve_policy(policy)
     findings = [
         Finding(
             framework="torch",
@@ -167,7 +160,7 @@ def prepare_model(model: Any, policy: PrecisionPolicy | None = None) -> Any:
     :class:`PrecisionMismatchError` says what to change instead. ``policy`` defaults to the
     active policy, else the default (float16) one.
     """
-    policy = _resolve(policy)
+    policy = resolve_policy(policy)
     if not isinstance(model, torch.nn.Module):
         return model
     plan = _plan(model, policy)

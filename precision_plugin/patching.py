@@ -37,6 +37,7 @@ class _Record:
     reason: str
     is_env: bool = False
     is_hook: bool = False
+    value: Any = None  # what an environment record set
 
 
 def _own_entry(target: Any, name: str) -> Any:
@@ -94,9 +95,10 @@ class Patcher:
         return wrapper
 
     def setenv(self, name: str, value: str, *, reason: str) -> None:
-        """Set environment variable ``name``; :meth:`restore` puts the old value (or none) back."""
+        """Set environment variable ``name``; :meth:`restore` puts the old value (or none) back,
+        unless the variable was changed again since (that later value stays)."""
         self._records.append(
-            _Record(os.environ, name, os.environ.get(name, _MISSING), reason, True)
+            _Record(os.environ, name, os.environ.get(name, _MISSING), reason, True, value=value)
         )
         os.environ[name] = value
 
@@ -129,6 +131,8 @@ class Patcher:
                 if rec.is_hook:
                     rec.original.remove()
                 elif rec.is_env:
+                    if os.environ.get(rec.name) != rec.value:
+                        continue  # changed since by someone else: theirs stays
                     if rec.original is _MISSING:
                         os.environ.pop(rec.name, None)
                     else:

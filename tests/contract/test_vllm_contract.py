@@ -53,7 +53,7 @@ def test_engine_kwargs_pass_only_fields_the_installed_vllm_knows(llama_dir):
 
 
 def test_refusal_table_matches_vllm():
-    from precision_plugin.vllm_models import VLLM_FP16_REFUSED, vllm_refusal_table
+    from precision_plugin.vllm.models import VLLM_FP16_REFUSED, vllm_refusal_table
 
     try:  # vLLM >= 0.11 keeps the table in vllm/config/model.py, 0.10.x in vllm/config/__init__.py
         from vllm.config import model as model_config

@@ -15,7 +15,7 @@ def save_tiny_qwen2(path: str | Path, seed: int = 1234) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from precision_plugin.tiny_model import build_tokenizer
+    from precision_plugin.probe.tiny_model import build_tokenizer
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm", reason="needs vLLM")
 
 from precision_plugin.vllm import cascade_guard, verify_engine  # noqa: E402
-from precision_plugin.vllm_probe import VLLMRolloutEngine  # noqa: E402
+from precision_plugin.vllm.probe_engine import VLLMRolloutEngine  # noqa: E402
 from tests.gpu.make_qwen2 import save_tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.gpu

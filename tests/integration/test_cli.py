@@ -13,7 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from precision_plugin.cli import main
 from precision_plugin.manager import get_plugin_manager
-from precision_plugin.tiny_model import build_tokenizer
+from precision_plugin.probe.tiny_model import build_tokenizer
 
 from .test_probe import _pad_masking_factory
 

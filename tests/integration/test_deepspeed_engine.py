@@ -242,7 +242,7 @@ def test_policy_scale_factor_reaches_engine(deepspeed, stage):
 
 
 def test_doctor_reports_version_changes_and_device(deepspeed):
-    from precision_plugin.deepspeed import precision_doctor
+    from precision_plugin.deepspeed.adapter import precision_doctor
 
     findings = precision_doctor(policy=pp.PrecisionPolicy())
     text = "\n".join(f.message for f in findings)

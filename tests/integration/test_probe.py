@@ -17,8 +17,8 @@ from precision_plugin.probe import (
     completion_budgets,
     run_probe,
 )
-from precision_plugin.rollout import HFRolloutEngine, hf_engine_factory
-from precision_plugin.tiny_model import build_tokenizer
+from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
+from precision_plugin.probe.tiny_model import build_tokenizer
 
 SCHEMA_KEYS = {
     "k1_kl",

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 import precision_plugin as pp
-from precision_plugin.deepspeed_config import apply_config, load_config, resolve_policy
+from precision_plugin.deepspeed.config import apply_config, config_policy, load_config
 from precision_plugin.policy import PrecisionPolicy
 
 STRICT = PrecisionPolicy(strictness="error")
@@ -203,7 +203,7 @@ def test_section_dtype_cannot_contradict_active_policy(caplog):
         apply_config({"precision_plugin": {"dtype": "bfloat16", "strictness": "error"}})
     pp.disable()
     # Without an active or explicit policy the section chooses the dtype freely.
-    assert resolve_policy({"precision_plugin": {"dtype": "bfloat16"}}).dtype == "bfloat16"
+    assert config_policy({"precision_plugin": {"dtype": "bfloat16"}}).dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(

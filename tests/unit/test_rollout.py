@@ -9,8 +9,8 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from precision_plugin.probe import build_prompts, trainer_logprobs
-from precision_plugin.rollout import HFRolloutEngine, RolloutEngine, load_causal_lm
-from precision_plugin.tiny_model import build_tokenizer
+from precision_plugin.probe.engine import HFRolloutEngine, RolloutEngine, load_causal_lm
+from precision_plugin.probe.tiny_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")

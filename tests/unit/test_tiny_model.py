@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from precision_plugin.tiny_model import (
+from precision_plugin.probe.tiny_model import (
     DEFAULT_CONFIG,
     build_default_model,
     build_tokenizer,

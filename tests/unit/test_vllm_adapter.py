@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import precision_plugin as pp
-from precision_plugin import versions
-from precision_plugin import vllm as adapter
+from precision_plugin import versions, vllm
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.vllm_models import check_model_config
-from precision_plugin.vllm_probe import llm_kwargs, sampled_logprobs, sampling_kwargs
-from precision_plugin.vllm_server import verify_engine, verify_server
+from precision_plugin.vllm import adapter
+from precision_plugin.vllm.models import check_model_config
+from precision_plugin.vllm.probe_engine import llm_kwargs, sampled_logprobs, sampling_kwargs
+from precision_plugin.vllm.server import verify_engine, verify_server
 
 A100, H100 = (8, 0), (9, 0)
 STRICT = PrecisionPolicy(strictness="error")
@@ -38,7 +38,7 @@ FIELDS_0_8_1 = {"model": None, "dtype": "auto", "kv_cache_dtype": "auto"}
 
 
 def kw(kwargs, policy=None, version="0.33.0", capability=A100, fields=None):
-    return adapter.engine_kwargs(
+    return vllm.engine_kwargs(
         kwargs, policy or PrecisionPolicy(), version=version, capability=capability, fields=fields
     )
 
@@ -83,12 +83,12 @@ def test_enforce_dtype_off_leaves_dtype():
 
 def test_defaults_follow_active_policy():
     pp.enable(dtype="bfloat16")
-    assert adapter.engine_kwargs({}, version=None)["dtype"] == "bfloat16"
+    assert vllm.engine_kwargs({}, version=None)["dtype"] == "bfloat16"
 
 
 def test_defaults_follow_env(monkeypatch):
     monkeypatch.setenv("PRECISION_PLUGIN", "bf16")
-    assert adapter.engine_kwargs({}, version=None)["dtype"] == "bfloat16"
+    assert vllm.engine_kwargs({}, version=None)["dtype"] == "bfloat16"
 
 
 # -- kv_cache_dtype ------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_train_begin_hook_verifies_server_mode(server):
         base_url = url
 
         def get_server_info(self):
-            from precision_plugin.vllm_server import fetch_server_info
+            from precision_plugin.vllm.server import fetch_server_info
 
             return fetch_server_info(url)["vllm_config"]
 
@@ -356,7 +356,7 @@ def test_no_vllm_means_no_patch_and_no_findings(monkeypatch):
 
     assert "vllm" not in active_patches()
     assert adapter.precision_doctor(policy=PrecisionPolicy()) == []
-    adapter.general_plugin()  # without vLLM and without the env var: nothing, no error
+    vllm.general_plugin()  # without vLLM and without the env var: nothing, no error
 
 
 def test_doctor_with_a_vllm_outside_trl_range(monkeypatch):
@@ -383,7 +383,7 @@ def test_entry_point_is_declared():
 
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "precision_plugin"]
     assert ep.value == "precision_plugin.vllm:general_plugin"
-    assert ep.load() is adapter.general_plugin
+    assert ep.load() is vllm.general_plugin
 
 
 # -- probe engine requests -----------------------------------------------------------------------
@@ -412,7 +412,7 @@ def test_sampled_logprobs_nan_when_missing():
 
 
 def test_probe_engine_refuses_without_vllm():
-    from precision_plugin.vllm_probe import VLLMRolloutEngine
+    from precision_plugin.vllm.probe_engine import VLLMRolloutEngine
 
     factory = adapter.precision_probe_engines()["vllm"]
     assert factory is VLLMRolloutEngine

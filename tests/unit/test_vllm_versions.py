@@ -11,7 +11,7 @@ import pytest
 
 from precision_plugin import versions
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.vllm_versions import cascade_decision, cascade_era
+from precision_plugin.vllm.cascade import cascade_decision, cascade_era
 
 A100, H100, B200 = (8, 0), (9, 0), (10, 0)
 

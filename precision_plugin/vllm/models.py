@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.report import Finding
 
@@ -118,7 +119,7 @@ def check_model_config(
     unless ``raise_on_refusal`` is false (then the refusal is an ``error`` finding). Returns
     findings: a ``warning`` for families known to overflow float16, ``info`` for a cast.
     """
-    policy = policy or PrecisionPolicy()
+    policy = resolve_policy(policy)
     config = load_model_config(path_or_dict)
     top, nested = _model_types(config)
     table = dict(refused) if refused is not None else vllm_refusal_table()

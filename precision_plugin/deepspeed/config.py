@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.manager import requested_policy
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 
 log = logging.getLogger("precision_plugin")
@@ -69,20 +70,16 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
     )
 
 
-def resolve_policy(
-    cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None
-) -> PrecisionPolicy:
+def config_policy(cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None) -> PrecisionPolicy:
     """The policy that governs ``cfg``: base policy, then the config's ``precision_plugin`` keys.
 
-    The base is ``policy`` when given, else the active policy (``enable()``), else the defaults.
-    Keys of the section override the base, except ``dtype`` when the base is explicit or
-    active: the dtype is one decision for the whole process (rollouts follow it too), so a
-    different section dtype is coerced to the base dtype (strictness ``warn``) or refused
-    (strictness ``error``).
+    The base is ``policy`` when given, else the policy this process was asked to follow
+    (``enable()``, then ``PRECISION_PLUGIN``), else the defaults. Keys of the section override the
+    base, except ``dtype`` when the base was asked for: the dtype is one decision for the whole
+    process (rollouts follow it too), so a different section dtype is coerced to the base dtype
+    (strictness ``warn``) or refused (strictness ``error``).
     """
-    from precision_plugin.manager import current_policy
-
-    explicit = policy if policy is not None else current_policy()
+    explicit = policy if policy is not None else requested_policy()
     base = explicit if explicit is not None else PrecisionPolicy()
     section = cfg.get(SECTION)
     if section is None:
@@ -117,7 +114,7 @@ def apply_config(
     """Return a copy of DeepSpeed config ``cfg`` that runs the precision policy (``cfg`` untouched).
 
     ``cfg`` is a dict or a path to a JSON file. The governing policy comes from
-    :func:`resolve_policy` (``policy`` / the active policy / defaults, then the config's
+    :func:`config_policy` (``policy`` / the requested policy / defaults, then the config's
     ``"precision_plugin"`` section). For ``float16``: ``fp16.enabled`` true with dynamic loss
     scaling from ``policy.loss_scaler`` (``loss_scale`` 0, ``initial_scale_power``,
     ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``) and ``bf16.enabled`` false; for
@@ -127,13 +124,13 @@ def apply_config(
     the key (strictness ``warn``) or refused with :class:`PrecisionMismatchError` (``error``).
     """
     out = load_config(cfg)
-    return translate(out, resolve_policy(out, policy))
+    return translate(out, config_policy(out, policy))
 
 
 def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
     """Return a copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again).
 
-    :func:`apply_config` is ``translate(cfg, resolve_policy(cfg, policy))``; call this one when
+    :func:`apply_config` is ``translate(cfg, config_policy(cfg, policy))``; call this one when
     the policy is already resolved.
     """
     out = copy.deepcopy(dict(cfg))

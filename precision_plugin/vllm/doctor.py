@@ -12,6 +12,7 @@ from packaging.specifiers import SpecifierSet
 from precision_plugin import versions
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.report import Finding
+from precision_plugin.vllm.engine import cascade_guard
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_NAME = "precision_plugin"
@@ -42,8 +43,6 @@ def _entry_point_registered() -> bool:
 
 def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
     """Findings for ``precision-plugin doctor``; empty when vLLM is not installed."""
-    from precision_plugin.vllm import cascade_guard
-
     info = versions.package_info("vllm")
     if info is None:
         return []

@@ -17,9 +17,10 @@ from typing import Any
 
 from precision_plugin import versions
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
-from precision_plugin.vllm_versions import cascade_decision
+from precision_plugin.vllm.cascade import cascade_decision
 
 log = logging.getLogger("precision_plugin")
 
@@ -154,9 +155,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
     :class:`PrecisionMismatchError` under ``strictness="error"``, else it is logged as a warning;
     the findings are returned either way.
     """
-    from precision_plugin.manager import current_policy
-
-    policy = policy or current_policy() or PrecisionPolicy()
+    policy = resolve_policy(policy)
     try:
         config, version, where = _server_config(server)
     except PrecisionConfigError:
@@ -186,9 +185,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
 def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
     """Compare a colocated ``vllm.LLM`` (e.g. TRL's ``trainer.vllm_generation.llm``) with
     ``policy``; same behaviour as :func:`verify_server`."""
-    from precision_plugin.manager import current_policy
-
-    policy = policy or current_policy() or PrecisionPolicy()
+    policy = resolve_policy(policy)
     engine = getattr(llm, "llm_engine", llm)
     config = getattr(engine, "vllm_config", None)
     model = getattr(config, "model_config", None) or getattr(engine, "model_config", None)

@@ -17,7 +17,8 @@ from typing import Any
 from precision_plugin import versions
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.rollout import RolloutSample
+from precision_plugin.probe.engine import RolloutSample
+from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -42,8 +43,6 @@ def llm_kwargs(
     ``fields`` are the installed ``EngineArgs`` field defaults (``None``: unknown, pass only
     what every version knows).
     """
-    from precision_plugin.vllm import engine_kwargs
-
     asked: dict[str, Any] = {
         "model": model_path,
         "seed": seed,
@@ -107,8 +106,6 @@ class VLLMRolloutEngine:
                 f"--device cuda, or --engine hf for CPU."
             )
         from vllm import LLM
-
-        from precision_plugin.vllm import engine_arg_fields
 
         self.dtype = dtype
         self._tokenizer = has_tokenizer(model_path)

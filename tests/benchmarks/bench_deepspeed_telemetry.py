@@ -1,4 +1,4 @@
-"""Cost of the DeepSpeed telemetry per optimizer step (run: python -m tests.integration.bench_deepspeed_telemetry).
+"""Cost of the DeepSpeed telemetry per optimizer step (run: python -m tests.benchmarks.bench_deepspeed_telemetry).
 
 Times the same ZeRO-2 fp16 engine's training step bare and with :func:`track_engine` (the step
 wrap: skip counting and the floor check) plus one :func:`engine_scaler_stats` read per step
@@ -58,7 +58,8 @@ def main(steps: int = 200, rounds: int = 3) -> None:
     )
     # The telemetry's own work, timed in isolation: what the step wrap adds around step(), and
     # one stats read.
-    from precision_plugin.deepspeed import _engines, engine_scaler_stats
+    from precision_plugin.deepspeed import engine_scaler_stats
+    from precision_plugin.deepspeed.telemetry import _engines
 
     tracker, n = _engines[tracked], 20000
     start = time.perf_counter()

@@ -1,0 +1,67 @@
+"""The probe: measure the train/rollout mismatch of a model in each dtype, before any training.
+
+By concern: ``schema`` (configuration and results), ``inputs`` (device, model folder, prompts),
+``engine`` (the one HF rollout engine and the engine protocol), ``scoring`` (the trainer side
+and the self-check), ``run`` (the measurement itself), ``table`` and ``plot`` (rendering), and
+``tiny_model`` (the embedded default model). vLLM's engine lives in
+``precision_plugin.vllm.probe_engine`` and is offered through the ``precision_probe_engines``
+hook.
+"""
+
+from precision_plugin.probe.engine import (
+    HFRolloutEngine,
+    RolloutEngine,
+    RolloutSample,
+    hf_engine_factory,
+    load_causal_lm,
+)
+from precision_plugin.probe.inputs import (
+    MAX_PROMPT_TOKENS,
+    PROMPTS,
+    build_prompts,
+    check_model_dir,
+    completion_budgets,
+    resolve_device,
+)
+from precision_plugin.probe.run import available_engines, run_probe
+from precision_plugin.probe.schema import (
+    DEFAULT_DTYPES,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_SEED,
+    SELF_CHECK_DTYPE,
+    DtypeResult,
+    ProbeConfig,
+    ProbeResult,
+    SelfCheck,
+)
+from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs, trainer_precision
+
+__all__ = [
+    "DEFAULT_DTYPES",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_NUM_PROMPTS",
+    "DEFAULT_SEED",
+    "MAX_PROMPT_TOKENS",
+    "PROMPTS",
+    "SELF_CHECK_DTYPE",
+    "DtypeResult",
+    "HFRolloutEngine",
+    "ProbeConfig",
+    "ProbeResult",
+    "RolloutEngine",
+    "RolloutSample",
+    "SelfCheck",
+    "available_engines",
+    "build_prompts",
+    "check_model_dir",
+    "completion_budgets",
+    "hf_engine_factory",
+    "load_causal_lm",
+    "measure",
+    "resolve_device",
+    "run_probe",
+    "self_check",
+    "trainer_logprobs",
+    "trainer_precision",
+]

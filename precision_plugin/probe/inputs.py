@@ -1,0 +1,123 @@
+"""The probe's inputs: the device, the model folder, the prompts and their completion budgets."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+
+log = logging.getLogger("precision_plugin")
+
+#: Prompts longer than this (in tokens) are cut; all prompts are cut to one common length.
+MAX_PROMPT_TOKENS = 48
+
+PROMPTS: tuple[str, ...] = (
+    "The history of the printing press begins in the fifteenth century, when",
+    "To compute the derivative of a product of two functions, we first",
+    "Once upon a time, in a village at the edge of a great forest, there lived",
+    "The main difference between a list and a tuple in Python is that",
+    "Photosynthesis converts light energy into chemical energy. In the first stage,",
+    "Question: A train travels 120 km in 1.5 hours. What is its average speed? Answer:",
+    "Dear hiring committee, I am writing to apply for the position of",
+    "The recipe calls for two cups of flour, one egg and a pinch of salt. First,",
+    "In reinforcement learning, the policy gradient theorem states that",
+    "Here is a short poem about the sea at night, written in free verse:",
+    "The three laws of motion formulated by Isaac Newton describe",
+    "def fibonacci(n):\n    # return the n-th Fibonacci number\n    if n < 2:",
+    "Solve for x: 3x + 7 = 22. First subtract seven from both sides, which gives",
+    "The city council met on Tuesday to discuss the new budget, which",
+    "A good unit test should be fast, isolated and repeatable, because",
+    "Translate to French: 'The weather is beautiful today.' Translation:",
+)
+
+
+def resolve_device(device: str) -> str:
+    """Turn ``"auto"`` into ``cuda``/``cpu``; refuse a device torch cannot use here."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise PrecisionConfigError(
+            f"device: {device!r} is not a torch device ({exc}); pass cpu, cuda, cuda:1 or auto."
+        ) from None
+    xpu = getattr(torch, "xpu", None)
+    counts = {
+        "cpu": 1,
+        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "mps": 1 if torch.backends.mps.is_available() else 0,
+        "xpu": xpu.device_count() if xpu is not None and xpu.is_available() else 0,
+    }
+    if parsed.type not in counts:
+        raise PrecisionConfigError(
+            f"device: {device!r} is not a device the probe runs on; pass cpu, cuda, cuda:1, "
+            f"mps, xpu or auto."
+        )
+    found = counts[parsed.type]
+    if found == 0:
+        label = "CUDA GPU" if parsed.type == "cuda" else f"{parsed.type} device"
+        raise PrecisionConfigError(
+            f"device: {device!r} was asked for but torch sees no {label} "
+            f"(torch {torch.__version__}); pass --device cpu or auto."
+        )
+    if parsed.index is not None and parsed.index >= found:
+        raise PrecisionConfigError(
+            f"device: {device!r} was asked for but torch sees {found} {parsed.type} device(s) "
+            f"(indices 0..{found - 1}); pass one of those or auto."
+        )
+    return device
+
+
+def check_model_dir(path: str) -> Path:
+    """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise PrecisionConfigError(
+            f"model: {path!r} does not exist; pass a local HF checkpoint folder (config.json, "
+            f"weights and tokenizer), or omit --model to probe the embedded default model."
+        )
+    if not folder.is_dir():
+        raise PrecisionConfigError(
+            f"model: {path!r} is a file, not a folder; pass the checkpoint folder that holds "
+            f"config.json, the weights and the tokenizer."
+        )
+    if not (folder / "config.json").is_file():
+        raise PrecisionConfigError(
+            f"model: {path!r} has no config.json, so it is not an HF checkpoint; save one with "
+            f"model.save_pretrained(PATH) and tokenizer.save_pretrained(PATH)."
+        )
+    return folder
+
+
+def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
+    """Tokenize the built-in prompts (cycled to ``num_prompts``), all cut to one length.
+
+    The pad token id is removed from every prompt: an engine that derives an attention mask
+    from ``input_ids != pad_token_id`` would mask it while a full forward would not (a fake
+    float32 mismatch of ~3e-3 in an early version). Equal lengths mean no padding anywhere.
+    """
+    pad = getattr(tokenizer, "pad_token_id", None)
+    encoded = []
+    for i in range(num_prompts):
+        ids = list(tokenizer(PROMPTS[i % len(PROMPTS)]).input_ids)
+        encoded.append([t for t in ids if t != pad])
+    length = min(MAX_PROMPT_TOKENS, *(len(p) for p in encoded))
+    if length < 1:
+        raise PrecisionConfigError(
+            "model: its tokenizer encodes the probe prompts to no tokens; the probe needs a "
+            "tokenizer that encodes plain English text."
+        )
+    return [p[:length] for p in encoded]
+
+
+def completion_budgets(num_prompts: int, max_new_tokens: int) -> list[int]:
+    """Per-completion length caps spread evenly up to ``max_new_tokens`` (for the length fit)."""
+    return [max(1, math.ceil(max_new_tokens * (i + 1) / num_prompts)) for i in range(num_prompts)]
+
+
+# -- the trainer path ------------------------------------------------------------------------

@@ -1,0 +1,218 @@
+"""The probe: measure the train/rollout mismatch of a model in each dtype, before any training.
+
+For each dtype a rollout engine samples completions and returns the log-prob it assigned to
+each sampled token (μ); then the same tokens are scored "the way a trainer does" (π): the HF
+model with float32 master weights, one full-sequence forward under ``torch.autocast(dtype)``
+(no autocast for float32). Both paths see the same prompts, no padding, an all-ones attention
+mask, position ids ``0..T-1`` and temperature 1, so in float32 they must agree to rounding
+noise: the float32 run is the probe's self-check. If it fails, the two paths differ for a
+reason other than precision and every other number is invalid.
+
+Completion ``i`` of ``n`` is cut at ``ceil(max_new_tokens * (i + 1) / n)`` tokens (or ends at
+EOS), so the sequence log-ratio can be fitted against length (the paper's Fig. 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.mismatch import verdict
+from precision_plugin.probe.engine import RolloutSample, hf_engine_factory, load_causal_lm
+from precision_plugin.probe.inputs import (
+    build_prompts,
+    check_model_dir,
+    completion_budgets,
+    resolve_device,
+)
+from precision_plugin.probe.schema import (
+    SELF_CHECK_DTYPE,
+    DtypeResult,
+    EngineFactory,
+    ProbeConfig,
+    ProbeResult,
+    ProgressFn,
+)
+from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs
+
+log = logging.getLogger("precision_plugin")
+
+
+def available_engines() -> dict[str, EngineFactory]:
+    """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
+    from precision_plugin.manager import call_hookimpl, get_plugin_manager
+
+    engines: dict[str, EngineFactory] = {"hf": hf_engine_factory}
+    # One hook at a time: a broken plugin must not take the built-in engine down with it.
+    for impl in reversed(get_plugin_manager().hook.precision_probe_engines.get_hookimpls()):
+        try:
+            found = call_hookimpl(impl)
+        except Exception as exc:
+            log.warning(
+                "plugin %r failed to list its probe engines (%s: %s); its engines are skipped",
+                impl.plugin_name,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        engines.update(found or {})
+    return engines
+
+
+@contextlib.contextmanager
+def _model_dir(config: ProbeConfig) -> Iterator[tuple[str, str]]:
+    """Yield ``(path, display name)``; the embedded model is saved to a temporary folder."""
+    if config.model is not None:
+        folder = check_model_dir(config.model)
+        yield str(folder), str(config.model)
+        return
+    from precision_plugin.probe.tiny_model import DEFAULT_MODEL_NAME, save_default_model
+
+    with tempfile.TemporaryDirectory(prefix="precision-probe-") as tmp:
+        yield str(save_default_model(tmp)), DEFAULT_MODEL_NAME
+
+
+#: Below this many parameters, CPU runs use one thread (see :func:`_single_thread_if_tiny`).
+TINY_MODEL_PARAMS = 20_000_000
+
+
+@contextlib.contextmanager
+def _single_thread_if_tiny(model: Any, device: str) -> Iterator[None]:
+    """Run a tiny model on one CPU thread, restoring torch's setting afterwards.
+
+    Token-by-token decoding of a few-million-parameter model is latency-bound: thread hand-offs
+    cost more than they save, and on a busy machine OpenMP spin-waits made a 2-thread run 20x
+    slower than a 1-thread one.
+    """
+    import torch
+
+    if device != "cpu" or sum(p.numel() for p in model.parameters()) >= TINY_MODEL_PARAMS:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _load_trainer(path: str, device: str) -> tuple[Any, Any]:
+    try:
+        return load_causal_lm(path, device)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PrecisionConfigError(
+            f"model: could not load {path!r} as an HF causal LM with its tokenizer ({first}); "
+            f"pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()."
+        ) from None
+
+
+def _measure_dtype(
+    config: ProbeConfig,
+    factory: EngineFactory,
+    path: str,
+    device: str,
+    model: Any,
+    prompts: list[list[int]],
+    budgets: list[int],
+    dtype: str,
+    tick: Callable[[str, int], None],
+) -> DtypeResult:
+    """Rollout in ``dtype``, the trainer's forward, and the metrics, for one dtype."""
+    n = len(prompts)
+    t0 = time.perf_counter()
+    tick(f"{dtype}: rollout ({config.engine})", 0)
+    engine = factory(path, dtype, device, config.seed)
+    try:
+        samples = engine.generate(prompts, config.max_new_tokens, config.seed)
+    finally:
+        engine.close()
+    samples = [
+        RolloutSample(s.prompt_ids, s.completion_ids[:b], s.logprobs[:b], s.meta)
+        for s, b in zip(samples, budgets, strict=True)
+    ]
+    tick(f"{dtype}: trainer forward", n)
+    train = []
+    for sample in samples:
+        train.extend(trainer_logprobs(model, [sample], dtype, device))
+        tick(f"{dtype}: trainer forward", 1)
+    rollout = [list(s.logprobs) for s in samples]
+    metrics = measure(train, rollout)
+    label, reason = verdict(metrics, config.metrics)
+    return DtypeResult(dtype, metrics, label, reason, train, rollout, time.perf_counter() - t0)
+
+
+def run_probe(
+    config: ProbeConfig | None = None,
+    *,
+    engines: dict[str, EngineFactory] | None = None,
+    progress: ProgressFn | None = None,
+) -> ProbeResult:
+    """Run the probe and return its :class:`ProbeResult` (see the module docstring).
+
+    ``engines`` overrides :func:`available_engines` (tests pass their own factories).
+    Raises :class:`~precision_plugin.errors.PrecisionConfigError` for bad input.
+    """
+    config = config or ProbeConfig()
+    started = time.perf_counter()
+    engines = available_engines() if engines is None else engines
+    if config.engine not in engines:
+        raise PrecisionConfigError(
+            f"engine: {config.engine!r} is not available; available: {', '.join(sorted(engines))}"
+            f". Other engines come from plugins (vllm: install the vllm package)."
+        )
+    factory = engines[config.engine]
+    device = resolve_device(config.device)
+    n = config.num_prompts
+    total = 2 * n * len(config.dtypes)
+    done = 0
+
+    def tick(description: str, advance: int) -> None:
+        nonlocal done
+        done += advance
+        if progress is not None:
+            progress(description, done, total)
+
+    with _model_dir(config) as (path, name):
+        tick("loading the trainer model", 0)
+        model, tokenizer = _load_trainer(path, device)
+        prompts = build_prompts(tokenizer, n)
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit and len(prompts[0]) + config.max_new_tokens > limit:
+            raise PrecisionConfigError(
+                f"max-new-tokens: {config.max_new_tokens} plus the {len(prompts[0])}-token prompt "
+                f"exceeds the model's max_position_embeddings={limit}; pass --max-new-tokens "
+                f"{limit - len(prompts[0])} or less."
+            )
+        budgets = completion_budgets(n, config.max_new_tokens)
+        results: dict[str, DtypeResult] = {}
+        with _single_thread_if_tiny(model, device):
+            for dtype in config.dtypes:
+                results[dtype] = _measure_dtype(
+                    config, factory, path, device, model, prompts, budgets, dtype, tick
+                )
+        del model
+
+    check = self_check(results[SELF_CHECK_DTYPE].metrics, config.metrics)
+    fp32 = results[SELF_CHECK_DTYPE]
+    fp32.verdict, fp32.reason = ("ok" if check.passed else "invalid"), check.message
+    if not check.passed:
+        log.error("%s", check.message)
+        for r in results.values():
+            if r.dtype != SELF_CHECK_DTYPE:
+                r.verdict, r.reason = "invalid", "float32 self-check failed"
+    return ProbeResult(
+        model=name,
+        engine=config.engine,
+        device=device,
+        config=config,
+        results=results,
+        self_check=check,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,177 @@
+"""The probe's configuration and results: what was asked, what each dtype measured, the
+self-check, and the JSON form of it all."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.mismatch import MismatchMetrics
+from precision_plugin.policy import MetricSettings, normalize_dtype
+from precision_plugin.probe.engine import RolloutEngine
+
+log = logging.getLogger("precision_plugin")
+
+DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+DEFAULT_NUM_PROMPTS = 16
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_SEED = 0
+#: The dtype whose run is the self-check (always run, first).
+SELF_CHECK_DTYPE = "float32"
+
+EngineFactory = Callable[[str, str, str, int], RolloutEngine]
+#: ``progress(description, completed, total)``, called as the probe advances.
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What to probe: model, engine, dtypes, and how many tokens to sample.
+
+    ``model`` is a local HF checkpoint folder, or ``None`` for the embedded default model.
+    ``device`` is a torch device string or ``"auto"`` (CUDA when available, else CPU).
+    """
+
+    model: str | None = None
+    engine: str = "hf"
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    seed: int = DEFAULT_SEED
+    device: str = "auto"
+    metrics: MetricSettings = field(default_factory=MetricSettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtypes, str):
+            raise PrecisionConfigError(
+                f"dtypes: expected a sequence of dtype names, got the string {self.dtypes!r}; "
+                f"pass e.g. ('float16', 'bfloat16')."
+            )
+        names = [normalize_dtype(d, field_name="dtypes") for d in self.dtypes]
+        if not names:
+            raise PrecisionConfigError(
+                "dtypes: empty; pass at least one of float32, float16, bfloat16."
+            )
+        ordered = [SELF_CHECK_DTYPE] + [d for d in dict.fromkeys(names) if d != SELF_CHECK_DTYPE]
+        object.__setattr__(self, "dtypes", tuple(ordered))
+        for name in ("num_prompts", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PrecisionConfigError(
+                    f"{name.replace('_', '-')}: {value!r} is not a positive integer; "
+                    f"pass a whole number >= 1 (default {globals()['DEFAULT_' + name.upper()]})."
+                )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise PrecisionConfigError(
+                f"seed: {self.seed!r} is not a non-negative integer; pass e.g. 0."
+            )
+
+
+@dataclass
+class DtypeResult:
+    """The measurement for one dtype: metrics, verdict and the raw token log-probs."""
+
+    dtype: str
+    metrics: MismatchMetrics
+    verdict: str
+    reason: str
+    train_logprobs: list[list[float]]
+    rollout_logprobs: list[list[float]]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: every scalar metric, the verdict and the per-sequence sums."""
+        out: dict[str, Any] = dict(self.metrics.to_dict())
+        out["seq_kl"] = self.metrics.seq_kl
+        out["seq_log_ratio"] = list(self.metrics.seq_log_ratio)
+        out["seq_lengths"] = list(self.metrics.seq_lengths)
+        out["verdict"] = self.verdict
+        out["verdict_reason"] = self.reason
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+@dataclass
+class SelfCheck:
+    """Whether the float32 run agrees to the floor, i.e. whether the measurement is valid."""
+
+    passed: bool
+    k3_kl: float
+    threshold: float
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "dtype": SELF_CHECK_DTYPE,
+            "passed": self.passed,
+            "k3_kl": self.k3_kl,
+            "threshold": self.threshold,
+            "message": self.message,
+        }
+
+
+@dataclass
+class ProbeResult:
+    """Everything the probe measured; :meth:`to_dict` is the stable JSON schema."""
+
+    model: str
+    engine: str
+    device: str
+    config: ProbeConfig
+    results: dict[str, DtypeResult]
+    self_check: SelfCheck
+    seconds: float = 0.0
+
+    @property
+    def valid(self) -> bool:
+        """True when the float32 self-check passed."""
+        return self.self_check.passed
+
+    def k3_ratio(self, dtype: str, reference: str = "float16") -> float:
+        """``k3_kl`` of ``dtype`` divided by that of ``reference`` (NaN when either is missing)."""
+        a, b = self.results.get(dtype), self.results.get(reference)
+        if a is None or b is None or not b.metrics.k3_kl > 0:
+            return math.nan
+        return a.metrics.k3_kl / b.metrics.k3_kl
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"model", "engine", "device", "results": {dtype: {...}}, ...}`` (JSON-safe)."""
+        data: dict[str, Any] = {
+            "model": self.model,
+            "engine": self.engine,
+            "device": self.device,
+            "results": {name: r.to_dict() for name, r in self.results.items()},
+            "self_check": self.self_check.to_dict(),
+            "bf16_over_fp16_k3": self.k3_ratio("bfloat16", "float16"),
+            "settings": {
+                "dtypes": list(self.config.dtypes),
+                "num_prompts": self.config.num_prompts,
+                "max_new_tokens": self.config.max_new_tokens,
+                "seed": self.config.seed,
+            },
+            "seconds": round(self.seconds, 3),
+        }
+        return _json_safe(data)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The JSON text of :meth:`to_dict` (NaN/inf written as ``null``)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+# -- engines and inputs -----------------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""Enforcement inside vLLM processes: every ``EngineArgs`` follows the requested policy.
+
+:func:`general_plugin` is the ``vllm.general_plugins`` entry point (vLLM loads it in each of its
+processes: API server, engine core, workers); ``enable()`` installs the same patches through the
+adapter (:mod:`precision_plugin.vllm.adapter`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.manager import adapter_patcher, requested_policy
+from precision_plugin.patching import Patcher, is_patched
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
+from precision_plugin.vllm.engine import (
+    MANAGED,
+    NO_DEFAULT,
+    EngineSettings,
+    canonical_dtype,
+    cascade_guard,
+    engine_arg_fields,
+    report_settings,
+    resolve_engine_kwargs,
+    vllm_version,
+)
+from precision_plugin.vllm.models import check_model_config, vllm_refusal_table
+
+log = logging.getLogger("precision_plugin")
+
+patch_lock = threading.RLock()
+# Patches made by the env-var path live as long as the process (vLLM has no unload hook).
+_env_patcher = Patcher(owner="precision_plugin[vllm:env]")
+
+
+def _config_json_for(model: Any, revision: Any = None) -> str | None:
+    """Local ``config.json`` of a model path or an already cached hub id; never downloads."""
+    if not model:
+        return None
+    path = os.path.join(str(model), "config.json")
+    if os.path.isfile(path):
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(str(model), "config.json", revision=revision)
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _check_checkpoint(engine_args: Any, policy: PrecisionPolicy) -> None:
+    """Refuse (or warn about) the checkpoint before vLLM resolves its config in float16."""
+    if canonical_dtype(engine_args.dtype) != "float16":
+        return
+    source = getattr(engine_args, "hf_config_path", None) or engine_args.model
+    path = _config_json_for(source, getattr(engine_args, "revision", None))
+    if path is None:
+        return
+    fp16 = policy.replace(dtype="float16")
+    for finding in check_model_config(path, fp16, refused=vllm_refusal_table()):
+        if finding.status == "warning":
+            log.warning("vLLM model %s: %s %s", engine_args.model, finding.message, finding.fix)
+
+
+def enforce_on_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineSettings:
+    """Apply :func:`engine_kwargs` to an ``EngineArgs`` instance in place (fields as defaults)."""
+    fields = engine_arg_fields(type(engine_args)) or {}
+    explicit = {
+        name: getattr(engine_args, name)
+        for name in MANAGED
+        if name in fields and getattr(engine_args, name) != fields[name]
+    }
+    decision = cascade_guard(policy)
+    settings = resolve_engine_kwargs(explicit, policy, decision, fields)
+    report_settings(settings, policy, f"vLLM engine for {engine_args.model!r}")
+    for name in MANAGED:
+        if name not in fields:
+            continue
+        wanted = settings.kwargs.get(name, fields[name])
+        if wanted is not NO_DEFAULT and getattr(engine_args, name) != wanted:
+            setattr(engine_args, name, wanted)
+    return settings
+
+
+def _fp16_refusal(exc: BaseException, policy: PrecisionPolicy) -> PrecisionConfigError | None:
+    text = str(exc)
+    if "does not support float16" not in text:
+        return None
+    line = next((ln.strip() for ln in text.splitlines() if "does not support float16" in ln), text)
+    return PrecisionConfigError(
+        f"vLLM refused the policy dtype {policy.dtype}: {line} Fix: use the consistent-bf16 "
+        f"mode: precision_plugin.enable(dtype='bfloat16') or {ENV_VAR}=bfloat16."
+    )
+
+
+def _wrap_create_model_config(original: Any) -> Any:
+    def create_model_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        policy = requested_policy()
+        if policy is not None:
+            enforce_on_engine_args(self, policy)
+            _check_checkpoint(self, policy)
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            refusal = _fp16_refusal(exc, policy) if policy is not None else None
+            if refusal is not None:
+                raise refusal from exc
+            raise
+
+    return create_model_config
+
+
+def _no_cascade_prefix(original: Any) -> Any:
+    def _compute_cascade_attn_prefix_len(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    return _compute_cascade_attn_prefix_len
+
+
+def install_vllm_patches(
+    policy: PrecisionPolicy, patcher: Patcher, *, runner: bool = True
+) -> list[str]:
+    """Make every ``EngineArgs`` in this process follow the active policy; idempotent.
+
+    ``runner=False`` leaves out the cascade patch of the GPU model runner (an import of the
+    runner while ``vllm.engine.arg_utils`` is still being imported could be circular; the
+    engine process applies it through the general plugin). Returns what was patched now (empty
+    when it already was).
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    done: list[str] = []
+    if not is_patched(vars(EngineArgs).get("create_model_config")):
+        patcher.wrap(
+            EngineArgs,
+            "create_model_config",
+            _wrap_create_model_config,
+            reason="vLLM has no hook between argument parsing and config resolution; the "
+            "wrapper applies engine_kwargs() for LLM(...), vllm serve and trl vllm-serve",
+        )
+        done.append("EngineArgs.create_model_config")
+    decision = cascade_guard(policy)
+    if runner and decision.action == "patch_runner":
+        try:
+            from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        except Exception as exc:
+            log.warning(
+                "precision_plugin: %s The V1 GPU model runner is not importable here (%s); "
+                "cascade attention cannot be disabled in this process. Upgrade vLLM to >= 0.11.",
+                decision.reason,
+                exc,
+            )
+        else:
+            name = "_compute_cascade_attn_prefix_len"
+            if name in vars(GPUModelRunner) and not is_patched(vars(GPUModelRunner)[name]):
+                patcher.wrap(
+                    GPUModelRunner,
+                    name,
+                    _no_cascade_prefix,
+                    reason="vLLM < 0.8.2 has no flag to disable cascade attention; a common "
+                    "prefix of 0 makes the runner skip it",
+                )
+                done.append(f"GPUModelRunner.{name}")
+    if done:
+        log.info("precision_plugin: vLLM runs %s; %s", policy.dtype, decision.summary())
+    return done
+
+
+def general_plugin() -> None:
+    """The ``vllm.general_plugins`` entry point (vLLM calls it in each of its processes).
+
+    Does nothing unless ``PRECISION_PLUGIN`` is set or ``enable()`` ran in this process.
+    Idempotent. vLLM itself skips it when ``VLLM_PLUGINS`` does not name ``precision_plugin``.
+    """
+    policy = requested_policy()
+    if policy is None or vllm_version() is None:
+        return
+    with patch_lock:
+        # Patches made under enable() go to its patcher, so disable() undoes them.
+        install_vllm_patches(policy, adapter_patcher("vllm") or _env_patcher)

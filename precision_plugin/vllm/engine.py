@@ -1,0 +1,208 @@
+"""vLLM engine settings: the kwargs an ``LLM(...)``/``EngineArgs`` gets under a policy (pure),
+and the cascade-attention guard's decision for the installed vLLM and GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from precision_plugin import versions
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.manager import resolve_policy
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
+from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decision
+
+log = logging.getLogger("precision_plugin")
+
+_AUTO: Any = object()
+#: Default of an ``EngineArgs`` field that has none (a required field).
+NO_DEFAULT: Any = object()
+#: EngineArgs fields the plugin manages.
+MANAGED = ("dtype", "kv_cache_dtype", FLAG)
+_HALF_KV = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
+
+
+# -- engine settings ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class EngineSettings:
+    """The result of :func:`resolve_engine_kwargs`: kwargs, the guard decision, and what changed.
+
+    ``notes`` are changes that follow the policy without contradicting the caller (logged at
+    info level); ``conflicts`` are requests that contradict it (a warning, or
+    ``PrecisionMismatchError`` under ``strictness="error"``).
+    """
+
+    kwargs: dict[str, Any]
+    decision: CascadeDecision
+    notes: list[str] = dataclasses.field(default_factory=list)
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+
+
+def canonical_dtype(value: Any) -> str | None:
+    """Canonical dtype name of a vLLM ``dtype`` value; ``None`` for ``auto``/unset."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    try:
+        return normalize_dtype(value)
+    except PrecisionConfigError:
+        return str(value)
+
+
+def resolve_engine_kwargs(
+    kwargs: Mapping[str, Any],
+    policy: PrecisionPolicy,
+    decision: CascadeDecision,
+    fields: Mapping[str, Any] | None = None,
+) -> EngineSettings:
+    """Apply ``policy`` and the cascade ``decision`` to engine ``kwargs``; pure, never raises.
+
+    ``fields`` maps the installed ``EngineArgs`` field names to their defaults (``None`` when
+    vLLM cannot be imported): a field that does not exist, or whose default is ``None`` (the
+    deprecated ``disable_cascade_attn`` of vLLM >= 0.32), is never passed.
+    """
+    out = dict(kwargs)
+    result = EngineSettings(out, decision)
+
+    model_dtype = canonical_dtype(out.get("dtype"))
+    if policy.vllm.enforce_dtype:
+        if model_dtype is None:
+            out["dtype"] = policy.dtype
+            result.notes.append(f"dtype auto -> {policy.dtype}")
+        elif model_dtype != policy.dtype:
+            result.conflicts.append(
+                f"dtype={kwargs['dtype']!r} contradicts the policy dtype {policy.dtype}"
+            )
+            out["dtype"] = policy.dtype
+        model_dtype = policy.dtype
+
+    kv = out.get("kv_cache_dtype")
+    kv_name = str(kv).strip().lower() if kv is not None else "auto"
+    if kv_name in _HALF_KV and model_dtype is not None and _HALF_KV[kv_name] != model_dtype:
+        result.conflicts.append(
+            f"kv_cache_dtype={kv!r} must match the model dtype {model_dtype}; set to 'auto'"
+        )
+        out["kv_cache_dtype"] = "auto"
+    elif kv_name.startswith("fp8"):
+        result.conflicts.append(
+            f"kv_cache_dtype={kv!r} rounds the KV cache below {model_dtype or 'the model dtype'} "
+            f"and adds rollout-only error the learner does not have (kept; use 'auto')"
+        )
+
+    has_flag = fields is None or (FLAG in fields and fields[FLAG] is not None)
+    if decision.action == "pass_flag":
+        if not has_flag:
+            out.pop(FLAG, None)
+            result.notes.append(f"{FLAG} is not a live EngineArgs field here; not passed")
+        else:
+            if out.get(FLAG) is False:
+                result.conflicts.append(f"{FLAG}=False, but {decision.reason}")
+            out[FLAG] = True
+            result.notes.append(f"{FLAG}=True ({decision.reason})")
+    elif decision.action in ("drop_flag", "patch_runner") and FLAG in out:
+        out.pop(FLAG)
+        result.notes.append(f"{FLAG} dropped ({decision.reason})")
+    return result
+
+
+def report_settings(settings: EngineSettings, policy: PrecisionPolicy, where: str) -> None:
+    """Log what changed; raise or warn about conflicts according to ``policy.strictness``."""
+    if settings.conflicts:
+        text = "; ".join(settings.conflicts)
+        settle_conflict(
+            policy.strictness,
+            f"{where}: {text}",
+            fix=f"leave dtype/kv_cache_dtype at 'auto' (the plugin sets {policy.dtype}), or "
+            f"enable the dtype you want, e.g. precision_plugin.enable(dtype='bfloat16') / "
+            f"{ENV_VAR}=bfloat16",
+            outcome="the precision policy wins (strictness='warn')",
+        )
+    if settings.notes:
+        log.info("%s: %s", where, "; ".join(settings.notes))
+
+
+def vllm_version() -> versions.PackageInfo | None:
+    """The installed vLLM (any distribution that ships ``vllm``), without importing it."""
+    return versions.package_info("vllm")
+
+
+def engine_arg_fields(engine_args_cls: type | None = None) -> dict[str, Any] | None:
+    """``EngineArgs`` field names -> defaults of the installed vLLM, or ``None`` without vLLM."""
+    if engine_args_cls is None:
+        if vllm_version() is None:
+            return None
+        try:
+            from vllm.engine.arg_utils import EngineArgs
+        except Exception as exc:  # a broken vLLM install must not break the caller
+            log.debug("vllm.engine.arg_utils not importable: %s", exc)
+            return None
+        engine_args_cls = EngineArgs
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(engine_args_cls):
+        out[f.name] = f.default if f.default is not dataclasses.MISSING else NO_DEFAULT
+    return out
+
+
+def rollout_gpu_capability() -> tuple[int, int] | None:
+    """Compute capability of the GPU vLLM will use, or ``None`` (no GPU, or unknown).
+
+    Inside a vLLM process, vLLM's platform answers through NVML without initialising CUDA
+    (an initialised CUDA context would break vLLM's forked workers).
+    """
+    platforms = sys.modules.get("vllm.platforms")
+    if platforms is not None:
+        try:
+            cap = platforms.current_platform.get_device_capability()
+        except Exception:
+            cap = None
+        return (int(cap[0]), int(cap[1])) if cap is not None else None
+    try:
+        info = versions.accelerator()
+    except Exception:
+        return None
+    return info.capability if info.kind == "cuda" else None
+
+
+def cascade_guard(
+    policy: PrecisionPolicy | None = None,
+    *,
+    version: Any = _AUTO,
+    capability: Any = _AUTO,
+) -> CascadeDecision:
+    """The cascade-attention guard's decision for the installed vLLM and GPU (or those given)."""
+    policy = resolve_policy(policy)
+    if version is _AUTO:
+        info = vllm_version()
+        version = info.version if info else None
+    if capability is _AUTO:
+        capability = rollout_gpu_capability() if version is not None else None
+    return cascade_decision(version, capability, policy.vllm.cascade_guard)
+
+
+def engine_kwargs(
+    kwargs: Mapping[str, Any] | None = None,
+    policy: PrecisionPolicy | None = None,
+    *,
+    version: Any = _AUTO,
+    capability: Any = _AUTO,
+    fields: Any = _AUTO,
+) -> dict[str, Any]:
+    """Return the kwargs an ``LLM(...)``/``EngineArgs`` should get under ``policy``.
+
+    ``dtype`` becomes the policy dtype (float16 by default); ``kv_cache_dtype`` stays ``auto``
+    (an explicit float16/bfloat16 must match the model dtype); ``disable_cascade_attn`` is set
+    or removed by the cascade guard, and never passed where the installed vLLM lacks it or has
+    deprecated it. ``kwargs`` is not modified. ``policy`` defaults to the active one, then
+    ``PRECISION_PLUGIN``, then the defaults; ``version``/``capability``/``fields`` default to
+    the installed vLLM and GPU. A request that contradicts the policy is coerced with a warning,
+    or raises :class:`PrecisionMismatchError` under ``strictness="error"``.
+    """
+    policy = resolve_policy(policy)
+    decision = cascade_guard(policy, version=version, capability=capability)
+    if fields is _AUTO:
+        fields = engine_arg_fields() if decision.era != "missing" else None
+    settings = resolve_engine_kwargs(dict(kwargs or {}), policy, decision, fields)
+    report_settings(settings, policy, "vLLM engine_kwargs()")
+    return settings.kwargs
