@@ -13,11 +13,18 @@ metric                          formula (over valid tokens; r = π/μ)          
 ``k3_kl``                       mean(r − 1 − log r)  (≥ 0, low variance)             < 1e-4
 ``prob_diff_mean``              mean |π − μ|                                          < 0.005
 ``prob_diff_max``               max |π − μ|
+``prob_diff_std``               sample std (n − 1) of |π − μ|
 ``logp_abs_diff_mean``          mean |log π − log μ|
+``logp_abs_diff_max``           max |log π − log μ|
+``logp_sq_diff_half_mean``      mean ½(log π − log μ)²  (the k2 estimator)
+``mult_prob_error``             mean exp|log π − log μ| = mean max(r, 1/r)  (≥ 1)    < 1.05
 ``prob_pearson``                Pearson correlation of π and μ                        ~1
 ``seq_log_ratio``               Σ_t (log π − log μ) per sequence
 ``seq_log_ratio_slope_per_1k``  least-squares slope of seq_log_ratio vs length ×1000
 =============================== ==================================================== ==========
+
+``ALIASES`` says which names other RL systems log for the same numbers, and when the two agree;
+``tests/unit/test_aliases.py`` recomputes each of them with that system's own formula.
 """
 
 from __future__ import annotations
@@ -31,26 +38,187 @@ import torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
-#: Our metric name -> ``(system, name)`` pairs: what other systems log for the same (or the
-#: closest) quantity. ``docs/concepts.md`` renders this table; a test keeps the two in sync.
-ALIASES: dict[str, tuple[tuple[str, str], ...]] = {
-    "k1_kl": (("verl", "rollout_corr/kl"), ("paper / oat", "kl_sample_train_v1")),
-    "k3_kl": (("verl", "rollout_corr/k3_kl"), ("prime-rl", "mismatch_kl"), ("SkyRL", "vllm_kl")),
+
+@dataclass(frozen=True)
+class Alias:
+    """A name another system logs for one of our metrics, and when the two numbers agree.
+
+    ``condition`` is empty when that system's figure equals ours whenever both see the same
+    finite log-probs; otherwise it says when they agree. ``skips_nan`` is true when the system,
+    like ``compute_mismatch``, leaves out tokens whose log-prob is NaN (elsewhere a NaN under
+    the mask changes its figure). ``note`` says when the system logs the figure and what its π
+    is; ``source`` names the repository and file of its formula.
+    """
+
+    system: str
+    name: str
+    source: str
+    condition: str = ""
+    note: str = ""
+    skips_nan: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """True when the figures agree on every input without NaN."""
+        return not self.condition
+
+
+_VERL_CORR = "volcengine/verl verl/trainer/ppo/rollout_corr_helper.py (compute_offpolicy_metrics)"
+_VERL_CORR_WHEN = (
+    "verl ≥ 0.8 outside bypass mode: one token mean over the batch. verl ≤ 0.7 and bypass mode "
+    "log the mean of per-micro-batch token means against the policy being updated"
+)
+_VERL_CORR_NOTE = "needs rollout log-probs and algorithm.rollout_correction (both default in 0.9)"
+_VERL_DEBUG = "volcengine/verl verl/utils/debug/metrics.py (calculate_debug_metrics)"
+_VERL_DEBUG_NOTE = (
+    "needs rollout.calculate_log_probs; π is the recomputed old log-prob (not in bypass mode)"
+)
+_NEMO_LOSS = "NVIDIA-NeMo/RL nemo_rl/algorithms/loss/loss_functions.py (ClippedPGLossFn)"
+_NEMO_KL = _NEMO_LOSS + ", nemo_rl/algorithms/utils.py (calculate_kl)"
+_NEMO_ONE_BATCH = "one global batch per step (several add their means up)"
+_NEMO_NOTE = "a NaN anywhere in the padded batch, even masked, makes it NaN"
+_OAT = "sail-sg/oat oat/algorithms/ppo.py (PPOLearner.learning_step)"
+_OAT_ONE_PROCESS = "one process (oat averages per-process values without token weighting)"
+_OAT_NOTE = "PPO/GRPO updates only (not --reinforce_update); μ is vLLM's, π the learner's"
+_SKYRL = "NovaSky-AI/SkyRL skyrl/train/trainer.py (RayPPOTrainer forward pass)"
+_SKYRL_NOTE = "not logged when the old-log-prob forward is skipped"
+_TRL = "huggingface/trl trl/trainer/grpo_trainer.py (TRL 1.16, _generate_and_score_completions)"
+_TRL_NOTE = "only with use_vllm and vllm_importance_sampling_correction"
+
+#: Our metric -> what other systems log for the same quantity. The one table: docs/concepts.md
+#: shows ``alias_table()``, the TRL adapter renames TRL's metrics with ``aliases_for("TRL")``,
+#: and tests/unit/test_aliases.py re-implements every entry with that system's formula.
+ALIASES: dict[str, tuple[Alias, ...]] = {
+    "k1_kl": (
+        Alias("verl", "rollout_corr/kl", _VERL_CORR, _VERL_CORR_WHEN, _VERL_CORR_NOTE),
+        Alias(
+            "OpenRLHF",
+            "vllm_kl",
+            "OpenRLHF/OpenRLHF openrlhf/models/loss.py (PolicyLoss), "
+            "openrlhf/trainer/ray/ppo_actor.py (token-weighted reduction)",
+            note="only with --algo.advantage.is_correction_enable; a missing rollout log-prob "
+            "is scored as 0.0",
+        ),
+        Alias("oat", "kl_sample_train_v1", _OAT, _OAT_ONE_PROCESS, _OAT_NOTE),
+        Alias(
+            "NeMo-RL",
+            "gen_kl_error",
+            _NEMO_KL,
+            "reference_policy_kl_type='k1' (default 'k3'); " + _NEMO_ONE_BATCH,
+            _NEMO_NOTE,
+        ),
+    ),
+    "k3_kl": (
+        Alias("verl", "rollout_corr/k3_kl", _VERL_CORR, _VERL_CORR_WHEN, _VERL_CORR_NOTE),
+        Alias(
+            "prime-rl",
+            "mismatch_kl/all/mean",
+            "PrimeIntellect-ai/prime-rl src/prime_rl/trainer/rl/loss.py "
+            "(compute_importance_ratio_and_mismatch_kl), src/prime_rl/trainer/rl/train.py",
+            note="π is the training forward; with async rollouts μ may be older weights",
+        ),
+        Alias(
+            "NeMo-RL",
+            "gen_kl_error",
+            _NEMO_KL,
+            "reference_policy_kl_type='k3' (the default); " + _NEMO_ONE_BATCH,
+            _NEMO_NOTE,
+        ),
+    ),
     "prob_diff_mean": (
-        ("verl", "training/rollout_probs_diff_mean"),
-        ("NeMo-RL", "token_mult_prob_error"),
+        Alias("verl", "training/rollout_probs_diff_mean", _VERL_DEBUG, note=_VERL_DEBUG_NOTE),
     ),
     "prob_diff_max": (
-        ("verl", "training/rollout_probs_diff_max"),
-        ("paper / oat", "sampler_learner_prob_diff_max"),
+        Alias("verl", "training/rollout_probs_diff_max", _VERL_DEBUG, note=_VERL_DEBUG_NOTE),
+        Alias(
+            "oat",
+            "sampler_learner_prob_diff_max",
+            _OAT,
+            "the worst token has μ > π: oat logs the signed max of μ − π, masked positions "
+            "as 0 (else ours is −sampler_learner_prob_diff_min); and " + _OAT_ONE_PROCESS,
+            _OAT_NOTE,
+        ),
+    ),
+    "prob_diff_std": (
+        Alias("verl", "training/rollout_probs_diff_std", _VERL_DEBUG, note=_VERL_DEBUG_NOTE),
     ),
     "logp_abs_diff_mean": (
-        ("TRL", "sampling/sampling_logp_difference/mean"),
-        ("slime", "train_rollout_logprob_abs_diff"),
+        Alias(
+            "TRL",
+            "sampling/sampling_logp_difference/mean",
+            _TRL,
+            "one process and one generation batch per logged step (TRL averages per-process "
+            "means, then the batches, without token weighting)",
+            _TRL_NOTE,
+            skips_nan=True,
+        ),
+        Alias(
+            "slime",
+            "train/train_rollout_logprob_abs_diff",
+            "THUDM/slime slime/backends/megatron_utils/loss.py (policy_loss_function), "
+            "slime/backends/megatron_utils/cp_utils.py (get_sum_of_sample_mean)",
+            "--calculate-per-token-loss; by default slime averages per-sample means, equal to "
+            "ours only when all samples have as many tokens",
+            "π is the old log-prob (the current one with --use-rollout-logprobs)",
+        ),
+        Alias("SkyRL", "policy/rollout_train_logprobs_abs_diff_mean", _SKYRL, note=_SKYRL_NOTE),
     ),
-    "prob_pearson": (("verl", "training/rollout_probs_pearson_corr"),),
-    "logp_sq_diff_half_mean": (("paper / oat", "kl_sample_train_v2"),),
+    "logp_abs_diff_max": (
+        Alias(
+            "TRL",
+            "sampling/sampling_logp_difference/max",
+            _TRL,
+            "one generation batch per logged step (TRL averages the batches' maxima)",
+            _TRL_NOTE,
+            skips_nan=True,
+        ),
+        Alias("SkyRL", "policy/rollout_train_logprobs_abs_diff_max", _SKYRL, note=_SKYRL_NOTE),
+    ),
+    "logp_sq_diff_half_mean": (
+        Alias("oat", "kl_sample_train_v2", _OAT, _OAT_ONE_PROCESS, _OAT_NOTE),
+        Alias(
+            "NeMo-RL",
+            "gen_kl_error",
+            _NEMO_KL,
+            "reference_policy_kl_type='k2' (default 'k3'); " + _NEMO_ONE_BATCH,
+            _NEMO_NOTE,
+        ),
+    ),
+    "mult_prob_error": (
+        Alias("NeMo-RL", "token_mult_prob_error", _NEMO_LOSS, _NEMO_ONE_BATCH, _NEMO_NOTE),
+    ),
+    "prob_pearson": (
+        Alias(
+            "verl",
+            "training/rollout_actor_probs_pearson_corr",
+            _VERL_DEBUG,
+            note=_VERL_DEBUG_NOTE,
+        ),
+    ),
 }
+
+
+def aliases_for(system: str) -> dict[str, str]:
+    """``{their name: our metric}`` for one system of ``ALIASES`` (e.g. ``"TRL"``)."""
+    return {
+        a.name: ours for ours, aliases in ALIASES.items() for a in aliases if a.system == system
+    }
+
+
+def alias_table() -> str:
+    """``ALIASES`` as the Markdown table docs/concepts.md shows."""
+    rows = [
+        "| ours | system | their name | agrees with ours | logged when / notes | formula in |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ours, aliases in ALIASES.items():
+        for a in aliases:
+            agrees = "exact" if a.exact else f"if {a.condition}"
+            if a.skips_nan:
+                agrees += "; skips NaN tokens as we do"
+            cells = (f"`{ours}`", a.system, f"`{a.name}`", agrees, a.note, a.source)
+            rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 @dataclass(frozen=True)
@@ -61,8 +229,11 @@ class MismatchMetrics:
     k3_kl: float
     prob_diff_mean: float
     prob_diff_max: float
+    prob_diff_std: float
     logp_abs_diff_mean: float
+    logp_abs_diff_max: float
     logp_sq_diff_half_mean: float
+    mult_prob_error: float
     prob_pearson: float
     seq_log_ratio_slope_per_1k: float
     seq_abs_log_ratio_slope_per_1k: float
@@ -96,8 +267,10 @@ def _none_to_nan(x: Any) -> Any:
 def _as_2d(x: Any, what: str) -> torch.Tensor:
     """``x`` as a float64 ``[batch, seq]`` tensor (``[seq]`` becomes one row)."""
     try:
-        t = torch.as_tensor(x if isinstance(x, torch.Tensor) else _none_to_nan(x))
-        t = t.to(torch.float64)
+        if isinstance(x, torch.Tensor):
+            t = x.to(torch.float64)
+        else:  # lists and arrays straight to float64: torch would round floats to float32 first
+            t = torch.as_tensor(_none_to_nan(x), dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise PrecisionConfigError(
             f"compute_mismatch: {what} is not a rectangular array of numbers ({exc}); pass a "
@@ -131,8 +304,8 @@ def compute_mismatch(
     ``[batch, seq]`` or ``[seq]``; ``mask`` (same shape, bool or 0/1) marks the tokens that
     count. A token whose log-prob is ``None``, NaN or infinite on either side is excluded and
     counted in ``nan_tokens``. With no valid token every mean is NaN and ``tokens`` is 0. Bad
-    shapes raise :class:`~precision_plugin.errors.PrecisionConfigError` (a ``ValueError``).
-    Computation is in float64, so the result does not depend on input dtype.
+    shapes raise ``PrecisionConfigError`` (a ``ValueError``). Inputs are converted to float64
+    (lists directly, never via float32) and everything is computed in float64.
     """
     lp_train = _as_2d(train_logprobs, "train_logprobs")
     lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
@@ -167,8 +340,9 @@ def compute_mismatch(
     if n == 0:
         nan = math.nan
         return MismatchMetrics(
-            k1_kl=nan, k3_kl=nan, prob_diff_mean=nan, prob_diff_max=nan,
-            logp_abs_diff_mean=nan, logp_sq_diff_half_mean=nan, prob_pearson=nan,
+            k1_kl=nan, k3_kl=nan, prob_diff_mean=nan, prob_diff_max=nan, prob_diff_std=nan,
+            logp_abs_diff_mean=nan, logp_abs_diff_max=nan, logp_sq_diff_half_mean=nan,
+            mult_prob_error=nan, prob_pearson=nan,
             seq_log_ratio_slope_per_1k=nan, seq_abs_log_ratio_slope_per_1k=nan,
             tokens=0, nan_tokens=nan_tokens, sequences=0,
         )  # fmt: skip
@@ -176,13 +350,15 @@ def compute_mismatch(
     p_train = torch.where(valid, lt.exp(), zeros)
     p_roll = torch.where(valid, lr.exp(), zeros)
     prob_diff = (p_train - p_roll).abs()
-    ratio = torch.where(valid, log_ratio.exp(), torch.ones_like(lt))
-    k3 = torch.where(valid, ratio - 1.0 - log_ratio, zeros)
+    abs_log_ratio = log_ratio.abs()
+    # r − 1 − log r as expm1(d) − d: exp(d) − 1 would lose a tiny d to rounding.
+    k3 = torch.where(valid, torch.expm1(log_ratio) - log_ratio, zeros)
 
     def mean(x: torch.Tensor) -> float:
         return float(x.sum() / n)
 
     pt, pr = p_train[valid], p_roll[valid]
+    prob_diff_std = float(prob_diff[valid].std()) if n >= 2 else math.nan
     if n >= 2 and pt.std() > 0 and pr.std() > 0:
         pearson = float(torch.corrcoef(torch.stack([pt, pr]))[0, 1])
     else:
@@ -194,8 +370,11 @@ def compute_mismatch(
         k3_kl=mean(k3),
         prob_diff_mean=mean(prob_diff),
         prob_diff_max=float(prob_diff.max()),
-        logp_abs_diff_mean=mean(log_ratio.abs()),
+        prob_diff_std=prob_diff_std,
+        logp_abs_diff_mean=mean(abs_log_ratio),
+        logp_abs_diff_max=float(abs_log_ratio.max()),
         logp_sq_diff_half_mean=mean(0.5 * log_ratio * log_ratio),
+        mult_prob_error=mean(torch.where(valid, abs_log_ratio.exp(), zeros)),
         prob_pearson=pearson,
         seq_log_ratio_slope_per_1k=_slope_per_1k(lengths, sums),
         seq_abs_log_ratio_slope_per_1k=_slope_per_1k(lengths, sums.abs()),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from precision_plugin.hookspecs import hookimpl
+from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.versions import installed_version
@@ -21,15 +22,16 @@ from precision_plugin.versions import installed_version
 log = logging.getLogger("precision_plugin")
 
 #: TRL's train/rollout mismatch metrics (logged when ``vllm_importance_sampling_correction`` is
-#: on) -> our names (``precision.mismatch.ALIASES`` documents the same correspondence).
-TRL_METRIC_ALIASES: dict[str, str] = {
-    "sampling/sampling_logp_difference/mean": "logp_abs_diff_mean",
-    "sampling/sampling_logp_difference/max": "logp_abs_diff_max",
-}
+#: on) -> our names, read from the one alias table, ``precision_plugin.mismatch.ALIASES``.
+TRL_METRIC_ALIASES: dict[str, str] = aliases_for("TRL")
 
 
 def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
-    """TRL's mismatch metrics found in ``logs``, under our names (without the prefix)."""
+    """TRL's mismatch metrics found in ``logs``, under our names (without the prefix).
+
+    TRL's figures equal ours only under the conditions ``ALIASES`` records (one process, one
+    generation batch per logged step); with more, they are TRL's unweighted averages.
+    """
     return {
         ours: float(logs[theirs]) for theirs, ours in TRL_METRIC_ALIASES.items() if theirs in logs
     }
