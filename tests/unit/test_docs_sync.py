@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from precision_plugin.mismatch import ALIASES
+from precision_plugin.mismatch import ALIASES, alias_table, compute_mismatch
 from precision_plugin.policy import field_help
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -16,12 +17,23 @@ def test_policy_page_lists_every_field_with_its_default():
         assert f"| `{name}` | `{default!r}` |" in text, f"docs/policy.md misses {name}"
 
 
-def test_concepts_page_lists_every_metric_and_alias():
+def test_concepts_page_shows_the_alias_table_as_the_code_has_it():
+    """The alias table in docs/concepts.md is alias_table() verbatim (edit ALIASES, then paste)."""
     text = (DOCS / "concepts.md").read_text()
-    rows = {
-        line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")
-    }
+    found = re.search(r"<!-- alias-table:[^>]*-->\n(.*?)<!-- /alias-table -->", text, re.S)
+    assert found, "docs/concepts.md lost its alias-table markers"
+    assert found.group(1) == alias_table(), (
+        "docs/concepts.md's alias table differs from precision_plugin.mismatch.alias_table(); "
+        "replace the lines between the alias-table markers with its output"
+    )
     for metric, aliases in ALIASES.items():
-        row = rows.get(f"`{metric}`", "")
-        for system, name in aliases:
-            assert system in row and f"`{name}`" in row, f"docs/concepts.md misses {system} {name}"
+        for alias in aliases:
+            assert f"| `{metric}` | {alias.system} | `{alias.name}` |" in found.group(1)
+
+
+def test_concepts_page_defines_every_metric():
+    text = (DOCS / "concepts.md").read_text()
+    defined = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `")}
+    scalar = set(compute_mismatch([-0.1], [-0.2]).to_dict()) - {"tokens", "nan_tokens", "sequences"}
+    missing = {m for m in scalar if f"`{m}`" not in defined}
+    assert not missing, f"docs/concepts.md's metric table misses {sorted(missing)}"

@@ -26,6 +26,9 @@ def test_hand_computed_single_sequence():
     assert m.logp_sq_diff_half_mean == pytest.approx(
         0.5 * (math.log(1.25) ** 2 + math.log(0.8) ** 2) / 2, rel=1e-5
     )
+    assert m.logp_abs_diff_max == pytest.approx(math.log(1.25), rel=1e-5)
+    assert m.prob_diff_std == pytest.approx(math.sqrt(2 * 0.025**2), rel=1e-5)  # n - 1 = 1
+    assert m.mult_prob_error == pytest.approx((1.25 + 1.25) / 2, rel=1e-5)  # max(r, 1/r)
     assert m.prob_pearson == pytest.approx(1.0)  # two points, same order
     assert (m.tokens, m.nan_tokens, m.sequences) == (2, 0, 1)
     assert m.seq_log_ratio == pytest.approx([math.log(1.25) + math.log(0.8)], abs=1e-6)
@@ -37,6 +40,7 @@ def test_identical_policies_are_zero():
     lp = torch.log(torch.tensor([[0.3, 0.6, 0.1], [0.9, 0.05, 0.5]]))
     m = compute_mismatch(lp, lp.clone())
     assert m.k1_kl == 0 and m.k3_kl == 0 and m.prob_diff_max == 0 and m.logp_abs_diff_mean == 0
+    assert m.logp_abs_diff_max == 0 and m.prob_diff_std == 0 and m.mult_prob_error == 1
     assert m.prob_pearson == pytest.approx(1.0)
     assert verdict(m)[0] == "ok"
 
@@ -97,6 +101,26 @@ def test_float16_and_bfloat16_inputs_accepted():
     assert m.tokens == 2 and m.k3_kl >= 0
 
 
+def test_lists_go_straight_to_float64():
+    """A list is not rounded to float32 on the way: a 1e-10 mismatch survives exactly."""
+    pi, mu = [-0.1, -0.2], [-0.1 + 1e-10, -0.2 + 1e-10]
+    m = compute_mismatch(pi, mu)
+    exact = compute_mismatch(
+        torch.tensor(pi, dtype=torch.float64), torch.tensor(mu, dtype=torch.float64)
+    )
+    assert m.k1_kl == exact.k1_kl and m.k1_kl == pytest.approx(1e-10, rel=1e-5, abs=0)
+    assert compute_mismatch([[-0.1, None]], [[-0.1 + 1e-10, -0.3]], [[1, 1]]).tokens == 1
+
+
+def test_k3_keeps_its_precision_for_tiny_mismatches():
+    """k3 ~ d²/2: with d = 1e-9, exp(d) − 1 − d would be rounding noise, expm1(d) − d is not."""
+    d = 1e-9
+    pi = torch.full((4,), -0.5, dtype=torch.float64)
+    m = compute_mismatch(pi + d, pi)
+    assert m.k3_kl == pytest.approx(d * d / 2, rel=1e-6, abs=0)
+    assert m.logp_sq_diff_half_mean == pytest.approx(d * d / 2, rel=1e-6, abs=0)
+
+
 def test_lists_accepted_and_shape_errors():
     assert compute_mismatch([-0.1, -0.2], [-0.1, -0.2]).tokens == 2
     with pytest.raises(ValueError, match="shape"):
@@ -148,3 +172,4 @@ def test_prefixed_and_aliases():
     assert set(logged) >= {"precision/k3_kl", "precision/prob_diff_mean", "precision/tokens"}
     assert "seq_log_ratio" not in m.to_dict()
     assert set(ALIASES) <= set(m.to_dict())
+    assert {"logp_abs_diff_max", "prob_diff_std", "mult_prob_error"} <= set(m.to_dict())
