@@ -80,7 +80,7 @@ _NEMO_NOTE = "a NaN anywhere in the padded batch, even masked, makes it NaN"
 _OAT = "sail-sg/oat oat/algorithms/ppo.py (PPOLearner.learning_step)"
 _OAT_ONE_PROCESS = "one process (oat averages per-process values without token weighting)"
 _OAT_NOTE = "PPO/GRPO updates only (not --reinforce_update); μ is vLLM's, π the learner's"
-_SKYRL = "NovaSky-AI/SkyRL skyrl/train/trainer.py (RayPPOTrainer forward pass)"
+_SKYRL = "NovaSky-AI/SkyRL skyrl/train/trainer.py (RayPPOTrainer.fwd_logprobs_values_reward)"
 _SKYRL_NOTE = "not logged when the old-log-prob forward is skipped"
 _TRL = "huggingface/trl trl/trainer/grpo_trainer.py (TRL 1.16, _generate_and_score_completions)"
 _TRL_NOTE = "only with use_vllm and vllm_importance_sampling_correction"
@@ -157,8 +157,9 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
             "train/train_rollout_logprob_abs_diff",
             "THUDM/slime slime/backends/megatron_utils/loss.py (policy_loss_function), "
             "slime/backends/megatron_utils/cp_utils.py (get_sum_of_sample_mean)",
-            "--calculate-per-token-loss; by default slime averages per-sample means, equal to "
-            "ours only when all samples have as many tokens",
+            "--calculate-per-token-loss (by default slime averages per-sample means, equal to "
+            "ours only when all samples have as many tokens), and no token rejected by a TIS/MIS "
+            "function (it leaves the numerator, not the denominator)",
             "π is the old log-prob (the current one with --use-rollout-logprobs)",
         ),
         Alias("SkyRL", "policy/rollout_train_logprobs_abs_diff_mean", _SKYRL, note=_SKYRL_NOTE),

@@ -186,19 +186,24 @@ def nemo(key: str, batch: Batch, kl_type: str = "k3", global_batches: int = 1) -
 # --- slime, prime-rl, SkyRL, TRL ---------------------------------------------------------------
 
 
-def slime(batch: Batch, per_token: bool = False) -> float:
+def slime(batch: Batch, per_token: bool = False, rejected: int = 0) -> float:
     """slime/backends/megatron_utils/loss.py: sum_of_sample_mean((old - rollout).abs()), then
     observability/train_metric_utils.py: / total tokens or / samples in the step."""
     old_log_probs, rollout_log_probs, loss_masks = batch
     x = (old_log_probs - rollout_log_probs).abs()
-    if per_token:  # cp_utils.get_sum_of_sample_mean -> sum_of_token
-        return float((x * loss_masks).sum() / loss_masks.sum())
+    # With --use-tis/--get-mismatch-metrics the reducer is rebuilt with the TIS/MIS function's
+    # modified_response_masks (rejected tokens 0) over the original denominators.
+    modified = loss_masks.clone()
+    modified[0, :rejected] = 0.0
+    if per_token:  # cp_utils.get_sum_of_sample_mean -> sum_of_token; divisor: step num_tokens
+        num_tokens = sum(torch.clamp_min(m.sum(), 1) for m in loss_masks)
+        return float((x * modified).sum() / num_tokens)
     # sum_of_sample_mean; rollout_mask_sums = each sample's own total (one sample per rollout)
     per_sample = [
-        (x_i * m_i).sum() / torch.clamp_min(m_i.sum(), 1)
-        for x_i, m_i in zip(x, loss_masks, strict=True)
+        (x_i * m_i).sum() / torch.clamp_min(denom.sum(), 1)
+        for x_i, m_i, denom in zip(x, modified, loss_masks, strict=True)
     ]
-    return float(sum(per_sample) / len(per_sample))
+    return float(sum(per_sample) / len(per_sample))  # / step_global_batch_size
 
 
 def prime_rl(batch: Batch, processes: int = 2, micro_batches: int = 2) -> float:
@@ -300,7 +305,9 @@ CASES: dict[tuple[str, str, str], Case] = {
         _curry(trl, "mean"), breaks=({"processes": 2}, {"generation_batches": 2})
     ),
     ("logp_abs_diff_mean", "slime", "train/train_rollout_logprob_abs_diff"): Case(
-        slime, holds={"per_token": True}, breaks=({"per_token": False},)
+        slime,
+        holds={"per_token": True},
+        breaks=({"per_token": False}, {"per_token": True, "rejected": 2}),
     ),
     ("logp_abs_diff_mean", "SkyRL", "policy/rollout_train_logprobs_abs_diff_mean"): Case(
         _curry(skyrl, "mean")

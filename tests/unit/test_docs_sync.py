@@ -24,7 +24,8 @@ def test_concepts_page_shows_the_alias_table_as_the_code_has_it():
     assert found, "docs/concepts.md lost its alias-table markers"
     assert found.group(1) == alias_table(), (
         "docs/concepts.md's alias table differs from precision_plugin.mismatch.alias_table(); "
-        "replace the lines between the alias-table markers with its output"
+        "replace the lines between the alias-table markers with the output of python -c "
+        "'from precision_plugin.mismatch import alias_table; print(alias_table(), end=\"\")'"
     )
     for metric, aliases in ALIASES.items():
         for alias in aliases:
