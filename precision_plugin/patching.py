@@ -94,6 +94,57 @@ class Patcher:
         self.setattr(target, name, descriptor(wrapper) if descriptor else wrapper, reason=reason)
         return wrapper
 
+    def around(
+        self, target: Any, name: str, advice: Callable[..., Any], *, reason: str
+    ) -> Callable[..., Any]:
+        """Replace the function ``target.name`` so that a call runs ``advice(original, ...)``.
+
+        ``advice`` is a flat function that receives the original first, then the call's own
+        arguments (``self``/``cls`` included for methods), and decides whether, when and with
+        what to call the original. Descriptors and metadata are handled as by [`wrap`][precision_plugin.patching.Patcher.wrap].
+        Returns the installed wrapper.
+        """
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def advised(*args: Any, **kwargs: Any) -> Any:
+                return advice(original, *args, **kwargs)
+
+            return advised
+
+        return self.wrap(target, name, make, reason=reason)
+
+    def wrap_on_import(
+        self,
+        module: str,
+        path: str,
+        advice: Callable[..., Any],
+        *,
+        reason: str,
+        missing: str | None = None,
+    ) -> None:
+        """[`around`][precision_plugin.patching.Patcher.around] on ``path`` inside ``module`` (``"Class.method"`` or ``"function"``),
+        now if ``module`` is loaded, else right after its first import (see [`when_imported`][precision_plugin.patching.Patcher.when_imported]).
+
+        ``missing`` is logged (info) and nothing is patched when the installed version has no
+        such attribute; without it a missing attribute is an error.
+        """
+
+        def patch(loaded: ModuleType) -> None:
+            owner_path, _, name = path.rpartition(".")
+            target: Any = loaded
+            for part in owner_path.split(".") if owner_path else ():
+                target = getattr(target, part, _MISSING)
+                if target is _MISSING:
+                    break
+            if target is _MISSING or not hasattr(target, name):
+                if missing is None:
+                    raise AttributeError(f"{module} has no attribute {path!r}")
+                log.info("precision_plugin: %s has no %s; %s", module, path, missing)
+                return
+            self.around(target, name, advice, reason=reason)
+
+        self.when_imported(module, patch, reason=f"enable() imports no framework ({path})")
+
     def setenv(self, name: str, value: str, *, reason: str) -> None:
         """Set environment variable ``name``; :meth:`restore` puts the old value (or none) back,
         unless the variable was changed again since (that later value stays)."""

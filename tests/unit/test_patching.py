@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from precision_plugin.patching import Patcher, is_patched
 
 
@@ -211,3 +213,102 @@ def test_patching_an_instance_whose_repr_raises():
     assert obj.flag is False and p.patched == ["<NoRepr instance>.flag"]
     p.restore()
     assert obj.flag is True and "flag" not in vars(obj)
+
+
+# -- around / wrap_on_import: the one advice idiom every adapter uses ---------------------------
+
+
+def test_around_passes_the_original_and_the_call_and_restores_identity():
+    raw = Target.__dict__["method"]
+    calls = []
+
+    def advice(original, self, x):
+        calls.append((type(self).__name__, x))
+        return original(self, x) * 10
+
+    p = Patcher()
+    wrapper = p.around(Target, "method", advice, reason="t")
+    assert Target().method(1) == 20 and calls == [("Target", 1)]
+    assert Target.__dict__["method"] is wrapper and wrapper.__name__ == "method"
+    assert is_patched(Target.method)
+    p.restore()
+    assert Target.__dict__["method"] is raw and Target().method(1) == 2
+
+
+def test_around_keeps_classmethod_and_staticmethod_for_subclasses():
+    class Parent:
+        @classmethod
+        def name(cls, suffix=""):
+            return cls.__name__ + suffix
+
+        @staticmethod
+        def twice(x):
+            return 2 * x
+
+    class Child(Parent):
+        pass
+
+    raw_name, raw_twice = vars(Parent)["name"], vars(Parent)["twice"]
+    p = Patcher()
+    p.around(Parent, "name", lambda original, cls, suffix="": original(cls, suffix + "!"), reason="t")
+    p.around(Parent, "twice", lambda original, x: original(x) + 1, reason="t")
+    assert isinstance(vars(Parent)["name"], classmethod)
+    assert isinstance(vars(Parent)["twice"], staticmethod)
+    assert Child.name() == "Child!" and Parent().name("?") == "Parent?!"
+    assert Child.twice(3) == 7 and Child().twice(3) == 7
+    p.restore()
+    assert vars(Parent)["name"] is raw_name and vars(Parent)["twice"] is raw_twice
+    assert Child.name() == "Child" and Child.twice(3) == 6
+
+
+def test_around_may_skip_the_original():
+    p = Patcher()
+    p.around(Target, "static", lambda original, x: "short-circuit", reason="t")
+    assert Target.static(3) == "short-circuit"
+    p.restore()
+    assert Target.static(3) == 6
+
+
+def test_wrap_on_import_patches_a_class_method_at_first_import(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    body = "class Engine:\n    def step(self, n):\n        return n\n"
+    _write_module(tmp_path, "pp_lazy_engine", body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = Patcher()
+    p.wrap_on_import(
+        "pp_lazy_engine", "Engine.step", lambda original, self, n: original(self, n) + 100,
+        reason="t",
+    )
+    assert "pp_lazy_engine" not in sys.modules
+    assert p.patched == ["import hook for pp_lazy_engine"]
+    mod = importlib.import_module("pp_lazy_engine")
+    raw = mod.Engine.__dict__["step"].__precision_plugin_original__
+    assert mod.Engine().step(1) == 101 and p.patched == ["Engine.step"]
+    p.restore()
+    assert mod.Engine.__dict__["step"] is raw and mod.Engine().step(1) == 1
+    sys.modules.pop("pp_lazy_engine", None)
+
+
+def test_wrap_on_import_patches_now_when_loaded_and_restores():
+    import json
+
+    raw = json.dumps
+    p = Patcher()
+    p.wrap_on_import("json", "dumps", lambda original, obj: "<" + original(obj) + ">", reason="t")
+    assert json.dumps(1) == "<1>" and p.patched == ["json.dumps"]
+    p.restore()
+    assert json.dumps is raw
+
+
+def test_wrap_on_import_missing_attribute(caplog):
+    import json
+
+    p = Patcher()
+    with caplog.at_level("INFO", logger="precision_plugin"):
+        p.wrap_on_import("json", "Nope.f", lambda o: o, reason="t", missing="left alone")
+    assert len(p) == 0 and "json has no Nope.f; left alone" in caplog.text
+    with pytest.raises(AttributeError, match="'nope'"):
+        p.wrap_on_import("json", "nope", lambda o: o, reason="t")
+    assert not hasattr(json, "nope") and len(p) == 0
