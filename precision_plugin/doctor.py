@@ -124,20 +124,18 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
     An adapter whose check crashes is reported as a warning (its check could not run), so one
     broken plugin neither hides the others nor blocks the command.
     """
-    from precision_plugin.manager import call_hookimpl, get_plugin_manager
+    from precision_plugin.manager import call_each
 
     findings: list[Finding] = []
-    for impl in reversed(get_plugin_manager().hook.precision_doctor.get_hookimpls()):
-        try:
-            found = call_hookimpl(impl, policy=policy)
-        except Exception as exc:
-            log.debug("doctor check of %s crashed", impl.plugin_name, exc_info=True)
+    for name, found in call_each("precision_doctor", policy=policy):
+        if isinstance(found, Exception):
+            log.debug("doctor check of %s crashed", name, exc_info=found)
             findings.append(
                 Finding(
-                    impl.plugin_name,
+                    name,
                     "warning",
-                    f"the {impl.plugin_name} check crashed ({type(exc).__name__}: {exc}), so "
-                    f"it could not be checked",
+                    f"the {name} check crashed ({type(found).__name__}: {found}), so it could "
+                    f"not be checked",
                     fix="report this with `precision-plugin doctor --json` output",
                 )
             )

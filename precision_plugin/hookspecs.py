@@ -29,14 +29,6 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def precision_adapter_name() -> str | None:  # type: ignore[empty-body]
-    """Return this adapter's short name (``"deepspeed"``), used in messages and ``skip_adapters``.
-
-    Optional: without it the plugin's registered name is used.
-    """
-
-
-@hookspec
 def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Make the adapter's framework follow ``policy`` in this process.
 

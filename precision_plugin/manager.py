@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,19 +66,39 @@ def get_plugin_manager() -> pluggy.PluginManager:
         return _manager
 
 
-def call_hookimpl(impl: pluggy.HookImpl, **kwargs: Any) -> Any:
-    """Call one hook implementation with the subset of ``kwargs`` it declares, as pluggy does.
+def hook_impls(hook_name: str) -> list[tuple[str, Callable[..., Any]]]:
+    """Each implementation of hook ``hook_name`` as ``(plugin name, call)``, in pluggy's order.
 
-    The core calls some hooks one implementation at a time (to roll back, or to isolate a
-    broken plugin); an implementation may accept any subset of the hook's arguments.
+    ``call(**kwargs)`` passes the implementation the subset of ``kwargs`` it declares, as pluggy
+    does. For the core's calls one implementation at a time (to roll back, or to isolate a
+    broken plugin); [`call_each`][precision_plugin.manager.call_each] is the common case.
     """
-    return impl.function(*(kwargs[name] for name in impl.argnames))
+    impls = getattr(get_plugin_manager().hook, hook_name).get_hookimpls()
+
+    def caller(impl: pluggy.HookImpl) -> Callable[..., Any]:
+        return lambda **kwargs: impl.function(*(kwargs[name] for name in impl.argnames))
+
+    return [(impl.plugin_name, caller(impl)) for impl in reversed(impls)]
+
+
+def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call every implementation of ``hook_name`` on its own: ``[(plugin name, outcome)]``.
+
+    The outcome is the implementation's result, or the exception it raised (one broken plugin
+    neither hides the others nor stops the caller); the caller decides what a failure means.
+    """
+    outcomes: list[tuple[str, Any]] = []
+    for name, call in hook_impls(hook_name):
+        try:
+            outcomes.append((name, call(**kwargs)))
+        except Exception as exc:
+            outcomes.append((name, exc))
+    return outcomes
 
 
 def adapter_names() -> list[str]:
     """Names of all registered adapters, built-in and third-party, in call order."""
-    pm = get_plugin_manager()
-    return [impl.plugin_name for impl in reversed(pm.hook.precision_install.get_hookimpls())]
+    return [name for name, _ in hook_impls("precision_install")]
 
 
 def _as_policy(value: PrecisionPolicy | Mapping[str, Any] | str, what: str) -> PrecisionPolicy:
@@ -196,19 +216,19 @@ def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
         "policy this process enabled",
     )
     state.patchers.append(("core", core))
-    for impl in reversed(get_plugin_manager().hook.precision_install.get_hookimpls()):
-        if impl.plugin_name in skip:
+    for name, install in hook_impls("precision_install"):
+        if name in skip:
             continue
-        patcher = Patcher(owner=f"precision_plugin[{impl.plugin_name}]")
-        state.patchers.append((impl.plugin_name, patcher))
+        patcher = Patcher(owner=f"precision_plugin[{name}]")
+        state.patchers.append((name, patcher))
         try:
-            call_hookimpl(impl, policy=policy, patcher=patcher)
+            install(policy=policy, patcher=patcher)
         except Exception as exc:
             for _, done in reversed(state.patchers):
                 done.restore()
             if isinstance(exc, PrecisionPluginError):
                 raise  # a deliberate refusal (strictness, bad config) already says what to fix
-            raise AdapterInstallError(impl.plugin_name, exc) from exc
+            raise AdapterInstallError(name, exc) from exc
     return state
 
 

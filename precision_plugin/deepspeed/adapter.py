@@ -16,12 +16,6 @@ from precision_plugin.versions import installed_version
 
 
 @hookimpl
-def precision_adapter_name() -> str:
-    """This adapter's short name."""
-    return "deepspeed"
-
-
-@hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
     if installed_version("deepspeed") is not None:

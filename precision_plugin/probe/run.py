@@ -45,19 +45,17 @@ log = logging.getLogger("precision_plugin")
 
 def available_engines() -> dict[str, EngineFactory]:
     """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
-    from precision_plugin.manager import call_hookimpl, get_plugin_manager
+    from precision_plugin.manager import call_each
 
     engines: dict[str, EngineFactory] = {"hf": hf_engine_factory}
     # One hook at a time: a broken plugin must not take the built-in engine down with it.
-    for impl in reversed(get_plugin_manager().hook.precision_probe_engines.get_hookimpls()):
-        try:
-            found = call_hookimpl(impl)
-        except Exception as exc:
+    for name, found in call_each("precision_probe_engines"):
+        if isinstance(found, Exception):
             log.warning(
                 "plugin %r failed to list its probe engines (%s: %s); its engines are skipped",
-                impl.plugin_name,
-                type(exc).__name__,
-                exc,
+                name,
+                type(found).__name__,
+                found,
             )
             continue
         engines.update(found or {})

@@ -16,12 +16,6 @@ from precision_plugin.vllm.server import verify_engine, verify_server
 
 
 @hookimpl
-def precision_adapter_name() -> str:
-    """This adapter's short name."""
-    return "vllm"
-
-
-@hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Make colocated engines (TRL's ``LLM(...)`` passes no dtype) and child processes follow
     ``policy``: patch now if vLLM is already imported, else when vLLM loads its plugins."""
