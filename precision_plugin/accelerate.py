@@ -22,6 +22,7 @@ Without ``enable()``, :func:`apply_policy` does the same to one accelerator you 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precision_plugin.errors import settle_conflict
+from precision_plugin.frameworks import grad_scaler, mixed_precision
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -38,7 +40,6 @@ from precision_plugin.versions import installed_version
 log = logging.getLogger("precision_plugin")
 
 _SCALER_FREE = ("DEEPSPEED", "MEGATRON_LM")
-_Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _available() -> bool:
@@ -51,7 +52,7 @@ def resolve_mixed_precision(requested: str | None, policy: PrecisionPolicy, *, w
     ``requested`` ``None`` means unspecified and takes the policy's silently. Anything else that
     differs is coerced with a warning (``strictness="warn"``) or refused.
     """
-    wanted = policy.mixed_precision
+    wanted = mixed_precision(policy)
     if requested is None or str(requested).lower() == wanted:
         return wanted
     message = (
@@ -71,11 +72,8 @@ def resolve_mixed_precision(requested: str | None, policy: PrecisionPolicy, *, w
 def _scaler_handler(policy: PrecisionPolicy) -> Any:
     from accelerate.utils import GradScalerKwargs
 
-    from precision_plugin.scaler import scaler_kwargs
-
-    known = {f.name for f in dataclasses.fields(GradScalerKwargs)}
-    values = scaler_kwargs(policy.loss_scaler)
-    return GradScalerKwargs(**{k: v for k, v in values.items() if k in known})
+    known = [f.name for f in dataclasses.fields(GradScalerKwargs)]
+    return GradScalerKwargs(**grad_scaler(policy.loss_scaler).to_kwargs(known))
 
 
 def _distributed_type(accelerator: Any) -> str:
@@ -120,50 +118,43 @@ def accelerator_stats(accelerator: Any) -> Any:
     return scaler_stats(getattr(accelerator, "scaler", None))
 
 
-def _wrap_init(policy: PrecisionPolicy) -> _Wrapper:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(original)
+def _init(
+    policy: PrecisionPolicy, original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
+) -> None:
+    """``Accelerator.__init__`` with the policy's ``mixed_precision`` and GradScaler settings."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    arguments = bound.arguments
+    requested = arguments.get("mixed_precision")
+    if requested is None:
+        requested = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    arguments["mixed_precision"] = resolve_mixed_precision(requested, policy, where="Accelerator")
+    if policy.uses_loss_scaler:
+        from accelerate.utils import GradScalerKwargs
 
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            bound = signature.bind(self, *args, **kwargs)
-            arguments = bound.arguments
-            requested = arguments.get("mixed_precision")
-            if requested is None:
-                requested = os.environ.get("ACCELERATE_MIXED_PRECISION")
-            arguments["mixed_precision"] = resolve_mixed_precision(
-                requested, policy, where="Accelerator"
-            )
-            if policy.uses_loss_scaler:
-                from accelerate.utils import GradScalerKwargs
-
-                handlers = list(arguments.get("kwargs_handlers") or [])
-                if any(type(h) is GradScalerKwargs for h in handlers):
-                    log.info("precision_plugin: keeping the GradScalerKwargs passed explicitly")
-                else:
-                    handlers.append(_scaler_handler(policy))
-                arguments["kwargs_handlers"] = handlers
-            original(*bound.args, **bound.kwargs)
-            apply_policy(self, policy)
-
-        return __init__
-
-    return make
+        handlers = list(arguments.get("kwargs_handlers") or [])
+        if any(type(h) is GradScalerKwargs for h in handlers):
+            log.info("precision_plugin: keeping the GradScalerKwargs passed explicitly")
+        else:
+            handlers.append(_scaler_handler(policy))
+        arguments["kwargs_handlers"] = handlers
+    original(*bound.args, **bound.kwargs)
+    apply_policy(self, policy)
 
 
-def _wrap_prepare_model(
+def _prepare_model(
     policy: PrecisionPolicy,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def prepare_model(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-            from precision_plugin.master_weights import prepare_model as fix_dtypes
+    original: Callable[..., Any],
+    self: Any,
+    model: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``Accelerator.prepare_model`` after the model got the policy's master-weight dtypes."""
+    if not kwargs.get("evaluation_mode", False):
+        from precision_plugin.master_weights import prepare_model_once
 
-            if not kwargs.get("evaluation_mode", False):
-                fix_dtypes(model, policy)
-            return original(self, model, *args, **kwargs)
-
-        return prepare_model
-
-    return make
+        prepare_model_once(model, policy)
+    return original(self, model, *args, **kwargs)
 
 
 @hookimpl
@@ -172,23 +163,20 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     if not _available():
         return
 
-    def patch(module: Any) -> None:
-        patcher.wrap(
-            module.Accelerator,
-            "__init__",
-            _wrap_init(policy),
-            reason="no Accelerate hook sees mixed_precision/kwargs_handlers before the scaler "
-            "is built, and none builds one on CPU",
-        )
-        patcher.wrap(
-            module.Accelerator,
-            "prepare_model",
-            _wrap_prepare_model(policy),
-            reason="no Accelerate hook runs before a model is wrapped; fp16/bf16 trainable "
-            "parameters must become fp32 master weights before the first step",
-        )
-
-    patcher.when_imported("accelerate.accelerator", patch, reason="enable() imports no framework")
+    patcher.wrap_on_import(
+        "accelerate.accelerator",
+        "Accelerator.__init__",
+        functools.partial(_init, policy),
+        reason="no Accelerate hook sees mixed_precision/kwargs_handlers before the scaler "
+        "is built, and none builds one on CPU",
+    )
+    patcher.wrap_on_import(
+        "accelerate.accelerator",
+        "Accelerator.prepare_model",
+        functools.partial(_prepare_model, policy),
+        reason="no Accelerate hook runs before a model is wrapped; fp16/bf16 trainable "
+        "parameters must become fp32 master weights before the first step",
+    )
 
 
 @hookimpl
@@ -229,7 +217,7 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
         Finding(
             "accelerate",
             "change",
-            f"Accelerator mixed_precision follows the policy ({policy.mixed_precision!r}); a "
+            f"Accelerator mixed_precision follows the policy ({mixed_precision(policy)!r}); a "
             f"different request is "
             + ("refused" if policy.strictness == "error" else "coerced with a warning"),
         )

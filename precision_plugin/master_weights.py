@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.frameworks import settle_once
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -184,4 +185,12 @@ def prepare_model(model: Any, policy: PrecisionPolicy | None = None) -> Any:
             trainable = cast.wanted == torch.float32 and "_keep_in_fp32" not in cast.why
             level = logging.WARNING if trainable else logging.INFO
             log.log(level, "precision_plugin: cast %s", _describe(cast))
+    return model
+
+
+def prepare_model_once(model: Any, policy: PrecisionPolicy) -> Any:
+    """[`prepare_model`][precision_plugin.master_weights.prepare_model], once per model and
+    policy: the ``Trainer``, ``Accelerator.prepare_model`` and the callback all see the same
+    model, and the first one settles it."""
+    settle_once(model, "master_weights", policy, lambda: prepare_model(model, policy))
     return model

@@ -63,6 +63,10 @@ class Patcher:
         """Human-readable names of what is currently patched, in patch order."""
         return [_describe(r) for r in self._records if not (r.is_hook and r.original.fired)]
 
+    def targets(self, name: str) -> list[Any]:
+        """The objects whose attribute ``name`` this patcher has replaced, in patch order."""
+        return [r.target for r in self._records if not (r.is_env or r.is_hook) and r.name == name]
+
     def setattr(self, target: Any, name: str, value: Any, *, reason: str) -> None:
         """Replace ``target.name`` with ``value``; ``reason`` says why no hook could do it."""
         self._records.append(_Record(target, name, _own_entry(target, name), reason))
@@ -101,8 +105,8 @@ class Patcher:
 
         ``advice`` is a flat function that receives the original first, then the call's own
         arguments (``self``/``cls`` included for methods), and decides whether, when and with
-        what to call the original. Descriptors and metadata are handled as by [`wrap`][precision_plugin.patching.Patcher.wrap].
-        Returns the installed wrapper.
+        what to call the original. Descriptors and metadata are handled as by
+        [`wrap`][precision_plugin.patching.Patcher.wrap]. Returns the installed wrapper.
         """
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,8 +126,11 @@ class Patcher:
         reason: str,
         missing: str | None = None,
     ) -> None:
-        """[`around`][precision_plugin.patching.Patcher.around] on ``path`` inside ``module`` (``"Class.method"`` or ``"function"``),
-        now if ``module`` is loaded, else right after its first import (see [`when_imported`][precision_plugin.patching.Patcher.when_imported]).
+        """[`around`][precision_plugin.patching.Patcher.around] on ``path`` inside ``module``.
+
+        ``path`` is ``"Class.method"`` or ``"function"``. Patches now if ``module`` is loaded,
+        else right after its first import (see
+        [`when_imported`][precision_plugin.patching.Patcher.when_imported]).
 
         ``missing`` is logged (info) and nothing is patched when the installed version has no
         such attribute; without it a missing attribute is an error.

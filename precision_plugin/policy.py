@@ -151,11 +151,6 @@ class LossScalerSettings:
             "an integer >= 1",
         )
 
-    @property
-    def initial_scale_power(self) -> int:
-        """``log2(init_scale)`` rounded, as DeepSpeed's ``initial_scale_power`` wants it."""
-        return max(0, round(self.init_scale).bit_length() - 1)
-
 
 @dataclass(frozen=True)
 class VLLMSettings:
@@ -285,11 +280,6 @@ class PrecisionPolicy:
     def uses_loss_scaler(self) -> bool:
         """True when a dynamic loss scaler belongs in the training step."""
         return self.is_fp16 and self.loss_scaler.enabled
-
-    @property
-    def mixed_precision(self) -> str:
-        """The Accelerate / HF Trainer name of the policy dtype: ``fp16``, ``bf16`` or ``no``."""
-        return {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}[self.dtype]
 
     # -- conversion ------------------------------------------------------------------------
     @classmethod

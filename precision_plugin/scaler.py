@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from precision_plugin.errors import LossScaleAtMinimumError
+from precision_plugin.frameworks import grad_scaler
 from precision_plugin.policy import LossScalerSettings
 
 if TYPE_CHECKING:
@@ -196,17 +197,6 @@ def _sharded_class() -> type:
 TelemetryShardedGradScaler: type | None = None
 
 
-def scaler_kwargs(settings: LossScalerSettings) -> dict[str, Any]:
-    """The policy's scaler settings as ``GradScaler`` / ``GradScalerKwargs`` keyword arguments."""
-    return {
-        "init_scale": float(settings.init_scale),
-        "growth_factor": float(settings.growth_factor),
-        "backoff_factor": float(settings.backoff_factor),
-        "growth_interval": int(settings.growth_interval),
-        "enabled": bool(settings.enabled),
-    }
-
-
 def _params_are_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -239,7 +229,7 @@ def make_grad_scaler(
     """
     device_type = torch.device(device).type
     settings = policy.loss_scaler
-    kwargs = scaler_kwargs(settings)
+    kwargs = grad_scaler(settings).to_kwargs()
     kwargs["enabled"] = policy.uses_loss_scaler
     fp16_params = model is not None and _trainable_fp16(model)
     if sharded is None:

@@ -17,19 +17,19 @@ mixed precision, fp16 on CPU) it reports instead of fixing.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from precision_plugin.errors import settle_conflict
+from precision_plugin.frameworks import flags_of, settle_once, trainer_flags
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
-
-_FLAGS = {"float16": (True, False), "bfloat16": (False, True), "float32": (False, False)}
 
 
 def _mismatch(policy: PrecisionPolicy, message: str, fix: str, *, coerced: bool = True) -> None:
@@ -44,27 +44,28 @@ def _uses_deepspeed(args: Any, trainer: Any = None) -> bool:
     return bool(getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None))
 
 
-def coerce_training_flags(args: Any, policy: PrecisionPolicy, *, unset_is_policy: bool) -> None:
-    """Set ``args.fp16``/``args.bf16`` (and the ``*_full_eval`` pair) to the policy's.
+def settle_training_flags(args: Any, policy: PrecisionPolicy) -> None:
+    """Give ``args.fp16``/``args.bf16`` (and the ``*_full_eval`` pair) the policy's flags, once.
 
-    A flag that asks for the other half precision is a contradiction (warned and coerced, or
-    refused). When both flags are off, ``unset_is_policy`` decides whether that means "not
-    specified" (take the policy's) or an explicit fp32 request.
+    Both flags off or unset (TRL's ``bf16=None``) take the policy's; a flag that asks for
+    another precision is a contradiction (warned and coerced, or refused). A TRL config reaches
+    this from two ``__post_init__`` levels; the first one settles it.
     """
-    fp16, bf16 = _FLAGS[policy.dtype]
-    asked_fp16, asked_bf16 = bool(getattr(args, "fp16", False)), bool(getattr(args, "bf16", False))
-    if (asked_fp16, asked_bf16) != (fp16, bf16):
-        if asked_fp16 or asked_bf16 or not unset_is_policy:
-            asked = "fp16=True" if asked_fp16 else "bf16=True" if asked_bf16 else "fp32"
-            _mismatch(
-                policy,
-                f"{type(args).__name__}({asked}) contradicts the {policy.dtype} policy",
-                f"pass fp16={fp16}, bf16={bf16} (or leave both unset), or enable the plugin with "
-                f"the dtype you want",
-            )
-        args.fp16, args.bf16 = fp16, bf16
-    for name, wanted in (("fp16_full_eval", fp16), ("bf16_full_eval", bf16)):
-        if getattr(args, name, False) and not wanted:
+    settle_once(args, "trainer_flags", policy, lambda: _coerce_flags(args, policy))
+
+
+def _coerce_flags(args: Any, policy: PrecisionPolicy) -> None:
+    wanted, asked = trainer_flags(policy), flags_of(args)
+    if asked != wanted and (asked.fp16 or asked.bf16):
+        shown = "fp16=True" if asked.fp16 else "bf16=True"
+        _mismatch(
+            policy,
+            f"{type(args).__name__}({shown}) contradicts the {policy.dtype} policy",
+            f"pass {wanted} (or leave both unset), or enable the plugin with the dtype you want",
+        )
+    args.fp16, args.bf16 = wanted.fp16, wanted.bf16
+    for name, allowed in (("fp16_full_eval", wanted.fp16), ("bf16_full_eval", wanted.bf16)):
+        if getattr(args, name, False) and not allowed:
             _mismatch(
                 policy,
                 f"{type(args).__name__}({name}=True) contradicts the {policy.dtype} policy",
@@ -85,32 +86,22 @@ def __getattr__(name: str) -> Any:
 # -- hooks -----------------------------------------------------------------------------------
 
 
-def _wrap_args_post_init(policy: PrecisionPolicy) -> Callable[[Callable[..., Any]], Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def __post_init__(self: Any) -> None:
-            coerce_training_flags(self, policy, unset_is_policy=True)
-            original(self)
-
-        return __post_init__
-
-    return make
+def _args_post_init(policy: PrecisionPolicy, original: Callable[..., Any], self: Any) -> None:
+    settle_training_flags(self, policy)
+    original(self)
 
 
-def _wrap_trainer_init(policy: PrecisionPolicy) -> Callable[[Callable[..., Any]], Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            from precision_plugin.master_weights import prepare_model
+def _trainer_init(
+    policy: PrecisionPolicy, original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
+) -> None:
+    original(self, *args, **kwargs)
+    from precision_plugin.master_weights import prepare_model_once
 
-            if getattr(self, "model", None) is not None and not _uses_deepspeed(self.args, self):
-                prepare_model(self.model, policy)
-            from precision_plugin.callback import bind_callback
+    if getattr(self, "model", None) is not None and not _uses_deepspeed(self.args, self):
+        prepare_model_once(self.model, policy)
+    from precision_plugin.callback import bind_callback
 
-            bind_callback(self, policy)
-
-        return __init__
-
-    return make
+    bind_callback(self, policy)
 
 
 @hookimpl
@@ -118,27 +109,19 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     """Wrap ``TrainingArguments.__post_init__`` and ``Trainer.__init__`` (see the module doc)."""
     if installed_version("transformers") is None:
         return
-    patcher.when_imported(
+    patcher.wrap_on_import(
         "transformers.training_args",
-        lambda module: patcher.wrap(
-            module.TrainingArguments,
-            "__post_init__",
-            _wrap_args_post_init(policy),
-            reason="fp16/bf16 are read in __post_init__ (mixed_precision, DeepSpeed 'auto' "
-            "fill); no hook runs before it",
-        ),
-        reason="enable() imports no framework",
+        "TrainingArguments.__post_init__",
+        functools.partial(_args_post_init, policy),
+        reason="fp16/bf16 are read in __post_init__ (mixed_precision, DeepSpeed 'auto' "
+        "fill); no hook runs before it",
     )
-    patcher.when_imported(
+    patcher.wrap_on_import(
         "transformers.trainer",
-        lambda module: patcher.wrap(
-            module.Trainer,
-            "__init__",
-            _wrap_trainer_init(policy),
-            reason="callbacks never receive the trainer; binding it and fixing the model's "
-            "dtypes before the first step needs the constructed trainer",
-        ),
-        reason="enable() imports no framework",
+        "Trainer.__init__",
+        functools.partial(_trainer_init, policy),
+        reason="callbacks never receive the trainer; binding it and fixing the model's "
+        "dtypes before the first step needs the constructed trainer",
     )
 
 
@@ -147,16 +130,16 @@ def precision_train_begin(
     policy: PrecisionPolicy, args: Any, state: Any, model: Any, trainer: Any
 ) -> None:
     """Check the flags and what the accelerator runs; cast the model to the policy's dtypes."""
-    from precision_plugin.master_weights import prepare_model
+    from precision_plugin.master_weights import prepare_model_once
 
-    fp16, bf16 = _FLAGS[policy.dtype]
-    if (bool(getattr(args, "fp16", False)), bool(getattr(args, "bf16", False))) != (fp16, bf16):
-        asked = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+    wanted, ran = trainer_flags(policy), flags_of(args)
+    if ran != wanted:
+        asked = "fp16" if ran.fp16 else "bf16" if ran.bf16 else "fp32"
         _mismatch(
             policy,
             f"the trainer runs {asked} (args.fp16={args.fp16}, args.bf16={args.bf16}) but the "
             f"policy is {policy.dtype}; the accelerator is already built, so the run stays {asked}",
-            f"set fp16={fp16}, bf16={bf16} in the training arguments, or call "
+            f"set {wanted} in the training arguments, or call "
             f"precision_plugin.enable() before building them",
             coerced=False,
         )
@@ -173,7 +156,7 @@ def precision_train_begin(
                 coerced=False,
             )
     if model is not None and not _uses_deepspeed(args, trainer):
-        prepare_model(model, policy)
+        prepare_model_once(model, policy)
 
 
 @hookimpl
@@ -182,13 +165,12 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
     version = installed_version("transformers")
     if version is None:
         return None
-    fp16, bf16 = _FLAGS[policy.dtype]
     return [
         Finding("transformers", "info", f"transformers {version} installed"),
         Finding(
             "transformers",
             "change",
-            f"TrainingArguments get fp16={fp16}, bf16={bf16}; every Trainer casts trainable "
+            f"TrainingArguments get {trainer_flags(policy)}; every Trainer casts trainable "
             "parameters to fp32 master weights and logs precision/loss_scale and "
             "precision/skipped_steps",
         ),

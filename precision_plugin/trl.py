@@ -9,6 +9,7 @@ where the HF-Trainer adapter casts them back to fp32 master weights.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,18 +38,13 @@ def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _wrap_post_init(policy: PrecisionPolicy) -> Callable[[Callable[..., Any]], Any]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def __post_init__(self: Any) -> None:
-            if getattr(self, "bf16", False) is None and not getattr(self, "fp16", False):
-                # Unset: TRL would pick bf16=True; the policy decides instead.
-                self.fp16 = policy.dtype == "float16"
-                self.bf16 = policy.dtype == "bfloat16"
-            original(self)
+def _post_init(policy: PrecisionPolicy, original: Callable[..., Any], self: Any) -> None:
+    # TRL turns an unset bf16 into True before TrainingArguments.__post_init__ runs: settle the
+    # flags first (the HF-Trainer adapter's one decision; that level then finds them settled).
+    from precision_plugin.transformers import settle_training_flags
 
-        return __post_init__
-
-    return make
+    settle_training_flags(self, policy)
+    original(self)
 
 
 @hookimpl
@@ -56,23 +52,13 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
     """Wrap TRL's base config ``__post_init__`` so unset flags follow the policy."""
     if installed_version("trl") is None:
         return
-
-    def patch(module: Any) -> None:
-        base = getattr(module, "_BaseConfig", None)
-        if base is None or "__post_init__" not in vars(base):
-            log.info(
-                "precision_plugin: TRL's _BaseConfig.__post_init__ not found; flags left to TRL"
-            )
-            return
-        patcher.wrap(
-            base,
-            "__post_init__",
-            _wrap_post_init(policy),
-            reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs "
-            "first",
-        )
-
-    patcher.when_imported("trl.trainer.base_config", patch, reason="enable() imports no framework")
+    patcher.wrap_on_import(
+        "trl.trainer.base_config",
+        "_BaseConfig.__post_init__",
+        functools.partial(_post_init, policy),
+        reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs first",
+        missing="flags left to TRL",
+    )
 
 
 @hookimpl

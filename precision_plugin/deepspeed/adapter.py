@@ -7,7 +7,7 @@ from typing import Any
 
 from precision_plugin.deepspeed.doctor import doctor_findings
 from precision_plugin.deepspeed.install import install
-from precision_plugin.deepspeed.telemetry import engine_scaler_stats, find_engine, forget_engines
+from precision_plugin.deepspeed.telemetry import engine_scaler_stats, find_engine
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
@@ -20,12 +20,6 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
     if installed_version("deepspeed") is not None:
         install(policy, patcher)
-
-
-@hookimpl
-def precision_uninstall(policy: PrecisionPolicy) -> None:
-    """Forget the tracked engines (their patches are restored by the manager)."""
-    forget_engines()
 
 
 @hookimpl

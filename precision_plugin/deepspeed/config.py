@@ -24,6 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.frameworks import (
+    DS_BF16,
+    DS_FP16,
+    deepspeed_autocast_flag,
+    deepspeed_dynamic_scaling,
+    deepspeed_enabled_sections,
+    deepspeed_flag,
+)
 from precision_plugin.manager import requested_policy
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 
@@ -32,8 +40,8 @@ log = logging.getLogger("precision_plugin")
 #: Name of the top-level DeepSpeed config section the plugin reads.
 SECTION = "precision_plugin"
 
-#: DeepSpeed section names (``bfloat16`` is the legacy alias of ``bf16``).
-_FP16, _BF16, _BF16_OLD, _AUTOCAST = "fp16", "bf16", "bfloat16", "torch_autocast"
+#: DeepSpeed's legacy alias of ``bf16`` and its autocast section.
+_BF16_OLD, _AUTOCAST = "bfloat16", "torch_autocast"
 
 
 def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
@@ -138,10 +146,6 @@ def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]
     return out
 
 
-def _is_true(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
-
-
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     value = cfg.get(name)
     if value is None:
@@ -162,19 +166,16 @@ class _Translator:
         self.policy = policy
 
     def run(self) -> None:
-        dtype = self.policy.dtype
         self._autocast()
         self._param_dtype()
-        if dtype == "float16":
-            self._set_enabled(_FP16, True)
-            self._disable(_BF16)
+        sections = deepspeed_enabled_sections(self.policy)
+        for name in sorted(sections, key=lambda n: not sections[n]):  # the enabled one first
+            if sections[name]:
+                self._set_enabled(name, True)
+            else:
+                self._disable(name)
+        if self.policy.dtype == "float16":
             self._fp16_scaler()
-        elif dtype == "bfloat16":
-            self._set_enabled(_BF16, True)
-            self._disable(_FP16)
-        else:
-            self._disable(_FP16)
-            self._disable(_BF16)
 
     # -- conflicts ---------------------------------------------------------------------------
     def _conflict(self, key: str, found: Any, coerced: str, why: str = "") -> None:
@@ -191,23 +192,32 @@ class _Translator:
     # -- sections ----------------------------------------------------------------------------
     def _set_enabled(self, name: str, enabled: bool) -> None:
         section = _section(self.cfg, name)
-        current = section.get("enabled")
-        if current not in (None, "auto") and _is_true(current) != enabled:
-            self._conflict(f"{name}.enabled", current, f"{name}.enabled={json.dumps(enabled)}")
+        self._check_enabled(name, section.get("enabled"), enabled)
         section["enabled"] = enabled
 
+    def _check_enabled(self, name: str, current: Any, enabled: bool) -> None:
+        """Read ``current`` as DeepSpeed does; a contradiction (or a value DeepSpeed refuses)
+        is settled by strictness."""
+        if current in (None, "auto"):
+            return
+        found = deepspeed_flag(current)
+        if found != enabled:
+            why = (
+                "" if found is not None else "DeepSpeed reads only true/false, 1/0, yes/no, on/off"
+            )
+            self._conflict(f"{name}.enabled", current, f"{name}.enabled={json.dumps(enabled)}", why)
+
     def _disable(self, name: str) -> None:
-        if name == _BF16 and _BF16_OLD in self.cfg:
+        if name == DS_BF16 and _BF16_OLD in self.cfg:
             legacy = _section(self.cfg, _BF16_OLD)
-            if _is_true(legacy.get("enabled")):
-                self._conflict(f"{_BF16_OLD}.enabled", legacy["enabled"], "bfloat16.enabled=false")
+            self._check_enabled(_BF16_OLD, legacy.get("enabled"), False)
             legacy["enabled"] = False
             if name not in self.cfg:
                 return  # DeepSpeed reads the legacy section only when "bf16" is absent
         self._set_enabled(name, False)
 
     def _fp16_scaler(self) -> None:
-        fp16 = self.cfg[_FP16]
+        fp16 = self.cfg[DS_FP16]
         settings = self.policy.loss_scaler
         if not settings.enabled:
             return  # the user opted out of dynamic scaling: their loss_scale stands
@@ -221,13 +231,7 @@ class _Translator:
                 "scaling (set loss_scaler.enabled=false in the precision_plugin section to keep "
                 "a static scale)",
             )
-        wanted = {
-            "loss_scale": 0,
-            "initial_scale_power": settings.initial_scale_power,
-            "loss_scale_window": settings.growth_interval,
-            "hysteresis": settings.hysteresis,
-            "min_loss_scale": settings.min_scale,
-        }
+        wanted = deepspeed_dynamic_scaling(self.policy)
         for key, value in wanted.items():
             before = fp16.get(key)
             if key != "loss_scale" and before not in (None, "auto", value):
@@ -242,7 +246,7 @@ class _Translator:
 
     def _autocast(self) -> None:
         section = self.cfg.get(_AUTOCAST)
-        if not isinstance(section, dict) or not _is_true(section.get("enabled")):
+        if not isinstance(section, dict) or not deepspeed_autocast_flag(section.get("enabled")):
             return
         raw = section.get("dtype")
         try:

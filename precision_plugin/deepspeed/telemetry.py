@@ -7,9 +7,9 @@ DeepSpeed's own "already at minimum ... Exiting run."
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +21,8 @@ from precision_plugin.scaler import ScalerStats, check_scale_floor
 
 log = logging.getLogger("precision_plugin")
 
-_Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
-
-#: Engines built (or tracked) while the plugin is on, newest last: the metrics fallback.
-_engines: weakref.WeakKeyDictionary[Any, _EngineTracker] = weakref.WeakKeyDictionary()
+#: Attribute of a tracked engine holding its tracker (set and removed through the patcher).
+_TRACKER = "__precision_plugin_tracker__"
 
 
 def _loss_scale_and_floor(optimizer: Any) -> tuple[float, float | None]:
@@ -74,6 +72,15 @@ class _EngineTracker:
             )
         return engine.global_steps, engine.skipped_steps
 
+    def around_step(
+        self, engine: Any, original: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """``engine.step`` with the skip count and the floor check around it."""
+        before = self.before_step(engine)
+        result = original(*args, **kwargs)
+        self.after_step(engine, before)
+        return result
+
     def after_step(self, engine: Any, before: tuple[int, int]) -> None:
         steps, skipped = before
         if engine.global_steps == steps:
@@ -99,7 +106,7 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     scale, floor = _loss_scale_and_floor(getattr(engine, "optimizer", None))
     steps = int(getattr(engine, "global_steps", 0))
     skipped = int(getattr(engine, "skipped_steps", 0))
-    tracker = _engines.get(engine)
+    tracker = tracker_of(engine)
     if tracker is not None:
         consecutive = tracker.consecutive_skips
     else:
@@ -115,17 +122,12 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     )
 
 
-def _wrap_step(tracker: _EngineTracker, engine: Any) -> _Wrapper:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            before = tracker.before_step(engine)
-            result = original(*args, **kwargs)
-            tracker.after_step(engine, before)
-            return result
-
-        return step
-
-    return make
+def tracker_of(engine: Any) -> _EngineTracker | None:
+    """The tracker [`track_engine`][precision_plugin.deepspeed.track_engine] gave ``engine``."""
+    try:
+        return vars(engine).get(_TRACKER)
+    except TypeError:
+        return None
 
 
 def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
@@ -137,20 +139,20 @@ def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
     it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
     until the engine is gone.
     """
-    if engine in _engines:
+    if tracker_of(engine) is not None:
         return engine
     pol = policy or current_policy() or _policy_of(engine)
     # Under enable() the wrap is undone by disable(); without it, it lives as long as the engine.
     patcher = adapter_patcher("deepspeed") or Patcher(owner="precision_plugin[deepspeed]")
     tracker = _EngineTracker(pol, patcher)
-    patcher.wrap(
+    patcher.setattr(engine, _TRACKER, tracker, reason="the engine's step counts live with it")
+    patcher.around(
         engine,
         "step",
-        _wrap_step(tracker, engine),
+        functools.partial(tracker.around_step, engine),
         reason="DeepSpeed has no per-step callback; the loss-scale floor check and the "
         "consecutive-skip count need one",
     )
-    _engines[engine] = tracker
     _apply_scale_factor(engine, pol)
     return engine
 
@@ -202,11 +204,8 @@ def find_engine(trainer: Any) -> Any:
     for candidate in candidates:
         if engine_cls is not None and isinstance(candidate, engine_cls):
             return candidate
-    if trainer is None and len(_engines):
-        return list(_engines.keys())[-1]
+    if trainer is None:  # the newest engine enable() tracked
+        patcher = adapter_patcher("deepspeed")
+        tracked = patcher.targets(_TRACKER) if patcher is not None else []
+        return tracked[-1] if tracked else None
     return None
-
-
-def forget_engines() -> None:
-    """Drop every tracked engine (``disable()``: their patches are restored by the manager)."""
-    _engines.clear()

@@ -32,8 +32,6 @@ from precision_plugin.vllm.models import check_model_config, vllm_refusal_table
 log = logging.getLogger("precision_plugin")
 
 patch_lock = threading.RLock()
-# Patches made by the env-var path live as long as the process (vLLM has no unload hook).
-_env_patcher = Patcher(owner="precision_plugin[vllm:env]")
 
 
 def _config_json_for(model: Any, revision: Any = None) -> str | None:
@@ -99,28 +97,24 @@ def _fp16_refusal(exc: BaseException, policy: PrecisionPolicy) -> PrecisionConfi
     )
 
 
-def _wrap_create_model_config(original: Any) -> Any:
-    def create_model_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        policy = requested_policy()
-        if policy is not None:
-            enforce_on_engine_args(self, policy)
-            _check_checkpoint(self, policy)
-        try:
-            return original(self, *args, **kwargs)
-        except Exception as exc:
-            refusal = _fp16_refusal(exc, policy) if policy is not None else None
-            if refusal is not None:
-                raise refusal from exc
-            raise
-
-    return create_model_config
+def _create_model_config(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``EngineArgs.create_model_config`` after the engine args follow the requested policy."""
+    policy = requested_policy()
+    if policy is not None:
+        enforce_on_engine_args(self, policy)
+        _check_checkpoint(self, policy)
+    try:
+        return original(self, *args, **kwargs)
+    except Exception as exc:
+        refusal = _fp16_refusal(exc, policy) if policy is not None else None
+        if refusal is not None:
+            raise refusal from exc
+        raise
 
 
-def _no_cascade_prefix(original: Any) -> Any:
-    def _compute_cascade_attn_prefix_len(*args: Any, **kwargs: Any) -> int:
-        return 0
-
-    return _compute_cascade_attn_prefix_len
+def _no_cascade_prefix(original: Any, *args: Any, **kwargs: Any) -> int:
+    """A common prefix of 0: the runner never takes the cascade-attention path."""
+    return 0
 
 
 def install_vllm_patches(
@@ -137,10 +131,10 @@ def install_vllm_patches(
 
     done: list[str] = []
     if not is_patched(vars(EngineArgs).get("create_model_config")):
-        patcher.wrap(
+        patcher.around(
             EngineArgs,
             "create_model_config",
-            _wrap_create_model_config,
+            _create_model_config,
             reason="vLLM has no hook between argument parsing and config resolution; the "
             "wrapper applies engine_kwargs() for LLM(...), vllm serve and trl vllm-serve",
         )
@@ -159,7 +153,7 @@ def install_vllm_patches(
         else:
             name = "_compute_cascade_attn_prefix_len"
             if name in vars(GPUModelRunner) and not is_patched(vars(GPUModelRunner)[name]):
-                patcher.wrap(
+                patcher.around(
                     GPUModelRunner,
                     name,
                     _no_cascade_prefix,
@@ -182,5 +176,7 @@ def general_plugin() -> None:
     if policy is None or vllm_version() is None:
         return
     with patch_lock:
-        # Patches made under enable() go to its patcher, so disable() undoes them.
-        install_vllm_patches(policy, adapter_patcher("vllm") or _env_patcher)
+        # Patches made under enable() go to its patcher, so disable() undoes them; those of the
+        # env-var path live as long as the process (vLLM has no unload hook).
+        patcher = adapter_patcher("vllm") or Patcher(owner="precision_plugin[vllm:env]")
+        install_vllm_patches(policy, patcher)

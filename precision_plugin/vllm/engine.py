@@ -11,6 +11,7 @@ from typing import Any
 
 from precision_plugin import versions
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decision
@@ -68,15 +69,16 @@ def resolve_engine_kwargs(
 
     model_dtype = canonical_dtype(out.get("dtype"))
     if policy.vllm.enforce_dtype:
+        wanted = vllm_dtype(policy)
         if model_dtype is None:
-            out["dtype"] = policy.dtype
-            result.notes.append(f"dtype auto -> {policy.dtype}")
-        elif model_dtype != policy.dtype:
+            out["dtype"] = wanted
+            result.notes.append(f"dtype auto -> {wanted}")
+        elif model_dtype != wanted:
             result.conflicts.append(
-                f"dtype={kwargs['dtype']!r} contradicts the policy dtype {policy.dtype}"
+                f"dtype={kwargs['dtype']!r} contradicts the policy dtype {wanted}"
             )
-            out["dtype"] = policy.dtype
-        model_dtype = policy.dtype
+            out["dtype"] = wanted
+        model_dtype = wanted
 
     kv = out.get("kv_cache_dtype")
     kv_name = str(kv).strip().lower() if kv is not None else "auto"

@@ -59,9 +59,9 @@ def main(steps: int = 200, rounds: int = 3) -> None:
     # The telemetry's own work, timed in isolation: what the step wrap adds around step(), and
     # one stats read.
     from precision_plugin.deepspeed import engine_scaler_stats
-    from precision_plugin.deepspeed.telemetry import _engines
+    from precision_plugin.deepspeed.telemetry import tracker_of
 
-    tracker, n = _engines[tracked], 20000
+    tracker, n = tracker_of(tracked), 20000
     start = time.perf_counter()
     for _ in range(n):
         tracker.after_step(tracked, tracker.before_step(tracked))

@@ -36,7 +36,7 @@ def test_section_keys_map_to_deepspeed_keys():
             "init_scale": 1024,
             "growth_interval": 50,
             "hysteresis": 3,
-            "min_scale": 0.5,
+            "min_scale": 2,
         }
     }
     out = apply_config({"precision_plugin": section})
@@ -44,7 +44,7 @@ def test_section_keys_map_to_deepspeed_keys():
     assert fp16["initial_scale_power"] == 10
     assert fp16["loss_scale_window"] == 50
     assert fp16["hysteresis"] == 3
-    assert fp16["min_loss_scale"] == 0.5
+    assert fp16["min_loss_scale"] == 2
     assert out["precision_plugin"] == section  # kept as written (DeepSpeed ignores it)
     for key in ("fp16", "bf16"):  # plugin keys never go inside DeepSpeed's sections
         assert set(out[key]) <= {

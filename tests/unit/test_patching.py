@@ -250,7 +250,9 @@ def test_around_keeps_classmethod_and_staticmethod_for_subclasses():
 
     raw_name, raw_twice = vars(Parent)["name"], vars(Parent)["twice"]
     p = Patcher()
-    p.around(Parent, "name", lambda original, cls, suffix="": original(cls, suffix + "!"), reason="t")
+    p.around(
+        Parent, "name", lambda original, cls, suffix="": original(cls, suffix + "!"), reason="t"
+    )
     p.around(Parent, "twice", lambda original, x: original(x) + 1, reason="t")
     assert isinstance(vars(Parent)["name"], classmethod)
     assert isinstance(vars(Parent)["twice"], staticmethod)
@@ -278,7 +280,9 @@ def test_wrap_on_import_patches_a_class_method_at_first_import(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     p = Patcher()
     p.wrap_on_import(
-        "pp_lazy_engine", "Engine.step", lambda original, self, n: original(self, n) + 100,
+        "pp_lazy_engine",
+        "Engine.step",
+        lambda original, self, n: original(self, n) + 100,
         reason="t",
     )
     assert "pp_lazy_engine" not in sys.modules
