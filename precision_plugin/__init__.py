@@ -2,8 +2,9 @@
 (vLLM) and the learner (TRL / Accelerate / DeepSpeed), with a dynamic loss scaler, checks of what
 actually runs, and train/rollout mismatch metrics.
 
-Importing this package changes nothing; only :func:`enable` does, and :func:`disable` undoes it.
-Framework integrations are imported lazily, on first use.
+Importing this package changes nothing; only [`enable`][precision_plugin.manager.enable] does, and
+[`disable`][precision_plugin.manager.disable] undoes it. Framework integrations are imported lazily,
+on first use.
 """
 
 from __future__ import annotations

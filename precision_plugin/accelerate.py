@@ -3,20 +3,21 @@
 After ``enable()``, every ``Accelerator`` (yours, the HF Trainer's, TRL's):
 
 - gets ``mixed_precision`` from the policy. Unspecified (no argument, no
-  ``ACCELERATE_MIXED_PRECISION``) takes the policy's; a contradiction (``"bf16"`` under a
-  float16 policy) is coerced with a warning, or refused with :class:`PrecisionMismatchError`
-  under ``strictness="error"``;
+  ``ACCELERATE_MIXED_PRECISION``) takes the policy's; a contradiction (``"bf16"`` under a float16
+  policy) is coerced with a warning, or refused with
+  [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
+  ``strictness="error"``;
 - builds its GradScaler from ``policy.loss_scaler`` through Accelerate's own
   ``GradScalerKwargs`` handler, and that scaler reports
-  :class:`~precision_plugin.scaler.ScalerStats` (saved and restored with
+  [`ScalerStats`][precision_plugin.scaler.ScalerStats] (saved and restored with
   ``save_state``/``load_state``);
 - on CPU, where Accelerate silently runs fp32 without a scaler when asked for fp16, runs real
   fp16 autocast with a CPU GradScaler;
 - casts the model's parameters to the dtypes the policy needs when it is prepared
-  (:func:`precision_plugin.prepare_model`).
+  ([`precision_plugin.prepare_model`][precision_plugin.master_weights.prepare_model]).
 
-DeepSpeed runs keep DeepSpeed's own loss scaler (see ``precision_plugin.deepspeed``).
-Without ``enable()``, :func:`apply_policy` does the same to one accelerator you built.
+DeepSpeed runs keep DeepSpeed's own loss scaler (see ``precision_plugin.deepspeed``). Without
+``enable()``, ``apply_policy`` does the same to one accelerator you built.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
 
 
 def accelerator_stats(accelerator: Any) -> Any:
-    """The :class:`~precision_plugin.scaler.ScalerStats` of an accelerator's scaler, or ``None``."""
+    """The [`ScalerStats`][precision_plugin.scaler.ScalerStats] of an accelerator's scaler, or
+    ``None``."""
     from precision_plugin.scaler import scaler_stats
 
     return scaler_stats(getattr(accelerator, "scaler", None))

@@ -1,10 +1,10 @@
 """``PrecisionCallback``: the TrainerCallback for the HF Trainer and every TRL trainer.
 
-Without ``enable()``, ``callbacks=[PrecisionCallback()]`` still checks and fixes what a callback
-can reach (flags against the policy, parameter dtypes, the dtype the training forward really
-ran in) and logs the loss scale; what only exists inside the trainer (the ``Accelerator``'s
-mixed precision, fp16 on CPU) it reports instead of fixing. With ``enable()`` every trainer gets
-one bound to it automatically (see :mod:`precision_plugin.transformers`).
+Without ``enable()``, ``callbacks=[PrecisionCallback()]`` still checks and fixes what a callback can
+reach (flags against the policy, parameter dtypes, the dtype the training forward really ran in) and
+logs the loss scale; what only exists inside the trainer (the ``Accelerator``'s mixed precision,
+fp16 on CPU) it reports instead of fixing. With ``enable()`` every trainer gets one bound to it
+automatically (see ``precision_plugin.transformers``).
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ def _no_trainer() -> None:
 class PrecisionCallback(TrainerCallback):
     """TrainerCallback for the HF Trainer and TRL trainers: checks precision, logs metrics.
 
-    On train begin it runs every adapter's ``precision_train_begin`` hook (flags and model
-    dtypes against the policy, a vLLM server's dtype, ...); on the first training step it
-    checks the dtype the forward really ran in; on every log it adds the adapters'
-    ``precision_collect_metrics`` (loss scale, skipped steps, ...) as ``precision/<name>``.
-    ``policy`` (a policy, a dict or a dtype name) defaults to
-    [`resolve_policy()`][precision_plugin.manager.resolve_policy]'s answer. The trainer
-    is known when ``enable()`` is on (the plugin binds it) or after :meth:`bind`.
+    On train begin it runs every adapter's ``precision_train_begin`` hook (flags and model dtypes
+    against the policy, a vLLM server's dtype, ...); on the first training step it checks the dtype
+    the forward really ran in; on every log it adds the adapters' ``precision_collect_metrics``
+    (loss scale, skipped steps, ...) as ``precision/<name>``. ``policy`` (a policy, a dict or a
+    dtype name) defaults to [`resolve_policy()`][precision_plugin.manager.resolve_policy]'s answer.
+    The trainer is known when ``enable()`` is on (the plugin binds it) or after
+    [`bind`][precision_plugin.callback.PrecisionCallback.bind].
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:

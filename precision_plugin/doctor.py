@@ -61,7 +61,7 @@ class DoctorReport:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The JSON text of :meth:`to_dict`."""
+        """The JSON text of ``to_dict``."""
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
 
@@ -145,7 +145,7 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
 
 
 def run_doctor(policy: PrecisionPolicy | None = None) -> DoctorReport:
-    """Collect everything ``doctor`` reports for ``policy`` (default: :func:`doctor_policy`)."""
+    """Collect everything ``doctor`` reports for ``policy`` (default: ``doctor_policy``)."""
     policy = policy or doctor_policy()
     acc = accelerator()
     report = DoctorReport(policy, installed_versions(), acc)

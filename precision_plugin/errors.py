@@ -41,8 +41,9 @@ class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
 def settle_conflict(strictness: str, message: str, *, fix: str, outcome: str) -> None:
     """Settle a user setting that contradicts the policy: refuse it, or say what runs instead.
 
-    ``strictness="error"`` raises :class:`PrecisionMismatchError` ("precision_plugin: MESSAGE.
-    Fix: FIX."); ``"warn"`` logs a warning ("precision_plugin: MESSAGE; OUTCOME."), where
+    ``strictness="error"`` raises
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] ("precision_plugin:
+    MESSAGE. Fix: FIX."); ``"warn"`` logs a warning ("precision_plugin: MESSAGE; OUTCOME."), where
     ``outcome`` says what the plugin runs instead (or why it cannot change it).
     """
     if strictness == "error":

@@ -52,7 +52,7 @@ def precision_uninstall(policy: PrecisionPolicy) -> None:
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:  # type: ignore[empty-body]
     """Report what this adapter sees and what ``enable(policy)`` would change, without changing it.
 
-    Return a list of :class:`~precision_plugin.report.Finding` (framework, status, message, fix).
+    Return a list of [`Finding`][precision_plugin.report.Finding] (framework, status, message, fix).
     A finding with ``status="error"`` makes ``precision-plugin doctor`` exit non-zero. Return
     ``None`` or ``[]`` when the framework is not installed: absence is "not used", not an error.
     """

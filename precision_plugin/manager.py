@@ -2,7 +2,7 @@
 
 Built-in adapters are registered exactly like third-party ones (entry-point group
 ``precision_plugin``). ``enable()`` is atomic: each adapter installs through its own
-:class:`~precision_plugin.patching.Patcher`; if one fails, every adapter already installed is
+[`Patcher`][precision_plugin.patching.Patcher]; if one fails, every adapter already installed is
 rolled back and the error names the failing adapter.
 """
 
@@ -166,11 +166,11 @@ def enable(
 ) -> PrecisionPolicy:
     """Install every adapter for ``policy``; return the active policy.
 
-    Idempotent: enabling the same policy (and the same ``skip_adapters``) again changes
-    nothing; anything else replaces the active installation (the old patches are restored
-    first). Atomic: when an adapter fails, everything it and the others installed is rolled
-    back, the previously active policy (if any) is reinstalled, and
-    :class:`AdapterInstallError` names the adapter.
+    Idempotent: enabling the same policy (and the same ``skip_adapters``) again changes nothing;
+    anything else replaces the active installation (the old patches are restored first). Atomic:
+    when an adapter fails, everything it and the others installed is rolled back, the previously
+    active policy (if any) is reinstalled, and
+    [`AdapterInstallError`][precision_plugin.errors.AdapterInstallError] names the adapter.
     """
     global _active
     new = coerce_policy(policy, **overrides)

@@ -156,10 +156,10 @@ def prepare_model(model: Any, policy: PrecisionPolicy | None = None) -> Any:
 
     Under float16: trainable parameters become fp32 master weights (autocast computes in fp16),
     frozen fp16/bf16 parameters are stored in fp16, and ``_keep_in_fp32_modules`` stay fp32.
-    Parameters are cast in place (``param.data``), so an optimizer built already keeps working.
-    With ``policy.strictness == "error"`` nothing is changed and a
-    :class:`PrecisionMismatchError` says what to change instead. ``policy`` defaults to the
-    active policy, else the default (float16) one.
+    Parameters are cast in place (``param.data``), so an optimizer built already keeps working. With
+    ``policy.strictness == "error"`` nothing is changed and a
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] says what to change
+    instead. ``policy`` defaults to the active policy, else the default (float16) one.
     """
     policy = resolve_policy(policy)
     if not isinstance(model, torch.nn.Module):

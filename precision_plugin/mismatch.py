@@ -305,8 +305,9 @@ def compute_mismatch(
     ``[batch, seq]`` or ``[seq]``; ``mask`` (same shape, bool or 0/1) marks the tokens that
     count. A token whose log-prob is ``None``, NaN or infinite on either side is excluded and
     counted in ``nan_tokens``. With no valid token every mean is NaN and ``tokens`` is 0. Bad
-    shapes raise ``PrecisionConfigError`` (a ``ValueError``). Inputs are converted to float64
-    (lists directly, never via float32) and everything is computed in float64.
+    shapes raise [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] (a
+    ``ValueError``). Inputs are converted to float64 (lists directly, never via float32) and
+    everything is computed in float64.
     """
     lp_train = _as_2d(train_logprobs, "train_logprobs")
     lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")

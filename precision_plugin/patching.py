@@ -1,10 +1,10 @@
 """The one reversible-patch helper every adapter uses.
 
-A :class:`Patcher` records each attribute (or environment variable) it replaces, exactly as it
-was, and :meth:`Patcher.restore` puts every original back in reverse order. For classes and
-modules the raw entry of ``__dict__`` is saved, so a ``classmethod``/``staticmethod``/property
-descriptor comes back as the identical object, and an attribute that was only inherited is
-deleted again rather than shadowed.
+A [`Patcher`][precision_plugin.patching.Patcher] records each attribute (or environment variable) it
+replaces, exactly as it was, and [`Patcher.restore`][precision_plugin.patching.Patcher.restore] puts
+every original back in reverse order. For classes and modules the raw entry of ``__dict__`` is
+saved, so a ``classmethod``/``staticmethod``/property descriptor comes back as the identical object,
+and an attribute that was only inherited is deleted again rather than shadowed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ log = logging.getLogger("precision_plugin")
 
 _MISSING: Any = object()
 
-#: Attribute set on every wrapper :meth:`Patcher.wrap` builds, pointing at the original.
+#: Attribute set on every wrapper [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]
+#: builds, pointing at the original.
 ORIGINAL_ATTR = "__precision_plugin_original__"
 
 
@@ -49,7 +50,8 @@ def _own_entry(target: Any, name: str) -> Any:
 
 
 class Patcher:
-    """Applies reversible patches and undoes all of them on :meth:`restore`."""
+    """Applies reversible patches and undoes all of them on
+    [`restore`][precision_plugin.patching.Patcher.restore]."""
 
     def __init__(self, owner: str = "precision_plugin") -> None:
         self.owner = owner
@@ -153,8 +155,9 @@ class Patcher:
         self.when_imported(module, patch, reason=f"enable() imports no framework ({path})")
 
     def setenv(self, name: str, value: str, *, reason: str) -> None:
-        """Set environment variable ``name``; :meth:`restore` puts the old value (or none) back,
-        unless the variable was changed again since (that later value stays)."""
+        """Set environment variable ``name``; [`restore`][precision_plugin.patching.Patcher.restore]
+        puts the old value (or none) back, unless the variable was changed again since (that later
+        value stays)."""
         self._records.append(
             _Record(os.environ, name, os.environ.get(name, _MISSING), reason, True, value=value)
         )
@@ -167,9 +170,9 @@ class Patcher:
 
         Lets ``enable()`` patch a framework without importing it (importing DeepSpeed, TRL or vLLM
         is slow and has side effects). Patches the callback makes should go through this same
-        patcher, so :meth:`restore` undoes them; a hook still waiting is removed by
-        :meth:`restore`. An exception in the callback is logged, never raised into the user's
-        import.
+        patcher, so [`restore`][precision_plugin.patching.Patcher.restore] undoes them; a hook still
+        waiting is removed by [`restore`][precision_plugin.patching.Patcher.restore]. An exception
+        in the callback is logged, never raised into the user's import.
         """
         loaded = sys.modules.get(module)
         if loaded is not None:
@@ -275,6 +278,7 @@ def _qualname(obj: Any) -> str:
 
 
 def is_patched(func: Any) -> bool:
-    """True when ``func`` is a wrapper installed by :meth:`Patcher.wrap`."""
+    """True when ``func`` is a wrapper installed by
+    [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]."""
     func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
     return hasattr(func, ORIGINAL_ATTR)

@@ -2,8 +2,8 @@
 
 Every field carries its help text in ``metadata["help"]`` (as TRL's ``GRPOConfig`` does), so the
 docs and the CLI read it from one place. Parsing is strict: an unknown key, a wrong type or an
-unsupported value raises :class:`~precision_plugin.errors.PrecisionConfigError` naming the field,
-the value, the allowed values and, for a misspelled key, the closest known one.
+unsupported value raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
+naming the field, the value, the allowed values and, for a misspelled key, the closest known one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any, Literal, TypeVar
 
 from precision_plugin.errors import PrecisionConfigError
 
-#: Environment variable read by :meth:`PrecisionPolicy.from_env` (and by vLLM processes).
+#: Environment variable read by
+#: [`PrecisionPolicy.from_env`][precision_plugin.policy.PrecisionPolicy.from_env] (and by vLLM
+#: processes).
 ENV_VAR = "PRECISION_PLUGIN"
 
 DTypeName = Literal["float16", "bfloat16", "float32"]
@@ -226,8 +228,10 @@ class MetricSettings:
 class PrecisionPolicy:
     """What should run: one dtype on both sides, and how the plugin enforces and checks it.
 
-    Build one directly, with :meth:`from_dict`, or from the ``PRECISION_PLUGIN`` environment
-    variable with :meth:`from_env`. Instances are frozen; use :meth:`replace` to derive another.
+    Build one directly, with [`from_dict`][precision_plugin.policy.PrecisionPolicy.from_dict], or
+    from the ``PRECISION_PLUGIN`` environment variable with
+    [`from_env`][precision_plugin.policy.PrecisionPolicy.from_env]. Instances are frozen; use
+    [`replace`][precision_plugin.policy.PrecisionPolicy.replace] to derive another.
     """
 
     dtype: DTypeName = field(
@@ -268,7 +272,7 @@ class PrecisionPolicy:
     # -- derived facts ---------------------------------------------------------------------
     @property
     def torch_dtype(self) -> Any:
-        """The ``torch.dtype`` of :attr:`dtype`."""
+        """The ``torch.dtype`` of ``dtype``."""
         return torch_dtype(self.dtype)
 
     @property
@@ -295,7 +299,8 @@ class PrecisionPolicy:
         return _build(cls, data, prefix="")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the policy as a plain nested dict that :meth:`from_dict` reads back."""
+        """Return the policy as a plain nested dict that
+        [`from_dict`][precision_plugin.policy.PrecisionPolicy.from_dict] reads back."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:

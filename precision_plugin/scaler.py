@@ -54,11 +54,11 @@ class ScalerStats:
 def check_scale_floor(stats: ScalerStats, settings: LossScalerSettings, *, backend: str) -> bool:
     """Act when the scale is stuck at its floor: the run only skips steps, it no longer learns.
 
-    Backends call it after every skipped step. It acts when the scale is at its floor and the
-    run of consecutive skips reaches ``settings.max_skips_at_min`` (and again at every further
-    multiple of it, so ``"warn"`` does not log on every step): ``on_min_scale="error"`` raises
-    :class:`LossScaleAtMinimumError`; ``"warn"`` logs a warning and returns ``True``. Returns
-    ``False`` when it did not act.
+    Backends call it after every skipped step. It acts when the scale is at its floor and the run of
+    consecutive skips reaches ``settings.max_skips_at_min`` (and again at every further multiple of
+    it, so ``"warn"`` does not log on every step): ``on_min_scale="error"`` raises
+    [`LossScaleAtMinimumError`][precision_plugin.errors.LossScaleAtMinimumError]; ``"warn"`` logs a
+    warning and returns ``True``. Returns ``False`` when it did not act.
     """
     n, every = stats.consecutive_skips, settings.max_skips_at_min
     if not (stats.at_min_scale and n >= every and n % every == 0):
@@ -129,7 +129,8 @@ class _Telemetry:
             self._pp_consecutive = 0
 
     def precision_stats(self) -> ScalerStats:
-        """The current :class:`ScalerStats` (reads the scale: one device sync)."""
+        """The current [`ScalerStats`][precision_plugin.scaler.ScalerStats] (reads the scale: one
+        device sync)."""
         scale = float(self.get_scale()) if self._enabled else 1.0  # type: ignore[attr-defined]
         return ScalerStats(
             scale=scale,
@@ -141,7 +142,7 @@ class _Telemetry:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's scaler state plus the telemetry counters (under :data:`STATE_KEY`)."""
+        """torch's scaler state plus the telemetry counters (under ``STATE_KEY``)."""
         state = super().state_dict()  # type: ignore[misc]
         if state:
             state[STATE_KEY] = {
@@ -162,7 +163,8 @@ class _Telemetry:
 
 
 class TelemetryGradScaler(_Telemetry, torch.amp.GradScaler):
-    """``torch.amp.GradScaler`` with :class:`ScalerStats` telemetry and the policy's floor."""
+    """``torch.amp.GradScaler`` with [`ScalerStats`][precision_plugin.scaler.ScalerStats] telemetry
+    and the policy's floor."""
 
 
 class Fp16GradScaler(TelemetryGradScaler):
@@ -187,7 +189,7 @@ def _sharded_class() -> type:
             (_Telemetry, ShardedGradScaler),
             {
                 "__module__": __name__,
-                "__doc__": "``ShardedGradScaler`` with :class:`ScalerStats` telemetry.",
+                "__doc__": "``ShardedGradScaler`` with ``ScalerStats`` telemetry.",
             },
         )
     return TelemetryShardedGradScaler
@@ -218,14 +220,14 @@ def make_grad_scaler(
 ) -> torch.amp.GradScaler:
     """Return the dynamic loss scaler for this setup, built with ``policy.loss_scaler``.
 
-    - fp32 master weights: :class:`TelemetryGradScaler` (a ``torch.amp.GradScaler``);
+    - fp32 master weights: ``TelemetryGradScaler`` (a ``torch.amp.GradScaler``);
     - parameters sharded by FSDP, or fp16 trainable parameters under ``torch.distributed``: a
       ``ShardedGradScaler`` (it all-reduces overflows and accepts fp16 gradients);
-    - fp16 trainable parameters in a single process: :class:`Fp16GradScaler`.
+    - fp16 trainable parameters in a single process: ``Fp16GradScaler``.
 
     ``sharded`` forces the choice; by default it is read from ``model`` (FSDP-wrapped modules
     or fp16 trainable parameters). The scaler is disabled (a no-op) unless the policy is fp16
-    with ``loss_scaler.enabled``. Every returned scaler reports :func:`scaler_stats`.
+    with ``loss_scaler.enabled``. Every returned scaler reports ``scaler_stats``.
     """
     device_type = torch.device(device).type
     settings = policy.loss_scaler
@@ -246,7 +248,8 @@ def make_grad_scaler(
 
 
 def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
-    """Give a scaler someone else built (Accelerate's) the telemetry of :func:`make_grad_scaler`.
+    """Give a scaler someone else built (Accelerate's) the telemetry of
+    [`make_grad_scaler`][precision_plugin.scaler.make_grad_scaler].
 
     Works for instances of exactly ``torch.amp.GradScaler`` or ``ShardedGradScaler``: the
     instance's class becomes the telemetry subclass (same state, same behaviour, plus counters),
@@ -276,8 +279,8 @@ def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
 
 
 def scaler_stats(scaler: Any) -> ScalerStats | None:
-    """:class:`ScalerStats` of a scaler with telemetry; a bare snapshot for a plain torch scaler;
-    ``None`` when ``scaler`` is ``None`` or disabled."""
+    """[`ScalerStats`][precision_plugin.scaler.ScalerStats] of a scaler with telemetry; a bare
+    snapshot for a plain torch scaler; ``None`` when ``scaler`` is ``None`` or disabled."""
     if scaler is None or not getattr(scaler, "_enabled", False):
         return None
     if isinstance(scaler, _Telemetry):

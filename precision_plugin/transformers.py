@@ -6,8 +6,9 @@ With ``enable()``:
   flags: unset flags take the policy's, a contradiction (``bf16=True`` under float16) is coerced
   with a warning or refused under ``strictness="error"``;
 - every ``Trainer`` casts its model to the policy's master-weight dtypes once it is built
-  (after TRL's QLoRA cast to bf16) and gets a :class:`PrecisionCallback` bound to it, first in
-  the callback list so reporters (W&B, TensorBoard) see its metrics.
+  (after TRL's QLoRA cast to bf16) and gets a
+  [`PrecisionCallback`][precision_plugin.callback.PrecisionCallback] bound to it, first in the
+  callback list so reporters (W&B, TensorBoard) see its metrics.
 
 Without ``enable()``, ``callbacks=[PrecisionCallback()]`` still checks and fixes what a callback
 can reach (flags against the policy, parameter dtypes, the dtype the training forward really
@@ -75,7 +76,7 @@ def _coerce_flags(args: Any, policy: PrecisionPolicy) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``PrecisionCallback`` lives in :mod:`precision_plugin.callback` (imports transformers)."""
+    """``PrecisionCallback`` lives in ``precision_plugin.callback`` (imports transformers)."""
     if name in ("PrecisionCallback", "bind_callback"):
         from precision_plugin import callback
 

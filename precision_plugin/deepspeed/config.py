@@ -5,11 +5,12 @@ A DeepSpeed config may carry a top-level section with the policy's keys::
     {"precision_plugin": {"dtype": "float16", "loss_scaler": {"growth_interval": 400}},
      "zero_optimization": {"stage": 2}}
 
-:func:`apply_config` returns a new config in which DeepSpeed's ``fp16`` / ``bf16`` /
-``torch_autocast`` sections say what the policy says. Plugin keys never go inside DeepSpeed's
-sections (DeepSpeed rejects unknown keys there); the ``precision_plugin`` section itself is kept
-unchanged (DeepSpeed ignores unknown top-level keys, and keeping it makes the function
-idempotent and lets a config copied later, e.g. TRL's reference model, carry the entry along).
+[`apply_config`][precision_plugin.deepspeed.apply_config] returns a new config in which DeepSpeed's
+``fp16`` / ``bf16`` / ``torch_autocast`` sections say what the policy says. Plugin keys never go
+inside DeepSpeed's sections (DeepSpeed rejects unknown keys there); the ``precision_plugin`` section
+itself is kept unchanged (DeepSpeed ignores unknown top-level keys, and keeping it makes the
+function idempotent and lets a config copied later, e.g. TRL's reference model, carry the entry
+along).
 
 This module imports neither DeepSpeed nor torch.
 """
@@ -122,14 +123,15 @@ def apply_config(
     """Return a copy of DeepSpeed config ``cfg`` that runs the precision policy (``cfg`` untouched).
 
     ``cfg`` is a dict or a path to a JSON file. The governing policy comes from
-    :func:`config_policy` (``policy`` / the requested policy / defaults, then the config's
-    ``"precision_plugin"`` section). For ``float16``: ``fp16.enabled`` true with dynamic loss
-    scaling from ``policy.loss_scaler`` (``loss_scale`` 0, ``initial_scale_power``,
-    ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``) and ``bf16.enabled`` false; for
-    ``bfloat16`` the mirror image; for ``float32`` both off. ``"auto"`` values of other keys stay
-    for HF/Accelerate to fill. An explicit contradiction (bf16 enabled, ``fp16.enabled`` false,
-    a static ``loss_scale``, ``torch_autocast`` in another dtype) is coerced with a warning naming
-    the key (strictness ``warn``) or refused with :class:`PrecisionMismatchError` (``error``).
+    [`config_policy`][precision_plugin.deepspeed.config_policy] (``policy`` / the requested policy /
+    defaults, then the config's ``"precision_plugin"`` section). For ``float16``: ``fp16.enabled``
+    true with dynamic loss scaling from ``policy.loss_scaler`` (``loss_scale`` 0,
+    ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``) and
+    ``bf16.enabled`` false; for ``bfloat16`` the mirror image; for ``float32`` both off. ``"auto"``
+    values of other keys stay for HF/Accelerate to fill. An explicit contradiction (bf16 enabled,
+    ``fp16.enabled`` false, a static ``loss_scale``, ``torch_autocast`` in another dtype) is coerced
+    with a warning naming the key (strictness ``warn``) or refused with
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] (``error``).
     """
     out = load_config(cfg)
     return translate(out, config_policy(out, policy))
@@ -138,8 +140,8 @@ def apply_config(
 def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
     """Return a copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again).
 
-    :func:`apply_config` is ``translate(cfg, config_policy(cfg, policy))``; call this one when
-    the policy is already resolved.
+    [`apply_config`][precision_plugin.deepspeed.apply_config] is ``translate(cfg, config_policy(cfg,
+    policy))``; call this one when the policy is already resolved.
     """
     out = copy.deepcopy(dict(cfg))
     _Translator(out, policy).run()

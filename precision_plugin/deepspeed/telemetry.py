@@ -1,8 +1,9 @@
 """Loss-scale telemetry of DeepSpeed engines and the policy's floor rule.
 
-DeepSpeed has no per-step callback, so :func:`track_engine` wraps one engine's ``step`` to count
-consecutive skipped steps and apply :func:`~precision_plugin.scaler.check_scale_floor` instead of
-DeepSpeed's own "already at minimum ... Exiting run."
+DeepSpeed has no per-step callback, so [`track_engine`][precision_plugin.deepspeed.track_engine]
+wraps one engine's ``step`` to count consecutive skipped steps and apply
+[`check_scale_floor`][precision_plugin.scaler.check_scale_floor] instead of DeepSpeed's own "already
+at minimum ... Exiting run."
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     ``engine.global_steps``/``engine.skipped_steps`` (restored by ``load_checkpoint``);
     ``overflow_count`` equals ``skipped_steps`` (DeepSpeed skips every overflowing step; its
     hysteresis only delays the scale cut). ``consecutive_skips`` is exact for tracked engines
-    (:func:`track_engine`) and otherwise 1 or 0 from the last step.
+    ([`track_engine`][precision_plugin.deepspeed.track_engine]) and otherwise 1 or 0 from the last
+    step.
     """
     scale, floor = _loss_scale_and_floor(getattr(engine, "optimizer", None))
     steps = int(getattr(engine, "global_steps", 0))
@@ -133,10 +135,10 @@ def tracker_of(engine: Any) -> _EngineTracker | None:
 def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
     """Give ``engine`` per-step telemetry and the policy's loss-scale-floor behaviour; return it.
 
-    Wraps this engine's ``step`` (the instance, not the class) so consecutive skips are counted
-    and :func:`~precision_plugin.scaler.check_scale_floor` runs on the floor condition, instead
-    of DeepSpeed's "Current loss scale already at minimum ... Exiting run." ``enable()`` calls
-    it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
+    Wraps this engine's ``step`` (the instance, not the class) so consecutive skips are counted and
+    [`check_scale_floor`][precision_plugin.scaler.check_scale_floor] runs on the floor condition,
+    instead of DeepSpeed's "Current loss scale already at minimum ... Exiting run." ``enable()``
+    calls it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
     until the engine is gone.
     """
     if tracker_of(engine) is not None:

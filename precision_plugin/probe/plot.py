@@ -39,7 +39,8 @@ def image_formats() -> tuple[str, ...]:
 
 
 def plot_probe(result: Any, path: str | Path) -> Path:
-    """Draw the figure for a :class:`~precision_plugin.probe.ProbeResult` and save it as PNG."""
+    """Draw the figure for a [`ProbeResult`][precision_plugin.probe.ProbeResult] and save it as
+    PNG."""
     require_matplotlib()
     import matplotlib.pyplot as plt
 

@@ -75,7 +75,7 @@ def _model_dir(config: ProbeConfig) -> Iterator[tuple[str, str]]:
         yield str(save_default_model(tmp)), DEFAULT_MODEL_NAME
 
 
-#: Below this many parameters, CPU runs use one thread (see :func:`_single_thread_if_tiny`).
+#: Below this many parameters, CPU runs use one thread (see ``_single_thread_if_tiny``).
 TINY_MODEL_PARAMS = 20_000_000
 
 
@@ -152,10 +152,11 @@ def run_probe(
     engines: dict[str, EngineFactory] | None = None,
     progress: ProgressFn | None = None,
 ) -> ProbeResult:
-    """Run the probe and return its :class:`ProbeResult` (see the module docstring).
+    """Run the probe and return its [`ProbeResult`][precision_plugin.probe.ProbeResult] (see the
+    module docstring).
 
-    ``engines`` overrides :func:`available_engines` (tests pass their own factories).
-    Raises :class:`~precision_plugin.errors.PrecisionConfigError` for bad input.
+    ``engines`` overrides ``available_engines`` (tests pass their own factories). Raises
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] for bad input.
     """
     config = config or ProbeConfig()
     started = time.perf_counter()

@@ -118,7 +118,8 @@ class SelfCheck:
 
 @dataclass
 class ProbeResult:
-    """Everything the probe measured; :meth:`to_dict` is the stable JSON schema."""
+    """Everything the probe measured; [`to_dict`][precision_plugin.probe.ProbeResult.to_dict] is the
+    stable JSON schema."""
 
     model: str
     engine: str
@@ -160,7 +161,8 @@ class ProbeResult:
         return _json_safe(data)
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The JSON text of :meth:`to_dict` (NaN/inf written as ``null``)."""
+        """The JSON text of [`to_dict`][precision_plugin.probe.ProbeResult.to_dict] (NaN/inf written
+        as ``null``)."""
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 

@@ -1,8 +1,8 @@
 """Enforcement inside vLLM processes: every ``EngineArgs`` follows the requested policy.
 
-:func:`general_plugin` is the ``vllm.general_plugins`` entry point (vLLM loads it in each of its
-processes: API server, engine core, workers); ``enable()`` installs the same patches through the
-adapter (:mod:`precision_plugin.vllm.adapter`).
+[`general_plugin`][precision_plugin.vllm.general_plugin] is the ``vllm.general_plugins`` entry point
+(vLLM loads it in each of its processes: API server, engine core, workers); ``enable()`` installs
+the same patches through the adapter (``precision_plugin.vllm.adapter``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def _check_checkpoint(engine_args: Any, policy: PrecisionPolicy) -> None:
 
 
 def enforce_on_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineSettings:
-    """Apply :func:`engine_kwargs` to an ``EngineArgs`` instance in place (fields as defaults)."""
+    """Apply [`engine_kwargs`][precision_plugin.vllm.engine_kwargs] to an ``EngineArgs`` instance in
+    place (fields as defaults)."""
     fields = engine_arg_fields(type(engine_args)) or {}
     explicit = {
         name: getattr(engine_args, name)

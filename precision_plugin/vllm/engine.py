@@ -29,7 +29,7 @@ _HALF_KV = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
 # -- engine settings ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class EngineSettings:
-    """The result of :func:`resolve_engine_kwargs`: kwargs, the guard decision, and what changed.
+    """The result of ``resolve_engine_kwargs``: kwargs, the guard decision, and what changed.
 
     ``notes`` are changes that follow the policy without contradicting the caller (logged at
     info level); ``conflicts`` are requests that contradict it (a warning, or
@@ -193,13 +193,14 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """Return the kwargs an ``LLM(...)``/``EngineArgs`` should get under ``policy``.
 
-    ``dtype`` becomes the policy dtype (float16 by default); ``kv_cache_dtype`` stays ``auto``
-    (an explicit float16/bfloat16 must match the model dtype); ``disable_cascade_attn`` is set
-    or removed by the cascade guard, and never passed where the installed vLLM lacks it or has
+    ``dtype`` becomes the policy dtype (float16 by default); ``kv_cache_dtype`` stays ``auto`` (an
+    explicit float16/bfloat16 must match the model dtype); ``disable_cascade_attn`` is set or
+    removed by the cascade guard, and never passed where the installed vLLM lacks it or has
     deprecated it. ``kwargs`` is not modified. ``policy`` defaults to the active one, then
-    ``PRECISION_PLUGIN``, then the defaults; ``version``/``capability``/``fields`` default to
-    the installed vLLM and GPU. A request that contradicts the policy is coerced with a warning,
-    or raises :class:`PrecisionMismatchError` under ``strictness="error"``.
+    ``PRECISION_PLUGIN``, then the defaults; ``version``/``capability``/``fields`` default to the
+    installed vLLM and GPU. A request that contradicts the policy is coerced with a warning, or
+    raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
+    ``strictness="error"``.
     """
     policy = resolve_policy(policy)
     decision = cascade_guard(policy, version=version, capability=capability)

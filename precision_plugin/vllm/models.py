@@ -114,10 +114,11 @@ def check_model_config(
 ) -> list[Finding]:
     """Check a checkpoint against ``policy`` before vLLM loads it.
 
-    Raises :class:`PrecisionConfigError` when the policy is float16 and vLLM refuses float16 for
-    the checkpoint's ``model_type`` (gemma2, gemma3, gemma3_text, glm4 in current releases),
-    unless ``raise_on_refusal`` is false (then the refusal is an ``error`` finding). Returns
-    findings: a ``warning`` for families known to overflow float16, ``info`` for a cast.
+    Raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] when the policy is
+    float16 and vLLM refuses float16 for the checkpoint's ``model_type`` (gemma2, gemma3,
+    gemma3_text, glm4 in current releases), unless ``raise_on_refusal`` is false (then the refusal
+    is an ``error`` finding). Returns findings: a ``warning`` for families known to overflow
+    float16, ``info`` for a cast.
     """
     policy = resolve_policy(policy)
     config = load_model_config(path_or_dict)

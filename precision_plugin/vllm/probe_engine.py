@@ -38,7 +38,8 @@ def llm_kwargs(
     max_model_len: int | None = 4096,
     tokenizer: bool = True,
 ) -> dict[str, Any]:
-    """The ``LLM(...)`` kwargs of the probe engine, through :func:`engine_kwargs` (pure).
+    """The ``LLM(...)`` kwargs of the probe engine, through
+    [`engine_kwargs`][precision_plugin.vllm.engine_kwargs] (pure).
 
     ``fields`` are the installed ``EngineArgs`` field defaults (``None``: unknown, pass only
     what every version knows).

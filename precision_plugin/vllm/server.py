@@ -152,8 +152,8 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
 
     ``server`` is a TRL ``VLLMClient`` (its ``get_server_info()``), a base URL such as
     ``"http://localhost:8000"``, or the ``/server_info`` JSON. A dtype mismatch raises
-    :class:`PrecisionMismatchError` under ``strictness="error"``, else it is logged as a warning;
-    the findings are returned either way.
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
+    ``strictness="error"``, else it is logged as a warning; the findings are returned either way.
     """
     policy = resolve_policy(policy)
     try:
@@ -184,7 +184,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
 
 def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
     """Compare a colocated ``vllm.LLM`` (e.g. TRL's ``trainer.vllm_generation.llm``) with
-    ``policy``; same behaviour as :func:`verify_server`."""
+    ``policy``; same behaviour as [`verify_server`][precision_plugin.vllm.verify_server]."""
     policy = resolve_policy(policy)
     engine = getattr(llm, "llm_engine", llm)
     config = getattr(engine, "vllm_config", None)
