@@ -123,3 +123,33 @@ def test_disable_restores_transformers_exactly():
     assert vars(TrainingArguments)["__post_init__"] is post_init
     assert vars(Trainer)["__init__"] is init
     assert transformers.Trainer is Trainer
+
+
+def test_each_decision_is_made_once_per_trainer(tmp_path, monkeypatch):
+    """The Trainer, Accelerator.prepare_model and the callback see one model: cast it once."""
+    from precision_plugin import master_weights
+    from precision_plugin import transformers as adapter
+
+    calls = {"prepare_model": 0, "flags": 0}
+    prepare, coerce = master_weights.prepare_model, adapter._coerce_flags
+
+    def counted_prepare(*args, **kwargs):
+        calls["prepare_model"] += 1
+        return prepare(*args, **kwargs)
+
+    def counted_coerce(*args, **kwargs):
+        calls["flags"] += 1
+        return coerce(*args, **kwargs)
+
+    monkeypatch.setattr(master_weights, "prepare_model", counted_prepare)
+    monkeypatch.setattr(adapter, "_coerce_flags", counted_coerce)
+    pp.enable()
+    model = _model(torch.float16)
+    trainer = Trainer(model=model, args=_args(tmp_path, max_steps=1), train_dataset=_data())
+    trainer.train()
+    assert calls == {"prepare_model": 1, "flags": 1}
+    assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+    # Another policy is another decision: the same model is settled again.
+    pp.enable(dtype="bfloat16")
+    master_weights.prepare_model_once(model, pp.current_policy())
+    assert calls["prepare_model"] == 2

@@ -87,3 +87,19 @@ def test_bf16_adapters_are_made_fp32_before_the_first_step(tmp_path, caplog):
     callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)]
     assert len(callbacks) == 1 and callbacks[0].forward_dtype == torch.float16
     assert "precision/loss_scale" in trainer.state.log_history[0]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "flags"),
+    [("float16", (True, False)), ("bfloat16", (False, True)), ("float32", (False, False))],
+)
+def test_trl_flags_are_settled_once_for_every_dtype(tmp_path, monkeypatch, dtype, flags):
+    """TRL's config runs two ``__post_init__`` levels; the flags are decided at the first."""
+    from precision_plugin import transformers as adapter
+
+    calls = []
+    coerce = adapter._coerce_flags
+    monkeypatch.setattr(adapter, "_coerce_flags", lambda *a: calls.append(1) or coerce(*a))
+    pp.enable(dtype=dtype)
+    config = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert (config.fp16, config.bf16) == flags and len(calls) == 1
