@@ -125,6 +125,22 @@ def test_hf_trainer_strict_refuses_contradicting_flags(ds_env, tmp_path, skip):
         _train(tmp_path, "zero2_fp16.json", "--bf16", "True", "--use_cpu", "True")
 
 
+@pytest.mark.parametrize(
+    ("dtype", "hint"),
+    [("float16", "fp16=True, bf16=False"), ("float32", "fp16=False, bf16=False")],
+)
+def test_contradicting_flags_hint_names_the_policys_own_flags(tmp_path, dtype, hint):
+    """The fix names the flags of the policy dtype (a float32 policy wants both off)."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    args = TrainingArguments(output_dir=str(tmp_path), bf16=True, use_cpu=True)  # before enable
+    pp.enable(dtype=dtype, strictness="error", skip_adapters=["transformers", "trl"])
+    config = HfTrainerDeepSpeedConfig({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})
+    with pytest.raises(pp.PrecisionMismatchError, match=f"Fix: pass {hint} "):
+        config.trainer_config_process(args)
+
+
 ACCELERATE_SCRIPT = """
 import json, sys, torch
 import precision_plugin as pp
