@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from precision_plugin.deepspeed.config import SECTION, apply_config
+from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.versions import installed_version
@@ -17,7 +18,11 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
     if version is None:
         return None
     findings = [Finding("deepspeed", "info", f"deepspeed {version} installed")]
-    mapped = apply_config({}, policy)
+    try:
+        mapped = apply_config({}, policy)
+    except PrecisionPluginError as exc:  # a setting DeepSpeed cannot run (strictness="error")
+        findings.append(Finding("deepspeed", "error", str(exc)))
+        return findings
     shown = {k: mapped[k] for k in ("fp16", "bf16") if k in mapped}
     findings.append(
         Finding(

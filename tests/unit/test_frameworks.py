@@ -242,3 +242,12 @@ def test_settle_once_on_objects_without_attributes_settles_every_time():
     for _ in range(2):
         frameworks.settle_once(3, "flags", PrecisionPolicy(), lambda: calls.append(1))
     assert calls == [1, 1]
+
+
+def test_doctor_reports_a_scale_deepspeed_cannot_run_as_an_error():
+    pytest.importorskip("deepspeed")
+    from precision_plugin.deepspeed.doctor import doctor_findings
+
+    findings = doctor_findings(PrecisionPolicy(strictness="error", loss_scaler={"init_scale": 100}))
+    errors = [f for f in findings if f.status == "error"]
+    assert len(errors) == 1 and "initial_scale_power" in errors[0].message
