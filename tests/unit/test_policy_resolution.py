@@ -76,7 +76,9 @@ def test_every_entry_point_resolves_the_same_policy(tmp_path, monkeypatch, env, 
     else:
         monkeypatch.setenv("PRECISION_PLUGIN", env)
     if enabled:
-        pp.enable(dtype=enabled, skip_adapters=["deepspeed", "vllm", "accelerate", "transformers", "trl"])
+        pp.enable(
+            dtype=enabled, skip_adapters=["deepspeed", "vllm", "accelerate", "transformers", "trl"]
+        )
     answers = _answers(tmp_path)
     frozen = "float16" if expected == "float16" else "bfloat16"
     assert answers == {
