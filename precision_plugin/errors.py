@@ -38,6 +38,31 @@ class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
     """The dynamic loss scale sat at its floor while steps kept overflowing."""
 
 
+class ForwardOverflowError(PrecisionPluginError, RuntimeError):
+    """A forward pass produced inf/NaN; names the first module that did (runtime detection).
+
+    Attributes: ``module`` (path as ``model.named_modules()`` names it), ``module_class``,
+    ``step``, ``input_max`` (largest finite |input| of that module) and ``kind`` (inf/nan).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        module: str,
+        module_class: str,
+        step: int,
+        input_max: float,
+        kind: str,
+    ) -> None:
+        super().__init__(message)
+        self.module = module
+        self.module_class = module_class
+        self.step = step
+        self.input_max = input_max
+        self.kind = kind
+
+
 def settle_conflict(strictness: str, message: str, *, fix: str, outcome: str) -> None:
     """Settle a user setting that contradicts the policy: refuse it, or say what runs instead.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import typing
 from collections.abc import Mapping
@@ -225,6 +226,63 @@ class MetricSettings:
 
 
 @dataclass(frozen=True)
+class OverflowSettings:
+    """FP16 overflow safety: headroom margin, runtime detection, and the fp32 fallback."""
+
+    keep_fp32_modules: tuple[str, ...] = field(
+        default=(),
+        metadata=_help(
+            "Module name patterns (fnmatch, as model.named_modules() names them, e.g. "
+            "'model.layers.*.mlp.down_proj') that the learner runs in float32 outside fp16 "
+            "autocast. The rollout engine cannot follow, so their mismatch remains."
+        ),
+    )
+    detect: Literal["off", "sampled", "always"] = field(
+        default="off",
+        metadata=_help(
+            "Runtime overflow detection in training: 'sampled' checks every detect_every-th "
+            "step for the first module whose forward output is inf/NaN, 'always' every step, "
+            "'off' only when the loss scaler keeps skipping steps (diagnose_after_skips)."
+        ),
+    )
+    detect_every: int = field(
+        default=10, metadata=_help("With detect='sampled': check every N-th optimizer step.")
+    )
+    diagnose_after_skips: int = field(
+        default=3,
+        metadata=_help(
+            "After this many consecutive skipped steps, check the next step's forward once to "
+            "tell a forward overflow (named module) from a gradient overflow; 0 never checks."
+        ),
+    )
+    margin_bits: float = field(
+        default=3.0,
+        metadata=_help(
+            "Headroom analysis flags a module whose largest activation is within 2**margin_bits "
+            "of float16's maximum (65504)."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "overflow.")
+        _require(
+            self.detect_every >= 1, "overflow.detect_every", self.detect_every, "an integer >= 1"
+        )
+        _require(
+            self.diagnose_after_skips >= 0,
+            "overflow.diagnose_after_skips",
+            self.diagnose_after_skips,
+            "an integer >= 0 (0 turns it off)",
+        )
+        _require(
+            math.isfinite(self.margin_bits) and 0 <= self.margin_bits <= 16,
+            "overflow.margin_bits",
+            self.margin_bits,
+            "a number in [0, 16] (powers of two below 65504)",
+        )
+
+
+@dataclass(frozen=True)
 class PrecisionPolicy:
     """What should run: one dtype on both sides, and how the plugin enforces and checks it.
 
@@ -256,6 +314,10 @@ class PrecisionPolicy:
     )
     metrics: MetricSettings = field(
         default_factory=MetricSettings, metadata=_help("Mismatch metrics and thresholds.")
+    )
+    overflow: OverflowSettings = field(
+        default_factory=OverflowSettings,
+        metadata=_help("FP16 overflow safety: headroom, runtime detection, fp32 fallback."),
     )
 
     def __post_init__(self) -> None:
@@ -350,6 +412,7 @@ _SECTIONS: dict[str, type] = {
     "loss_scaler": LossScalerSettings,
     "vllm": VLLMSettings,
     "metrics": MetricSettings,
+    "overflow": OverflowSettings,
 }
 
 _T = TypeVar("_T")
@@ -387,7 +450,25 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
         return float(value)
+    if origin is tuple:
+        return _string_tuple(value, where)
     return value
+
+
+def _string_tuple(value: Any, where: str) -> tuple[str, ...]:
+    """A list/tuple of non-empty strings (JSON gives a list), as a tuple; a lone string is refused
+    (it would be read as one pattern per character)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise PrecisionConfigError(
+            f"{where}: expected a list of strings such as ['model.layers.*.mlp.down_proj'], "
+            f"got {value!r}."
+        )
+    bad = [v for v in value if not isinstance(v, str) or not v.strip()]
+    if bad:
+        raise PrecisionConfigError(
+            f"{where}: every entry must be a non-empty string, got {bad[0]!r} in {list(value)!r}."
+        )
+    return tuple(v.strip() for v in value)
 
 
 def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
