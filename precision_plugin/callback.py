@@ -73,10 +73,21 @@ class PrecisionCallback(TrainerCallback):
         #: The dtype the first training forward ran in (``None`` until it ran).
         self.forward_dtype: Any = None
         self._logs_seen = 0
+        self._overflow = _OverflowWatch()
 
     def __getstate__(self) -> dict[str, Any]:
-        # The trainer reference and the forward hook belong to this process only.
-        return {**self.__dict__, "_trainer": _no_trainer, "_probe": None}
+        # The trainer reference, hooks and the fp32 fallback belong to this process only.
+        return {
+            **self.__dict__,
+            "_trainer": _no_trainer,
+            "_probe": None,
+            "_overflow": _OverflowWatch(),
+        }
+
+    @property
+    def overflow_detector(self) -> Any:
+        """The :class:`~precision_plugin.overflow.OverflowDetector` of this run, or ``None``."""
+        return self._overflow.detector
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -100,8 +111,18 @@ class PrecisionCallback(TrainerCallback):
         )
         if model is not None and self.forward_dtype is None:
             self._probe = _ForwardProbe(model)
+        if model is not None:
+            self._overflow.start(model, self.policy)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._overflow.begin_step(state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._overflow.stop()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        skips = self._consecutive_skips(kwargs.get("optimizer"))
+        self._overflow.end_step(skips, self.policy)
         probe, self._probe = self._probe, None
         if probe is None:
             return
@@ -125,6 +146,22 @@ class PrecisionCallback(TrainerCallback):
         logs.update(metrics)
         if state.log_history:  # Trainer.log appended a copy of `logs` just before on_log
             state.log_history[-1].update(metrics)
+
+    def _consecutive_skips(self, optimizer: Any) -> int:
+        """The loss scaler's current run of skipped steps (0 when there is no scaler)."""
+        if not self._overflow.diagnoses:
+            return 0
+        from precision_plugin.scaler import consecutive_skips
+
+        accelerator = getattr(self.trainer, "accelerator", None)
+        for scaler in (getattr(optimizer, "scaler", None), getattr(accelerator, "scaler", None)):
+            count = consecutive_skips(scaler)  # no device sync
+            if count is not None:
+                return count
+        results = get_plugin_manager().hook.precision_collect_metrics(
+            policy=self.policy, trainer=self.trainer
+        )
+        return max((int(r.get("consecutive_skips", 0)) for r in results if r), default=0)
 
     def collect(self, optimizer: Any = None, logs: Any = None) -> dict[str, float]:
         """The ``precision/<name>`` metrics to log now.
@@ -150,6 +187,76 @@ class PrecisionCallback(TrainerCallback):
 
             merged.update(alias_metrics(logs))
         return {PREFIX + k: float(v) for k, v in merged.items()}
+
+
+class _OverflowWatch:
+    """The overflow side of the callback: the fp32 fallback, runtime detection, and the one-off
+    check after repeated loss-scaler skips that tells forward from gradient overflow."""
+
+    def __init__(self) -> None:
+        self.detector: Any = None
+        self.fallback: Any = None
+        self.diagnoses = False
+        self._diagnosing = False
+        self._streak_checked = False
+        self._skips_seen = 0
+
+    def start(self, model: Any, policy: PrecisionPolicy) -> None:
+        self.stop()
+        settings = policy.overflow
+        if settings.keep_fp32_modules:
+            from precision_plugin.overflow import keep_fp32_modules
+
+            self.fallback = keep_fp32_modules(model, settings.keep_fp32_modules)
+        self.diagnoses = policy.uses_loss_scaler and settings.diagnose_after_skips > 0
+        if settings.detect != "off" or self.diagnoses:
+            from precision_plugin.overflow import OverflowDetector
+
+            self.detector = OverflowDetector.from_policy(model, policy)
+
+    def begin_step(self, step: int) -> None:
+        if self.detector is not None:
+            self.detector.begin_step(step)
+
+    def end_step(self, consecutive_skips: int, policy: PrecisionPolicy) -> None:
+        if self.detector is None:
+            return
+        diagnosing, self._diagnosing = self._diagnosing, False
+        found = self.detector.end_step()  # reports (raises under strictness="error") itself
+        if diagnosing and found is None and self.detector.last_checked is not None:
+            log.warning(
+                "precision_plugin: the loss scaler skipped %d steps in a row; step %d's forward "
+                "was checked and is finite in every module, so these are gradient overflows: "
+                "the scaler lowers the scale until they fit. If the skips go on, lower the "
+                "learning rate or run consistent bf16 (enable(dtype='bfloat16')).",
+                self._skips_seen,
+                self.detector.last_checked[0],
+            )
+        if consecutive_skips == 0:
+            self._streak_checked = False
+        elif (
+            self.diagnoses
+            and not self._streak_checked
+            and consecutive_skips >= policy.overflow.diagnose_after_skips
+        ):
+            self._streak_checked = True
+            self._diagnosing = True
+            self._skips_seen = consecutive_skips
+            self.detector.check_next_step()
+            log.info(
+                "precision_plugin: %d skipped steps in a row; checking the next step's forward "
+                "for overflow",
+                consecutive_skips,
+            )
+
+    def stop(self) -> None:
+        if self.detector is not None:
+            self.detector.close()
+            self.detector = None
+        if self.fallback is not None:
+            self.fallback.remove()
+            self.fallback = None
+        self._diagnosing = self._streak_checked = False
 
 
 def _report_forward(policy: PrecisionPolicy, ran: Any, args: Any) -> None:

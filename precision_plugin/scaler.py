@@ -286,3 +286,9 @@ def scaler_stats(scaler: Any) -> ScalerStats | None:
     if isinstance(scaler, _Telemetry):
         return scaler.precision_stats()
     return ScalerStats(scale=float(scaler.get_scale()))
+
+
+def consecutive_skips(scaler: Any) -> int | None:
+    """The current run of skipped steps of a scaler with telemetry, read without a device sync;
+    ``None`` for any other scaler (or ``None``)."""
+    return scaler._pp_consecutive if isinstance(scaler, _Telemetry) else None

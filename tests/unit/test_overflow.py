@@ -22,13 +22,13 @@ from precision_plugin.overflow import (
 )
 from precision_plugin.overflow.fallback import is_fp32
 from precision_plugin.scaler import make_grad_scaler
-from tests.tiny import tiny_llama
+from tests.tiny import OVERFLOW_MODULE, overflowing_llama, sample_ids, tiny_llama
 
-HOT = "model.layers.1.mlp.down_proj"
+HOT = OVERFLOW_MODULE
 
 
 def _ids(seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(seed))
+    return sample_ids(seed)
 
 
 def _healthy() -> torch.nn.Module:
@@ -36,18 +36,7 @@ def _healthy() -> torch.nn.Module:
 
 
 def _overflowing(target: float = 1e6) -> torch.nn.Module:
-    """Two layers; layer 1's MLP scaled so its down_proj's float32 output peaks at ``target``.
-
-    gate_proj and up_proj take a factor of 300 first, so no weight itself leaves float16's range.
-    """
-    model = _healthy()
-    with torch.no_grad():
-        for name in ("gate_proj", "up_proj"):
-            model.get_submodule(f"model.layers.1.mlp.{name}").weight.mul_(300)
-    measured = {m.path: m.max_abs for m in headroom(model, _ids(), margin_bits=3).modules}
-    with torch.no_grad():
-        model.get_submodule(HOT).weight.mul_(target / measured[HOT])
-    return model
+    return overflowing_llama(target)
 
 
 def _fp16_step(model, optimizer, scaler, ids) -> torch.Tensor:

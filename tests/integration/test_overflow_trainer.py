@@ -1,0 +1,94 @@
+"""Overflow safety inside the real HF Trainer on CPU (fp16 autocast through enable())."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate")
+
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+
+import precision_plugin as pp
+from precision_plugin import PrecisionCallback
+from precision_plugin.errors import ForwardOverflowError
+from precision_plugin.overflow.fallback import is_fp32
+from tests.tiny import OVERFLOW_MODULE, overflowing_llama, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
+
+
+def _data() -> Dataset:
+    ids = [[(i * 7 + j) % 64 for j in range(8)] for i in range(8)]
+    return Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def _trainer(model, tmp_path, steps: int = 3) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        fp16=True,
+    )
+    return Trainer(model=model, args=args, train_dataset=_data())
+
+
+def _callback(trainer: Trainer) -> PrecisionCallback:
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback))
+
+
+def test_detection_stops_training_naming_the_module(tmp_path):
+    pp.enable(strictness="error", overflow={"detect": "sampled", "detect_every": 2})
+    trainer = _trainer(overflowing_llama(), tmp_path)
+    with pytest.raises(ForwardOverflowError) as info:
+        trainer.train()
+    assert info.value.module == OVERFLOW_MODULE and info.value.step == 0
+    assert info.value.module_class == "Linear"
+
+
+def test_keep_fp32_modules_trains_with_finite_loss_and_is_undone_after(tmp_path):
+    pp.enable(
+        strictness="error",
+        overflow={"detect": "always", "keep_fp32_modules": ["model.layers.1.mlp.down_*"]},
+    )
+    model = overflowing_llama()
+    trainer = _trainer(model, tmp_path)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert _callback(trainer).overflow_detector is None  # closed at train end
+    assert not is_fp32(model.get_submodule(OVERFLOW_MODULE))
+
+
+def test_repeated_skips_from_a_forward_overflow_name_the_module(tmp_path, caplog):
+    pp.enable(overflow={"diagnose_after_skips": 2})  # detect stays "off"
+    trainer = _trainer(overflowing_llama(), tmp_path, steps=4)
+    with caplog.at_level(logging.INFO, logger="precision_plugin"):
+        trainer.train()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("2 skipped steps in a row" in m for m in messages)
+    overflow = [m for m in messages if "forward overflow at step 2" in m]
+    assert len(overflow) == 1 and OVERFLOW_MODULE in overflow[0]
+    assert not any("gradient overflows" in m for m in messages)
+
+
+def test_repeated_skips_from_gradients_are_told_apart(tmp_path, caplog):
+    # A healthy model with an absurd initial loss scale: the forward is finite, the scaled
+    # gradients overflow fp16 and the scaler skips until the scale has come down.
+    pp.enable(loss_scaler={"init_scale": 2.0**60}, overflow={"diagnose_after_skips": 2})
+    trainer = _trainer(tiny_llama(), tmp_path, steps=4)
+    with caplog.at_level(logging.INFO, logger="precision_plugin"):
+        trainer.train()
+    messages = [r.getMessage() for r in caplog.records]
+    assert trainer.accelerator.scaler.precision_stats().skipped_steps >= 3
+    gradient = [m for m in messages if "gradient overflows" in m]
+    assert len(gradient) == 1 and "step 2's forward" in gradient[0]
+    assert not any("forward overflow at" in m for m in messages)
