@@ -1,22 +1,23 @@
 """Cost of runtime overflow detection per training step: off vs sampled every 10 steps.
 
-    .venv/bin/python tests/benchmarks/bench_overflow_detection.py [--blocks 15] [--json]
+    .venv/bin/python tests/benchmarks/bench_overflow_detection.py [--pairs 200] [--json]
 
 A small Llama (default 2 layers, hidden 128, batch 2 x 64 tokens, one CPU thread: several
-threads on a shared 2-core machine mostly measure contention), fp16 autocast, the plugin's
-loss scaler, AdamW. Three setups train identical copies, interleaved in blocks of ``--every``
-steps so drift of the machine hits all alike: detection ``off``, ``sampled`` (one checked step per
-block, as ``overflow.detect="sampled"`` with ``detect_every=10`` runs it) and ``always`` (every
-step checked: the price of one checked step). The figure that matters is the median block time,
-sampled against off. A script, not a test: pytest does not collect it, no speed is asserted.
+threads on a shared 2-core machine mostly measure contention), fp16 autocast, the plugin's loss
+scaler, AdamW. Unchecked and checked training steps (``OverflowDetector`` hooks on every module)
+alternate on the same model, so each checked step has an unchecked neighbour measured under the
+same machine load; the median of the paired differences is the price of one checked step.
+Detection sampled every ``--every`` steps pays it once per ``--every`` steps, so its overhead is
+``median(checked - unchecked) / every / median(unchecked)``. A script, not a test: pytest does
+not collect it, no speed is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
-import random
 import statistics
 import time
 
@@ -42,33 +43,11 @@ def _model(layers: int, hidden: int, device: str) -> torch.nn.Module:
     return LlamaForCausalLM(config).to(device)
 
 
-class _Setup:
-    def __init__(self, mode: str, options: argparse.Namespace) -> None:
-        self.device = options.device
-        self.model = _model(options.layers, options.hidden, self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        policy = PrecisionPolicy(loss_scaler={"init_scale": 2.0**10})
-        self.scaler = make_grad_scaler(policy, self.device)
-        self.detector = OverflowDetector(self.model, mode=mode, every=options.every)
-        self.step_no = 0
-
-    def step(self, batch: torch.Tensor, sync) -> None:
-        with self.detector.step(self.step_no):
-            with torch.autocast(self.device, dtype=torch.float16):
-                loss = self.model(input_ids=batch, labels=batch).loss
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-        sync()
-        self.step_no += 1
-
-
 def main() -> dict:
     """Measure; print a table (or one JSON line with --json); return the figures."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--blocks", type=int, default=15, help="measured blocks per setup")
-    parser.add_argument("--every", type=int, default=10, help="sampling interval = block size")
+    parser.add_argument("--pairs", type=int, default=200, help="unchecked/checked step pairs")
+    parser.add_argument("--every", type=int, default=10, help="sampling interval of 'sampled'")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=2)
@@ -78,62 +57,67 @@ def main() -> dict:
     parser.add_argument("--json", action="store_true", help="print one JSON line instead")
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    sync = torch.cuda.synchronize if options.device == "cuda" else (lambda: None)
-    setups = {mode: _Setup(mode, options) for mode in ("off", "sampled", "always")}
-    random.seed(0)
+    device = options.device
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model = _model(options.layers, options.hidden, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = make_grad_scaler(PrecisionPolicy(loss_scaler={"init_scale": 2.0**10}), device)
+    detector = OverflowDetector(model, mode="always")
     gen = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, 512, (options.batch, options.seq), generator=gen).to(options.device)
-    for setup in setups.values():  # warm-up: one block each
-        for _ in range(options.every):
-            setup.step(batch, sync)
-    blocks: dict[str, list[float]] = {mode: [] for mode in setups}
-    order = list(setups)
-    for _ in range(options.blocks):
-        random.shuffle(order)  # no setup always runs first (or right after another) in a round
-        for mode in order:
-            setup = setups[mode]
-            t0 = time.perf_counter()
-            for _ in range(options.every):
-                setup.step(batch, sync)
-            blocks[mode].append((time.perf_counter() - t0) / options.every)
-    med = {mode: statistics.median(v) for mode, v in blocks.items()}
+    batch = torch.randint(0, 512, (options.batch, options.seq), generator=gen).to(device)
+
+    def step(checked: bool) -> float:
+        t0 = time.perf_counter()
+        with detector.step(0) if checked else contextlib.nullcontext():
+            with torch.autocast(device, dtype=torch.float16):
+                loss = model(input_ids=batch, labels=batch).loss
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - t0
+
+    for i in range(10):  # warm-up
+        step(i % 2 == 0)
+    plain, diffs = [], []
+    for i in range(options.pairs):
+        first_checked = i % 2 == 1  # alternate which of the pair runs first
+        a, b = step(first_checked), step(not first_checked)
+        off, on = (b, a) if first_checked else (a, b)
+        plain.append(off)
+        diffs.append(on - off)
+    step_s = statistics.median(plain)
+    checked_s = statistics.median(diffs)
     result = {
-        "device": options.device,
+        "device": device,
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "model": f"llama {options.layers}x{options.hidden}, batch {options.batch}x{options.seq}",
-        "modules_hooked": sum(1 for _ in setups["off"].model.modules()),
+        "modules_hooked": sum(1 for _ in model.modules()),
         "threads": options.threads,
+        "pairs": options.pairs,
         "every": options.every,
-        "blocks": options.blocks,
-        "step_median_s": med,
-        "sampled_overhead_pct": 100 * (med["sampled"] - med["off"]) / med["off"],
-        "checked_step_overhead_pct": 100 * (med["always"] - med["off"]) / med["off"],
+        "step_median_s": step_s,
+        "checked_step_extra_s": checked_s,
+        "checked_step_overhead_pct": 100 * checked_s / step_s,
+        "sampled_overhead_pct": 100 * checked_s / options.every / step_s,
     }
-    # What one checked step costs, spread over the sampling interval: the same figure as
-    # sampled-vs-off with less noise (the difference of two medians of whole blocks is noisy).
-    result["sampled_overhead_pct_from_checked"] = (
-        result["checked_step_overhead_pct"] / options.every
-    )
     if options.json:
         print(json.dumps(result))
-    else:
-        print(
-            f"{result['model']}, {result['modules_hooked']} modules, {options.device}, "
-            f"{options.blocks} blocks of {options.every} steps"
-        )
-        print(f"{'detection':<22}{'median step':>14}{'vs off':>10}")
-        for mode, label in (
-            ("off", "off"),
-            ("sampled", f"sampled every {options.every}"),
-            ("always", "every step"),
-        ):
-            pct = 100 * (med[mode] - med["off"]) / med["off"]
-            print(f"{label:<22}{med[mode] * 1e3:>11.2f} ms{pct:>+9.2f}%")
-        print(
-            f"one checked step spread over {options.every} steps: "
-            f"{result['sampled_overhead_pct_from_checked']:+.2f}% per step"
-        )
+        return result
+    print(
+        f"{result['model']}, {result['modules_hooked']} modules hooked, {device}, "
+        f"{options.threads} thread(s), {options.pairs} step pairs"
+    )
+    print(f"{'detection':<22}{'median step':>14}{'vs off':>10}")
+    rows = (
+        ("off", step_s),
+        ("every step", step_s + checked_s),
+        (f"sampled every {options.every}", step_s + checked_s / options.every),
+    )
+    for label, seconds in rows:
+        print(f"{label:<22}{seconds * 1e3:>11.2f} ms{100 * (seconds / step_s - 1):>+9.2f}%")
     return result
 
 
