@@ -204,6 +204,7 @@ class _OverflowWatch:
     def start(self, model: Any, policy: PrecisionPolicy) -> None:
         self.stop()
         settings = policy.overflow
+        _audit_model_type(model, policy)
         if settings.keep_fp32_modules:
             from precision_plugin.overflow import keep_fp32_modules
 
@@ -257,6 +258,33 @@ class _OverflowWatch:
             self.fallback.remove()
             self.fallback = None
         self._diagnosing = self._streak_checked = False
+
+
+def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
+    """Warn when the model's ``model_type`` is on the known float16-risk lists (vLLM's refusals,
+    families known to overflow), saying what measures it for this model."""
+    config = getattr(model, "config", None)
+    if not policy.is_fp16 or not hasattr(config, "to_dict"):
+        return
+    from precision_plugin.vllm.models import check_model_config
+
+    findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
+    if policy.overflow.detect == "off":
+        measured = (
+            "nothing measures it in this run: set overflow.detect='sampled' to name a module "
+            "whose forward overflows"
+        )
+    else:
+        measured = f"overflow.detect={policy.overflow.detect!r} checks the forwards of this run"
+    for finding in findings:
+        if finding.status in ("warning", "error"):
+            log.warning(
+                "precision_plugin: %s (a list by model_type); %s, and `precision-plugin probe "
+                "--model PATH` measures each module's float16 headroom. Fix if it overflows: %s",
+                finding.message.rstrip("."),
+                measured,
+                finding.fix,
+            )
 
 
 def _report_forward(policy: PrecisionPolicy, ran: Any, args: Any) -> None:

@@ -142,6 +142,14 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
     probe.add_argument(
         "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1, mps, xpu"
     )
+    probe.add_argument(
+        "--margin-bits",
+        type=float,
+        default=3.0,
+        metavar="BITS",
+        help="flag modules whose largest activation is within 2**BITS of float16's max "
+        "(default: 3)",
+    )
     probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     probe.add_argument(
         "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
@@ -205,8 +213,9 @@ class _UsageError(PrecisionPluginError):
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import ProbeConfig, run_probe
-    from precision_plugin.probe.table import render_probe_table
+    from precision_plugin.probe.table import render_headroom_table, render_probe_table
 
     _check_output_path(args.json, "--json")
     if args.plot:
@@ -221,6 +230,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         device=args.device,
+        overflow=OverflowSettings(margin_bits=args.margin_bits),
     )
     err = _console(stderr=True)
     out = err if args.json == "-" else _console()
@@ -229,6 +239,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
     out.print(render_probe_table(result))
+    headroom = render_headroom_table(result)
+    if headroom is not None:
+        out.print(headroom)
     if args.json == "-":
         sys.stdout.write(result.to_json() + "\n")
     elif args.json:

@@ -27,14 +27,14 @@ def tiny_llama(**overrides: Any) -> Any:
 OVERFLOW_MODULE = "model.layers.1.mlp.down_proj"
 
 
-def overflowing_llama(target: float = 1e6) -> Any:
-    """A 2-layer :func:`tiny_llama` whose layer-1 MLP outputs up to ``target`` (float32) on
-    :func:`sample_ids`: gate/up projections scaled by 300, then down_proj scaled to hit the target
-    (so no weight itself leaves float16's range). With the default target, an fp16 forward of
-    :data:`OVERFLOW_MODULE` overflows."""
+def overflowing_llama(target: float = 1e6, layers: int = 2) -> Any:
+    """A :func:`tiny_llama` with ``layers`` layers whose layer-1 MLP outputs up to ``target``
+    (float32) on :func:`sample_ids`: gate/up projections scaled by 300, then down_proj scaled to
+    hit the target (so no weight itself leaves float16's range). With the default target, an
+    fp16 forward of :data:`OVERFLOW_MODULE` overflows."""
     from precision_plugin.overflow import headroom
 
-    model = tiny_llama(num_hidden_layers=2)
+    model = tiny_llama(num_hidden_layers=layers)
     mlp = model.get_submodule("model.layers.1.mlp")
     with torch.no_grad():
         mlp.gate_proj.weight.mul_(300)

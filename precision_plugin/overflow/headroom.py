@@ -31,21 +31,25 @@ MAX_FP32_MODULES = 4
 @dataclass(frozen=True)
 class ModuleHeadroom:
     """One module: its path (as ``model.named_modules()`` names it; ``""`` is the model itself),
-    class, the largest ``|output|`` seen in float32, the margin in powers of two, and whether it
-    is below the threshold."""
+    class, the largest ``|output|`` seen in float32, the margin in powers of two, whether it is
+    below the threshold, and the largest ``|input|`` (a module whose inputs are already beyond
+    the threshold only carries a large value on, e.g. a later layer on the residual stream)."""
 
     path: str
     module_class: str
     max_abs: float
     margin_bits: float
     flagged: bool
+    max_input_abs: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; infinite margins become ``None`` (JSON has no infinity)."""
+        """JSON-ready dict; a non-finite number becomes ``None`` (JSON has no inf/NaN): a
+        ``max_abs`` of ``None`` is a non-finite activation, a ``margin_bits`` of ``None`` with
+        a finite ``max_abs`` an all-zero one."""
         out = asdict(self)
-        for key in ("max_abs", "margin_bits"):
+        for key in ("max_abs", "margin_bits", "max_input_abs"):
             if not math.isfinite(out[key]):
-                out[key] = None if math.isnan(out[key]) else str(out[key])
+                out[key] = None
         return out
 
 
@@ -82,6 +86,11 @@ class HeadroomReport:
         return [m for m in self.modules if m.flagged]
 
     @property
+    def overflowing(self) -> list[ModuleHeadroom]:
+        """Modules whose largest activation does not fit float16 at all (margin below 0)."""
+        return [m for m in self.modules if m.margin_bits < 0]
+
+    @property
     def ok(self) -> bool:
         """True when no module is flagged."""
         return not self.flagged
@@ -110,7 +119,7 @@ class HeadroomReport:
             "margin_bits": self.margin_bits,
             "batches": self.batches,
             "ok": self.ok,
-            "min_margin_bits": tight if math.isfinite(tight) else str(tight),
+            "min_margin_bits": tight if math.isfinite(tight) else None,
             "flagged": [m.path for m in self.flagged],
             "recommendation": self.recommendation().to_dict(),
             "modules": [m.to_dict() for m in rows],
@@ -135,7 +144,12 @@ def recommend(report: HeadroomReport) -> Recommendation:
             f"{broken[0]!r} produces inf/NaN even in float32: the weights or inputs are broken, "
             f"no precision setting fixes that",
         )
-    sources = innermost(m.path for m in flagged)
+    # Where the overflow starts: flagged modules fed by inputs within the margin (the rest carry
+    # a large value on), innermost first (a parent is large because its child is).
+    threshold = report.margin_bits
+    sources = innermost(
+        m.path for m in flagged if fp16_margin_bits(m.max_input_abs) >= threshold
+    ) or innermost(m.path for m in flagged)
     if 0 < len(sources) <= MAX_FP32_MODULES and "" not in sources:
         patterns = ", ".join(repr(p) for p in sources)
         return Recommendation(
@@ -184,18 +198,24 @@ def headroom(
         margin_bits = resolve_policy(policy).overflow.margin_bits
     names = {module: name for name, module in model.named_modules()}
     maxima: dict[str, torch.Tensor] = {}
+    input_maxima: dict[str, torch.Tensor] = {}
     order: dict[str, str] = {}
 
-    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    def keep(store: dict[str, torch.Tensor], name: str, value: torch.Tensor) -> None:
+        prev = store.get(name)
+        store[name] = value if prev is None else torch.maximum(prev, value.to(prev.device))
+
+    def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         value = abs_max(output)
         if value is None:
             return
         name = names[module]
         order.setdefault(name, type(module).__name__)
-        prev = maxima.get(name)
-        maxima[name] = value if prev is None else torch.maximum(prev, value.to(prev.device))
+        keep(maxima, name, value)
+        inputs = abs_max((args, kwargs))
+        keep(input_maxima, name, inputs if inputs is not None else torch.zeros_like(value))
 
-    handles = [m.register_forward_hook(hook) for m in names]
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in names]
     count = 0
     try:
         with _float32(model), torch.no_grad():
@@ -207,11 +227,13 @@ def headroom(
         for handle in handles:
             handle.remove()
     values = _to_floats(maxima)
+    input_values = _to_floats(input_maxima)
     rows = []
     for name, cls in order.items():
         value = values[name]
         margin = fp16_margin_bits(value)
-        rows.append(ModuleHeadroom(name, cls, value, margin, margin < margin_bits))
+        flagged = margin < margin_bits
+        rows.append(ModuleHeadroom(name, cls, value, margin, flagged, input_values[name]))
     return HeadroomReport(rows, float(margin_bits), count)
 
 

@@ -30,6 +30,7 @@ from precision_plugin.probe.inputs import (
     completion_budgets,
     resolve_device,
 )
+from precision_plugin.probe.overflow import OverflowCheck, check_overflow
 from precision_plugin.probe.schema import (
     SELF_CHECK_DTYPE,
     DtypeResult,
@@ -146,6 +147,18 @@ def _measure_dtype(
     return DtypeResult(dtype, metrics, label, reason, train, rollout, time.perf_counter() - t0)
 
 
+def _overflowed(overflow: OverflowCheck, n: int, tick: Callable[[str, int], None]) -> DtypeResult:
+    """float16 not run: the headroom shows activations beyond its range, so the rollout would
+    sample from NaN (and an HF rollout stops with an error)."""
+    worst = overflow.report.overflowing[0]
+    reason = (
+        f"not run: {worst.path or '<model>'!r} reaches {worst.max_abs:.3g} in float32, beyond "
+        f"float16's 65504 (see headroom)"
+    )
+    tick("float16: skipped (overflow)", 2 * n)
+    return DtypeResult("float16", measure([], []), "invalid", reason, [], [], 0.0)
+
+
 def run_probe(
     config: ProbeConfig | None = None,
     *,
@@ -192,7 +205,12 @@ def run_probe(
         budgets = completion_budgets(n, config.max_new_tokens)
         results: dict[str, DtypeResult] = {}
         with _single_thread_if_tiny(model, device):
+            tick("float16 headroom", 0)
+            overflow = check_overflow(model, prompts, path, config.overflow.margin_bits)
             for dtype in config.dtypes:
+                if dtype == "float16" and overflow.report.overflowing:
+                    results[dtype] = _overflowed(overflow, n, tick)
+                    continue
                 results[dtype] = _measure_dtype(
                     config, factory, path, device, model, prompts, budgets, dtype, tick
                 )
@@ -214,4 +232,5 @@ def run_probe(
         results=results,
         self_check=check,
         seconds=time.perf_counter() - started,
+        overflow=overflow,
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics
-from precision_plugin.policy import MetricSettings, normalize_dtype
+from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
 from precision_plugin.probe.engine import RolloutEngine
 
 log = logging.getLogger("precision_plugin")
@@ -45,6 +45,7 @@ class ProbeConfig:
     seed: int = DEFAULT_SEED
     device: str = "auto"
     metrics: MetricSettings = field(default_factory=MetricSettings)
+    overflow: OverflowSettings = field(default_factory=OverflowSettings)
 
     def __post_init__(self) -> None:
         if isinstance(self.dtypes, str):
@@ -128,6 +129,9 @@ class ProbeResult:
     results: dict[str, DtypeResult]
     self_check: SelfCheck
     seconds: float = 0.0
+    #: float16 headroom on the probe prompts and the model_type findings
+    #: (:class:`precision_plugin.probe.overflow.OverflowCheck`); ``None`` when not measured.
+    overflow: Any = None
 
     @property
     def valid(self) -> bool:
@@ -158,6 +162,8 @@ class ProbeResult:
             },
             "seconds": round(self.seconds, 3),
         }
+        if self.overflow is not None:
+            data["headroom"] = self.overflow.to_dict()
         return _json_safe(data)
 
     def to_json(self, indent: int | None = 2) -> str:

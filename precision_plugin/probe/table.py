@@ -55,3 +55,55 @@ def _caption(result: ProbeResult) -> str:
         f"> {s.prob_diff_bad:g} problem (verl's thresholds)."
     )
     return "\n".join(lines)
+
+
+#: Rows of the headroom table: the tightest modules.
+HEADROOM_ROWS = 8
+
+
+def render_headroom_table(result: ProbeResult, top: int = HEADROOM_ROWS) -> Any:
+    """A rich ``Table`` of the ``top`` tightest modules of the probe's float16 headroom, with the
+    recommendation and the ``model_type`` check in the caption; ``None`` when not measured."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    check = result.overflow
+    if check is None:
+        return None
+    report = check.report
+    table = Table(
+        title=(
+            f"float16 headroom: largest |activation| in float32 on the probe prompts "
+            f"(float16 max {report.fp16_max:g}); tightest {min(top, len(report.modules))} of "
+            f"{len(report.modules)} modules"
+        ),
+        caption=escape(_headroom_caption(check)),
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("module", overflow="fold")
+    table.add_column("class", no_wrap=True)
+    table.add_column("max |x|", justify="right", no_wrap=True)
+    table.add_column("margin (bits)", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for row in report.tightest(top):
+        margin = f"{row.margin_bits:.1f}" if math.isfinite(row.margin_bits) else "-"
+        flag = "[red]below margin[/]" if row.flagged else "[green]ok[/]"
+        table.add_row(
+            escape(row.path or "<model>"), row.module_class, _num(row.max_abs), margin, flag
+        )
+    return table
+
+
+def _headroom_caption(check: Any) -> str:
+    report = check.report
+    rec = report.recommendation()
+    lines = [f"flag: margin < {report.margin_bits:g} bits (overflow.margin_bits). {rec.message}."]
+    if check.risks:
+        lines.extend(f"model_type list: {f.message}" for f in check.risks)
+    else:
+        lines.append(
+            f"model_type list: {check.model_type!r} is not on the known float16-risk lists "
+            f"(vLLM refusals, families known to overflow)."
+        )
+    return "\n".join(lines)

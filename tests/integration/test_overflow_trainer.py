@@ -92,3 +92,29 @@ def test_repeated_skips_from_gradients_are_told_apart(tmp_path, caplog):
     gradient = [m for m in messages if "gradient overflows" in m]
     assert len(gradient) == 1 and "step 2's forward" in gradient[0]
     assert not any("forward overflow at" in m for m in messages)
+
+
+def test_train_begin_audit_warns_for_a_known_overflow_family(tmp_path, caplog):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    pp.enable()
+    trainer = _trainer(Qwen3MoeForCausalLM(config), tmp_path, steps=1)
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        trainer.train()
+    audit = [r.getMessage() for r in caplog.records if "a list by model_type" in r.getMessage()]
+    assert len(audit) == 1
+    assert "'qwen3_moe'" in audit[0] and "overflow.detect='sampled'" in audit[0]
+    assert "precision-plugin probe" in audit[0] and "bfloat16" in audit[0]

@@ -82,6 +82,19 @@ def test_headroom_flags_exactly_the_overflowing_layer():
     assert not torch.isfinite(out).all()
 
 
+def test_recommendation_names_the_source_not_the_layers_carrying_it_on():
+    model = overflowing_llama(layers=3)  # layer 2 carries layer 1's values on the residual stream
+    report = headroom(model, _ids(), margin_bits=3)
+    assert "model.layers.2" in [m.path for m in report.flagged]
+    carrier = next(m for m in report.modules if m.path == "model.layers.2")
+    assert carrier.max_input_abs > FP16_MAX  # fed by values already beyond the range
+    rec = report.recommendation()
+    assert rec.action == "keep_fp32_modules" and rec.modules == (HOT,)
+    keep_fp32_modules(model, rec.modules)  # and following it is enough for a finite fp16 run
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        assert torch.isfinite(model(input_ids=_ids()).logits).all()
+
+
 def test_margin_threshold_decides_the_flag():
     model = _overflowing(target=FP16_MAX / 2**2)  # 2 bits of headroom
     assert HOT in [m.path for m in headroom(model, _ids(), margin_bits=3).flagged]
