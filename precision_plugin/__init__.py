@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from precision_plugin.errors import (
     AdapterInstallError,
+    ForwardOverflowError,
     LossScaleAtMinimumError,
     PrecisionConfigError,
     PrecisionMismatchError,
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdapterInstallError",
+    "ForwardOverflowError",
     "LossScaleAtMinimumError",
     "PrecisionCallback",
     "PrecisionConfigError",

@@ -158,6 +158,9 @@ class PrecisionCallback(TrainerCallback):
             count = consecutive_skips(scaler)  # no device sync
             if count is not None:
                 return count
+        if not getattr(self.trainer, "is_deepspeed_enabled", False):
+            return 0  # a torch scaler without telemetry does not count skips
+        # DeepSpeed's engine runs its own scaler; its adapter reports the count.
         results = get_plugin_manager().hook.precision_collect_metrics(
             policy=self.policy, trainer=self.trainer
         )
