@@ -62,10 +62,10 @@ class OverflowEvent:
         return (
             f"precision_plugin: forward overflow at step {self.step}: module {where!r} "
             f"({self.module_class}) is the first to output {self.kind} in {self.output_dtype}, "
-            f"{cause}. Fix: keep it in float32 with overflow.keep_fp32_modules=[{where!r}] (the "
-            f"rollout engine still runs it in float16, so its mismatch remains), or run "
-            f"consistent bf16 (enable(dtype='bfloat16')). `precision-plugin probe` measures the "
-            f"headroom of every module"
+            f"{cause}. Fix: run consistent bf16 (enable(dtype='bfloat16')), or keep it in float32 "
+            f"on the learner with overflow.keep_fp32_modules=[{where!r}] (a float16 rollout "
+            f"engine still runs it in float16). `precision-plugin probe --model PATH` measures "
+            f"the headroom of every module"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,9 +57,10 @@ class ModuleHeadroom:
 class Recommendation:
     """What to do about the measured headroom.
 
-    ``action`` is ``"none"`` (all clear), ``"keep_fp32_modules"`` (a few named modules; the
-    patterns are in ``modules``), ``"bfloat16"`` (too many, or the model overflows everywhere),
-    or ``"fix_model"`` (non-finite even in float32: no precision setting helps).
+    ``action`` is ``"none"`` (all clear), ``"keep_fp32_modules"`` (a few modules close to the
+    limit; where it starts is in ``modules``), ``"bfloat16"`` (an activation beyond float16's
+    range, which a float16 rollout cannot avoid, or too many places), or ``"fix_model"``
+    (non-finite even in float32: no precision setting helps).
     """
 
     action: str
@@ -150,15 +151,27 @@ def recommend(report: HeadroomReport) -> Recommendation:
     sources = innermost(
         m.path for m in flagged if fp16_margin_bits(m.max_input_abs) >= threshold
     ) or innermost(m.path for m in flagged)
+    patterns = ", ".join(repr(p) for p in sources)
+    beyond = [m for m in flagged if m.path in sources and m.margin_bits < 0]
+    if beyond:
+        worst = min(beyond, key=lambda m: m.margin_bits)
+        return Recommendation(
+            "bfloat16",
+            tuple(sources),
+            f"{worst.path!r} reaches {worst.max_abs:.3g}, beyond float16's {report.fp16_max:g}: "
+            f"a float16 rollout overflows there too, so run consistent bf16 "
+            f"(enable(dtype='bfloat16')); overflow.keep_fp32_modules=[{patterns}] fixes the "
+            f"learner only (enough when the training data does not come from a float16 rollout)",
+        )
     if 0 < len(sources) <= MAX_FP32_MODULES and "" not in sources:
-        patterns = ", ".join(repr(p) for p in sources)
         return Recommendation(
             "keep_fp32_modules",
             tuple(sources),
-            f"{len(flagged)} module(s) come within 2^{report.margin_bits:g} of float16's maximum; "
-            f"keep the source(s) in float32 with overflow.keep_fp32_modules=[{patterns}] (the "
-            f"rollout engine still runs them in float16, so their mismatch remains), or run "
-            f"consistent bf16 (enable(dtype='bfloat16'))",
+            f"{len(flagged)} module(s) come within 2^{report.margin_bits:g} of float16's maximum "
+            f"but fit; keep where it starts in float32 on the learner with "
+            f"overflow.keep_fp32_modules=[{patterns}] (the rollout engine still runs them in "
+            f"float16, so their mismatch remains), or run consistent bf16 "
+            f"(enable(dtype='bfloat16'))",
         )
     return Recommendation(
         "bfloat16",
