@@ -86,7 +86,8 @@ class PrecisionCallback(TrainerCallback):
 
     @property
     def overflow_detector(self) -> Any:
-        """The :class:`~precision_plugin.overflow.OverflowDetector` of this run, or ``None``."""
+        """The :class:`~precision_plugin.overflow.OverflowDetector` of the current (or last) run,
+        or ``None`` when the policy asks for no detection; closed after train end."""
         return self._overflow.detector
 
     @property
@@ -206,6 +207,7 @@ class _OverflowWatch:
 
     def start(self, model: Any, policy: PrecisionPolicy) -> None:
         self.stop()
+        self.detector = None
         settings = policy.overflow
         _audit_model_type(model, policy)
         if settings.keep_fp32_modules:
@@ -255,8 +257,7 @@ class _OverflowWatch:
 
     def stop(self) -> None:
         if self.detector is not None:
-            self.detector.close()
-            self.detector = None
+            self.detector.close()  # kept (closed) so its events stay readable after train()
         if self.fallback is not None:
             self.fallback.remove()
             self.fallback = None

@@ -64,7 +64,9 @@ def test_keep_fp32_modules_trains_with_finite_loss_and_is_undone_after(tmp_path)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
-    assert _callback(trainer).overflow_detector is None  # closed at train end
+    detector = _callback(trainer).overflow_detector
+    assert detector.last_checked == (2, None) and detector.events == []  # every step finite
+    assert not detector.active  # hooks removed at train end
     assert not is_fp32(model.get_submodule(OVERFLOW_MODULE))
 
 
@@ -118,3 +120,30 @@ def test_train_begin_audit_warns_for_a_known_overflow_family(tmp_path, caplog):
     assert len(audit) == 1
     assert "'qwen3_moe'" in audit[0] and "overflow.detect='sampled'" in audit[0]
     assert "precision-plugin probe" in audit[0] and "bfloat16" in audit[0]
+
+
+def test_grpo_with_detection_checks_generation_and_training_forwards(tmp_path):
+    pytest.importorskip("trl")
+    import importlib.util
+    from pathlib import Path
+
+    recipe_path = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"
+    spec = importlib.util.spec_from_file_location("grpo_fp16_recipe_overflow", recipe_path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    pp.enable(strictness="error", overflow={"detect": "always"})
+    trainer = recipe.build_trainer(str(tmp_path), max_steps=1)
+    hooked = []
+    model = trainer.model
+    original = model.forward
+
+    def counting_forward(*args, **kwargs):  # how many top-level forwards ran with hooks on
+        hooked.append(bool(model.model.layers[0]._forward_hooks))
+        return original(*args, **kwargs)
+
+    model.forward = counting_forward
+    trainer.train()
+    del model.forward
+    detector = _callback(trainer).overflow_detector
+    assert detector.last_checked == (0, None) and detector.events == []
+    assert len(hooked) > 1 and all(hooked)  # generation steps and the training forward
