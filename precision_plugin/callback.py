@@ -26,14 +26,18 @@ PREFIX = "precision/"
 
 
 class _ForwardProbe:
-    """Records the output dtype of the first ``Linear`` in the first grad-enabled forward."""
+    """Records the output dtype of the first ``Linear`` in the first grad-enabled forward
+    (``exclude``: modules deliberately run in float32, ``overflow.keep_fp32_modules``)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, exclude: frozenset[Any] = frozenset()) -> None:
         import torch
 
         self.dtype: Any = None
         self._handle = None
-        linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+        linear = next(
+            (m for m in model.modules() if isinstance(m, torch.nn.Linear) and m not in exclude),
+            None,
+        )
         if linear is not None:
             self._handle = linear.register_forward_hook(self._hook)
 
@@ -110,10 +114,10 @@ class PrecisionCallback(TrainerCallback):
         get_plugin_manager().hook.precision_train_begin(
             policy=self.policy, args=args, state=state, model=model, trainer=self.trainer
         )
-        if model is not None and self.forward_dtype is None:
-            self._probe = _ForwardProbe(model)
         if model is not None:
             self._overflow.start(model, self.policy)
+        if model is not None and self.forward_dtype is None:
+            self._probe = _ForwardProbe(model, exclude=self._overflow.fp32_modules(model))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._overflow.begin_step(state.global_step)
@@ -219,6 +223,14 @@ class _OverflowWatch:
             from precision_plugin.overflow import OverflowDetector
 
             self.detector = OverflowDetector.from_policy(model, policy)
+
+    def fp32_modules(self, model: Any) -> frozenset[Any]:
+        """Every module the float32 fallback runs (the matched ones and their submodules)."""
+        if self.fallback is None:
+            return frozenset()
+        return frozenset(
+            sub for name in self.fallback.modules for sub in model.get_submodule(name).modules()
+        )
 
     def begin_step(self, step: int) -> None:
         if self.detector is not None:

@@ -57,14 +57,19 @@ def test_detection_stops_training_naming_the_module(tmp_path):
 def test_keep_fp32_modules_trains_with_finite_loss_and_is_undone_after(tmp_path):
     pp.enable(
         strictness="error",
-        overflow={"detect": "always", "keep_fp32_modules": ["model.layers.1.mlp.down_*"]},
+        overflow={
+            "detect": "always",
+            "keep_fp32_modules": ["model.layers.*.self_attn", "*.down_*"],
+        },
     )
     model = overflowing_llama()
     trainer = _trainer(model, tmp_path)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
-    detector = _callback(trainer).overflow_detector
+    callback = _callback(trainer)
+    assert callback.forward_dtype == torch.float16  # checked outside the float32 modules
+    detector = callback.overflow_detector
     assert detector.last_checked == (2, None) and detector.events == []  # every step finite
     assert not detector.active  # hooks removed at train end
     assert not is_fp32(model.get_submodule(OVERFLOW_MODULE))
