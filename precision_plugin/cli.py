@@ -1,4 +1,4 @@
-"""The ``precision-plugin`` command line: ``probe`` and ``doctor``.
+"""The ``precision-plugin`` command line: ``probe``, ``doctor`` and ``verl-overrides``.
 
 Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
 ``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback).
@@ -170,7 +170,46 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         default=None,
         help="policy dtype to check (default: $PRECISION_PLUGIN, else float16)",
     )
+    _add_verl_overrides(sub)
     return parser
+
+
+def _add_verl_overrides(sub: Any) -> None:
+    verl = sub.add_parser(
+        "verl-overrides",
+        help="the Hydra overrides that make a verl run follow the policy",
+        description=(
+            "Print the overrides for `python -m verl.trainer.main_ppo ... "
+            "$(precision-plugin verl-overrides)`, one per line."
+        ),
+    )
+    verl.add_argument(
+        "--dtype",
+        type=_single_dtype,
+        default=None,
+        help="policy dtype (default: $PRECISION_PLUGIN, else float16)",
+    )
+    verl.add_argument(
+        "--strategy",
+        choices=("fsdp", "fsdp2", "megatron"),
+        default="fsdp",
+        help="verl learner strategy (default: fsdp)",
+    )
+    verl.add_argument(
+        "--verl-version", default=None, help="verl version to target (default: the installed one)"
+    )
+
+
+def _cmd_verl_overrides(args: argparse.Namespace) -> int:
+    from precision_plugin.manager import resolve_policy
+    from precision_plugin.verl import overrides
+
+    policy = resolve_policy()
+    if args.dtype:
+        policy = policy.replace(dtype=args.dtype)
+    lines = overrides(policy, verl_version=args.verl_version, strategy=args.strategy)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return EXIT_OK
 
 
 def _engine_names() -> list[str]:
@@ -320,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "probe":
             _quiet_transformers()
             return _cmd_probe(args)
+        if args.command == "verl-overrides":
+            return _cmd_verl_overrides(args)
         return _cmd_doctor(args)
     except PrecisionPluginError as exc:
         message = " ".join(str(exc).split())

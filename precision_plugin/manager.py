@@ -31,6 +31,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "deepspeed": "precision_plugin.deepspeed.adapter",
     "trl": "precision_plugin.trl",
     "vllm": "precision_plugin.vllm.adapter",
+    "verl": "precision_plugin.verl.adapter",
 }
 
 _lock = threading.RLock()

@@ -1,0 +1,300 @@
+"""Check a composed verl config against the policy: every contradiction, named in one message.
+
+Works on verl's composed OmegaConf config, on plain dicts, and on verl's config dataclasses
+(``RolloutConfig``, ``FSDPActorConfig``, ``FSDPEngineConfig``, ...) or any mix: values are read by
+key or attribute, so nothing here imports verl or OmegaConf.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import Version
+
+from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.manager import resolve_policy
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.verl.layout import (
+    NEW_ENGINE_SINCE,
+    ROLLOUT,
+    SHORT_NAME,
+    Layout,
+    canonical_dtype,
+    layout,
+)
+
+log = logging.getLogger("precision_plugin")
+
+_MISSING: Any = object()
+_FIX = "append $(precision-plugin verl-overrides) to the verl command line"
+#: verl's FSDP engine (>= 0.8) and legacy critic use bf16 when mixed_precision is unset.
+_FSDP_DEFAULT = "bfloat16"
+_ROLE_NAMES = {"actor": "actor (learner)", "ref": "reference model", "critic": "critic"}
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """One place where the config contradicts the policy: the key, what it does, the fix."""
+
+    key: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.key}] (fix: {self.fix})"
+
+
+def lookup(cfg: Any, path: str, default: Any = None) -> Any:
+    """``cfg``'s value at dotted ``path``, through mappings and attributes alike, or ``default``.
+
+    A missing key, a ``None`` on the way, an unresolvable interpolation or a mandatory ``???``
+    value all count as absent.
+    """
+    node = cfg
+    for part in path.split("."):
+        if node is None:
+            return default
+        try:
+            if isinstance(node, Mapping):
+                node = node.get(part, _MISSING)
+            else:
+                node = getattr(node, part, _MISSING)
+        except Exception:  # OmegaConf: missing mandatory value, bad interpolation
+            return default
+        if node is _MISSING:
+            return default
+    return node
+
+
+def fsdp_learner_dtype(section: Any, *, legacy: bool, critic: bool = False) -> str | None:
+    """The dtype an FSDP learner section really computes in, as the given verl generation reads it.
+
+    verl >= 0.8 and the legacy critic: ``mixed_precision.param_dtype`` (bf16 when unset); the
+    legacy actor/reference (verl <= 0.7): ``fsdp_config.dtype`` (autocast and scaler).
+    """
+    if legacy and not critic:
+        return canonical_dtype(lookup(section, "dtype", "bfloat16"))
+    if legacy and critic:
+        return "bfloat16"  # the legacy critic autocasts in bf16 whatever its config says
+    return canonical_dtype(lookup(section, "mixed_precision.param_dtype", _FSDP_DEFAULT))
+
+
+def _fsdp_findings(
+    role: str, path: str, section: Any, policy: PrecisionPolicy, lay: Layout
+) -> list[Contradiction]:
+    want = policy.dtype
+    name = _ROLE_NAMES[role]
+    critic = role == "critic"
+    legacy = lay.legacy and lay.strategy != "megatron"
+    runs = fsdp_learner_dtype(section, legacy=legacy, critic=critic)
+    declared = canonical_dtype(lookup(section, "dtype"))
+    param = canonical_dtype(lookup(section, "mixed_precision.param_dtype"))
+    out: list[Contradiction] = []
+    if runs == want:
+        return out
+    if not legacy and declared == want:
+        out.append(
+            Contradiction(
+                f"{path}.dtype",
+                f"the {name} has {path}.dtype={declared}, which verl {lay.version}'s FSDP engine "
+                f"ignores (since verl 0.8 only Megatron reads it): it trains in {runs} "
+                f"(mixed_precision.param_dtype) while the policy is {want}",
+                f"set ++{path}.mixed_precision.param_dtype={SHORT_NAME[want]}, or {_FIX}",
+            )
+        )
+    elif legacy and critic:
+        out.append(
+            Contradiction(
+                path,
+                f"the legacy FSDP critic of verl {lay.version} autocasts in bfloat16 whatever "
+                f"its config says, so it cannot run the {want} policy",
+                "upgrade to verl >= 0.8, or set trainer.use_legacy_worker_impl=disable",
+            )
+        )
+    elif legacy and param == want:
+        out.append(
+            Contradiction(
+                f"{path}.dtype",
+                f"the {name} has {path}.mixed_precision.param_dtype={param} but "
+                f"{path}.dtype={declared}: verl {lay.version}'s legacy workers autocast and "
+                f"scale in fsdp_config.dtype, so it computes in {runs}",
+                f"set {path}.dtype={want}, or {_FIX}",
+            )
+        )
+    else:
+        key = f"{path}.dtype" if legacy else f"{path}.mixed_precision.param_dtype"
+        out.append(
+            Contradiction(
+                key,
+                f"the {name} trains in {runs} ({key}) while the policy is {want}",
+                _FIX,
+            )
+        )
+    return out
+
+
+def _megatron_findings(
+    role: str, path: str, section: Any, policy: PrecisionPolicy
+) -> list[Contradiction]:
+    runs = canonical_dtype(lookup(section, "dtype", "bfloat16"))
+    if runs == policy.dtype:
+        return []
+    return [
+        Contradiction(
+            f"{path}.dtype",
+            f"the {_ROLE_NAMES[role]} (Megatron) trains in {runs} while the policy is "
+            f"{policy.dtype}",
+            _FIX,
+        )
+    ]
+
+
+def _critic_in_use(cfg: Any) -> bool:
+    enable = lookup(cfg, "critic.enable")
+    if enable is not None:
+        return bool(enable)
+    return lookup(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def _ref_in_use(cfg: Any) -> bool:
+    return bool(
+        lookup(cfg, "algorithm.use_kl_in_reward")
+        or lookup(cfg, "actor_rollout_ref.actor.use_kl_loss")
+    )
+
+
+def _lora_merge(cfg: Any) -> bool:
+    model = lookup(cfg, "actor_rollout_ref.model")
+    rank = lookup(model, "lora.rank", 0) or lookup(model, "lora_rank", 0) or 0
+    return int(rank) > 0 and bool(lookup(model, "lora.merge", False))
+
+
+def find_contradictions(
+    cfg: Any,
+    policy: PrecisionPolicy,
+    *,
+    verl_version: str | Version | None = None,
+    strategy: str | None = None,
+) -> list[Contradiction]:
+    """Every contradiction between the composed verl config ``cfg`` and ``policy`` (pure)."""
+    strategy = strategy or lookup(cfg, "actor_rollout_ref.actor.strategy", "fsdp")
+    lay = layout(verl_version, "fsdp" if strategy == "fsdp2" else strategy)
+    if lay.legacy and lookup(cfg, "trainer.use_legacy_worker_impl", "auto") == "disable":
+        lay = Layout(lay.version, lay.strategy, False, lay.plugins, lay.learners)
+    want = policy.dtype
+    out: list[Contradiction] = []
+
+    has_rollout = lookup(cfg, ROLLOUT) is not None
+    rollout = canonical_dtype(lookup(cfg, f"{ROLLOUT}.dtype", "bfloat16"))
+    if has_rollout and rollout != want:
+        out.append(
+            Contradiction(
+                f"{ROLLOUT}.dtype",
+                f"the rollout engine samples in {rollout} while the policy is {want}",
+                f"set {ROLLOUT}.dtype={want}, or {_FIX}",
+            )
+        )
+
+    for role, path in lay.learners.items():
+        if role == "critic" and not _critic_in_use(cfg):
+            continue
+        section = lookup(cfg, path)
+        if section is None or (role == "ref" and not _ref_in_use(cfg)):
+            continue
+        if lay.megatron:
+            out.extend(_megatron_findings(role, path, section, policy))
+        else:
+            out.extend(_fsdp_findings(role, path, section, policy, lay))
+
+    if want == "float16":
+        if _lora_merge(cfg) and not lay.megatron:
+            out.append(
+                Contradiction(
+                    "actor_rollout_ref.model.lora.merge",
+                    "LoRA with lora.merge=True syncs merged weights to the rollout cast to "
+                    "bfloat16 (verl FSDP engine), so the float16 rollout runs bf16-rounded "
+                    "weights",
+                    "set actor_rollout_ref.model.lora.merge=False (adapters are synced unmerged)",
+                )
+            )
+        backend = lookup(cfg, f"{ROLLOUT}.checkpoint_engine.backend")
+        if backend == "delta_sharded":
+            out.append(
+                Contradiction(
+                    f"{ROLLOUT}.checkpoint_engine.backend",
+                    "the delta_sharded weight sync casts weights to bfloat16 before the "
+                    "float16 rollout loads them",
+                    f"set {ROLLOUT}.checkpoint_engine.backend=naive",
+                )
+            )
+        no_scaler = lay.version < NEW_ENGINE_SINCE and not lay.legacy
+        if policy.uses_loss_scaler and not lay.megatron and no_scaler:
+            out.append(
+                Contradiction(
+                    "trainer.use_legacy_worker_impl",
+                    f"trainer.use_legacy_worker_impl=disable on verl {lay.version}: its new "
+                    f"FSDP engine has no loss scaler (added in verl 0.8, verl#6150), so "
+                    f"float16 gradients underflow",
+                    "keep the legacy workers (use_legacy_worker_impl=auto) or upgrade to "
+                    "verl >= 0.8",
+                )
+            )
+
+    if (
+        has_rollout
+        and policy.metrics.enabled
+        and not lookup(cfg, f"{ROLLOUT}.calculate_log_probs", False)
+    ):
+        out.append(
+            Contradiction(
+                f"{ROLLOUT}.calculate_log_probs",
+                "rollout log-probs are off, so verl logs no train/rollout mismatch metrics "
+                "(training/rollout_probs_diff_*, rollout_corr/*)",
+                f"set {ROLLOUT}.calculate_log_probs=True",
+            )
+        )
+    return out
+
+
+def settle(
+    problems: list[Contradiction], policy: PrecisionPolicy, where: str = "verl config"
+) -> None:
+    """Raise all ``problems`` as one :class:`PrecisionMismatchError` (strictness ``error``) or
+    log them as one warning (``warn``). Nothing happens when there are none."""
+    if not problems:
+        return
+    listed = "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+    head = (
+        f"precision_plugin: the {where} contradicts the {policy.dtype} policy in "
+        f"{len(problems)} place(s): {listed}"
+    )
+    if policy.strictness == "error":
+        raise PrecisionMismatchError(f"{head}. Fix: {_FIX}.")
+    log.warning("%s. verl runs as configured (strictness='warn').", head)
+
+
+def check_config(
+    cfg: Any,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    *,
+    verl_version: str | Version | None = None,
+    strategy: str | None = None,
+) -> list[Contradiction]:
+    """Check a composed verl config (OmegaConf, dict or verl dataclasses) against the policy.
+
+    Reports every contradiction: rollout and learner dtypes that differ (including
+    ``fsdp_config.dtype`` set where verl >= 0.8 ignores it), a reference model in another dtype,
+    a LoRA-merge or delta-shard weight sync that casts to bf16 under a float16 rollout, a
+    float16 learner without a loss scaler, and mismatch metrics switched off. Under
+    ``strictness="error"`` they are raised together as one :class:`PrecisionMismatchError`,
+    else logged as one warning. ``policy`` goes through
+    :func:`precision_plugin.manager.resolve_policy`; ``verl_version`` defaults to the installed
+    verl, ``strategy`` to ``actor_rollout_ref.actor.strategy``. Returns the contradictions.
+    """
+    pol = resolve_policy(policy, what="precision_plugin.verl.check_config()")
+    problems = find_contradictions(cfg, pol, verl_version=verl_version, strategy=strategy)
+    settle(problems, pol)
+    return problems

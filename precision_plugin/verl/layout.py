@@ -1,0 +1,130 @@
+"""Where verl keeps each precision setting, by verl version and learner strategy (pure, no verl).
+
+Checked against verl's own ``verl/trainer/config/_generated_ppo{,_megatron}_trainer.yaml`` and
+worker code of the PyPI releases 0.7.1, 0.8.0 and 0.9.1:
+
+- rollout: ``actor_rollout_ref.rollout.dtype`` (vLLM/SGLang ``dtype``), every version;
+  ``actor_rollout_ref.rollout.calculate_log_probs`` (default false before 0.9, true from 0.9).
+- FSDP, verl <= 0.7 (legacy workers, the default ``trainer.use_legacy_worker_impl=auto``): the
+  actor and reference autocast in ``fsdp_config.dtype`` and build their ``ShardedGradScaler`` from
+  it (``dp_actor.py``); the FSDP parameter dtype is ``fsdp_config.mixed_precision.param_dtype``
+  when set, else ``fsdp_config.dtype``. The legacy critic reads only ``mixed_precision`` and
+  autocasts in bf16 whatever the config says. Critic section: ``critic.model.fsdp_config``.
+- FSDP, verl >= 0.8 (#6067 removed the legacy workers): the engine reads only
+  ``fsdp_config.mixed_precision.param_dtype`` (default bf16) for parameters, autocast and the
+  scaler; ``fsdp_config.dtype`` still validates but only Megatron reads it. Critic section:
+  ``critic.fsdp``.
+- Megatron (``ppo_megatron_trainer``): ``<role>.megatron.dtype`` (``bfloat16`` or ``float16``
+  only), every version.
+- vLLM engine kwargs: ``actor_rollout_ref.rollout.engine_kwargs.vllm.<name>``.
+- Ray workers' environment: ``ray_kwargs.ray_init.runtime_env.env_vars.<NAME>`` (merged over
+  verl's defaults in ``main_ppo.run_ppo``).
+- ``verl.plugins`` entry points are loaded by ``import verl`` from 0.9.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from precision_plugin import versions
+from precision_plugin.errors import PrecisionConfigError
+
+#: First release without the legacy FSDP workers (verl#6067).
+NEW_ENGINE_SINCE = Version("0.8.0")
+#: First release whose ``import verl`` loads the ``verl.plugins`` entry-point group.
+PLUGINS_SINCE = Version("0.9.0")
+#: The layout assumed when no verl is installed and no version is given.
+ASSUMED_VERSION = Version("0.9.1")
+
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+
+#: verl's entry-point group (``verl/__init__.py``, >= 0.9) and this plugin's name in it.
+ENTRY_POINT_GROUP = "verl.plugins"
+ENTRY_POINT_NAME = "precision_plugin"
+
+ROLLOUT = "actor_rollout_ref.rollout"
+VLLM_ENGINE_KWARGS = f"{ROLLOUT}.engine_kwargs.vllm"
+RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+#: verl's spellings: ``dtype`` fields take torch names, ``mixed_precision`` short ones.
+LONG_NAME = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+SHORT_NAME = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_CANONICAL = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "32": "float32",
+}
+
+
+def canonical_dtype(value: object) -> str | None:
+    """verl's many spellings of a dtype (``fp16``, ``float16``, 16, ``torch.float16``) -> one."""
+    if value is None:
+        return None
+    text = str(value).strip().lower().removeprefix("torch.")
+    return _CANONICAL.get(text, text)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The precision keys of one verl version and learner strategy.
+
+    ``learners`` maps a role (``actor``, ``ref``, ``critic``) to the config path of its engine
+    section; ``legacy`` says the FSDP legacy workers are verl's default (verl < 0.8).
+    """
+
+    version: Version
+    strategy: str
+    legacy: bool
+    plugins: bool
+    learners: dict[str, str]
+
+    @property
+    def megatron(self) -> bool:
+        """True for the Megatron learner."""
+        return self.strategy == "megatron"
+
+
+def verl_version(version: str | Version | None = None) -> Version:
+    """``version`` when given, else the installed verl's, else :data:`ASSUMED_VERSION`."""
+    if version is not None:
+        try:
+            return versions.parse_version(version)
+        except InvalidVersion:
+            raise PrecisionConfigError(
+                f"verl version {version!r} was given, which is not a version number; pass one "
+                f"such as '0.9.1' (or nothing, for the installed verl)."
+            ) from None
+    return versions.installed_version("verl") or ASSUMED_VERSION
+
+
+def layout(version: str | Version | None = None, strategy: str = "fsdp") -> Layout:
+    """The :class:`Layout` of verl ``version`` (default: installed) for ``strategy``."""
+    if strategy not in STRATEGIES:
+        raise PrecisionConfigError(
+            f"verl strategy {strategy!r} was asked for; precision_plugin knows "
+            f"{', '.join(STRATEGIES)}. Pass strategy='fsdp' (also for fsdp2) or 'megatron'."
+        )
+    v = verl_version(version)
+    legacy = v < NEW_ENGINE_SINCE
+    if strategy == "megatron":
+        learners = {
+            "actor": "actor_rollout_ref.actor.megatron",
+            "ref": "actor_rollout_ref.ref.megatron",
+            "critic": "critic.megatron",
+        }
+    else:
+        learners = {
+            "actor": "actor_rollout_ref.actor.fsdp_config",
+            "ref": "actor_rollout_ref.ref.fsdp_config",
+            "critic": "critic.model.fsdp_config" if legacy else "critic.fsdp",
+        }
+    return Layout(v, strategy, legacy, v >= PLUGINS_SINCE, learners)

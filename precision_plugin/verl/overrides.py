@@ -1,0 +1,129 @@
+"""The Hydra overrides that make a verl run follow the policy (pure; verl is never imported)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from packaging.version import Version
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.manager import resolve_policy
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
+from precision_plugin.verl.layout import (
+    LONG_NAME,
+    RAY_ENV_VARS,
+    ROLLOUT,
+    SHORT_NAME,
+    VLLM_ENGINE_KWARGS,
+    Layout,
+    layout,
+)
+
+_AUTO: Any = object()
+
+
+def _changes(value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            nested = _changes(item, default[key])
+            if nested:
+                out[key] = nested
+        elif item != default[key]:
+            out[key] = item
+    return out
+
+
+def env_value(policy: PrecisionPolicy) -> str:
+    """The ``PRECISION_PLUGIN`` value that carries ``policy`` into Ray workers, Hydra-quoted.
+
+    A policy that differs from the defaults only in its dtype travels as the dtype name; any
+    other as single-quoted compact JSON of the fields that differ (no spaces, so
+    ``$(precision-plugin verl-overrides)`` splits it as one word, and Hydra reads the quotes).
+    """
+    changes = _changes(policy.to_dict(), PrecisionPolicy().to_dict())
+    changes.pop("dtype", None)
+    if not changes:
+        return policy.dtype
+    data = {"dtype": policy.dtype, **changes}
+    return "'" + json.dumps(data, sort_keys=True, separators=(",", ":")) + "'"
+
+
+def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
+    """Overrides for the actor, reference and critic learners of ``lay``.
+
+    FSDP gets both keys on every version: ``mixed_precision.param_dtype`` is what the engine of
+    verl >= 0.8 (and the legacy critic) reads, ``fsdp_config.dtype`` what the legacy actor and
+    reference of verl <= 0.7 autocast and scale in; setting both keeps the config free of the
+    ignored-key trap either way. ``++`` adds ``mixed_precision``, absent from verl's YAML.
+    """
+    out: list[str] = []
+    if lay.megatron:
+        if policy.dtype not in ("float16", "bfloat16"):
+            raise PrecisionConfigError(
+                f"verl's Megatron learner was asked to run {policy.dtype}; megatron.dtype "
+                f"accepts only bfloat16 or float16 (verl McoreEngineConfig). Use "
+                f"dtype='float16' or 'bfloat16', or the FSDP strategy."
+            )
+        for section in lay.learners.values():
+            out.append(f"{section}.dtype={LONG_NAME[policy.dtype]}")
+        return out
+    for section in lay.learners.values():
+        out.append(f"{section}.dtype={LONG_NAME[policy.dtype]}")
+        out.append(f"++{section}.mixed_precision.param_dtype={SHORT_NAME[policy.dtype]}")
+    return out
+
+
+def cascade_overrides(
+    policy: PrecisionPolicy, *, vllm_version: Any = _AUTO, capability: Any = _AUTO
+) -> list[str]:
+    """``disable_cascade_attn=True`` through the rollout's vLLM engine kwargs, where needed.
+
+    The decision is the vLLM adapter's (installed vLLM and GPU unless given). Where vLLM has
+    no flag (< 0.8.2) the vLLM general plugin, reached through ``PRECISION_PLUGIN``, patches the
+    engine instead; where the flag is deprecated (>= 0.32) nothing is passed.
+    """
+    from precision_plugin.vllm import cascade_guard
+
+    kwargs: dict[str, Any] = {}
+    if vllm_version is not _AUTO:
+        kwargs["version"] = vllm_version
+    if capability is not _AUTO:
+        kwargs["capability"] = capability
+    decision = cascade_guard(policy, **kwargs)
+    if decision.action == "pass_flag":
+        return [f"++{VLLM_ENGINE_KWARGS}.disable_cascade_attn=True"]
+    return []
+
+
+def overrides(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    *,
+    verl_version: str | Version | None = None,
+    strategy: str = "fsdp",
+    vllm_version: Any = _AUTO,
+    gpu_capability: Any = _AUTO,
+) -> list[str]:
+    """The Hydra overrides that make a verl PPO/GRPO run follow ``policy``.
+
+    ``policy`` is resolved by :func:`precision_plugin.manager.resolve_policy` (argument, active
+    ``enable()`` policy, ``PRECISION_PLUGIN``, defaults). ``verl_version`` defaults to the
+    installed verl (else the current layout, >= 0.8); ``strategy`` is the learner: ``fsdp``
+    (also for fsdp2) or ``megatron``. ``vllm_version``/``gpu_capability`` default to the
+    installed vLLM and the visible GPU (for the cascade-attention guard). Append the result to
+    ``python -m verl.trainer.main_ppo ...``: the rollout dtype, every learner's dtype,
+    ``calculate_log_probs`` (so verl logs its mismatch metrics), the cascade guard where the
+    vLLM needs it, and ``PRECISION_PLUGIN`` in the Ray workers' environment (so every vLLM
+    engine's general plugin and verl's plugin hook enforce the same policy).
+    """
+    pol = resolve_policy(policy, what="precision_plugin.verl.overrides()")
+    lay = layout(verl_version, strategy)
+    return [
+        f"{ROLLOUT}.dtype={LONG_NAME[pol.dtype]}",
+        *learner_overrides(pol, lay),
+        f"{ROLLOUT}.calculate_log_probs=True",
+        *cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability),
+        f"++{RAY_ENV_VARS}.{ENV_VAR}={env_value(pol)}",
+    ]
