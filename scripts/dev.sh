@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: sets up what it needs, then runs the job.
 #   bash scripts/dev.sh probe [probe options]   # the main job: the mismatch probe, embedded model
-#   bash scripts/dev.sh test  [pytest options]  # every test, the vLLM contract tests, the docs build
+#   bash scripts/dev.sh test  [pytest options]  # every test, vLLM/verl contract tests, docs build
 #   bash scripts/dev.sh setup                   # only the set-up
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,8 @@ root=$(pwd)
 venv="${PRECISION_PLUGIN_VENV:-$root/.venv}"
 vllm_venv="${PRECISION_PLUGIN_VLLM_VENV:-$root/.venv-vllm}"
 vllm_old_venv="${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old}"
+verl_venv="${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}"
+verl_old_venv="${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}"
 py="${PYTHON:-python3}"
 
 setup_main() {
@@ -36,12 +38,20 @@ setup_vllm() {
   bash scripts/setup_vllm_env.sh "$vllm_old_venv" old
 }
 
+setup_verl() {
+  # verl's config layer on the CPU torch, verl without its heavy deps (tests/contract_verl/):
+  # 0.9.1 (FSDP engine, verl.plugins) and 0.7.1 (legacy FSDP workers), either side of verl 0.8.
+  bash scripts/setup_verl_env.sh "$verl_venv"
+  bash scripts/setup_verl_env.sh "$verl_old_venv" old
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   setup)
     setup_main
     setup_vllm
+    setup_verl
     ;;
   probe)
     setup_main
@@ -50,15 +60,20 @@ case "$cmd" in
   test)
     setup_main
     setup_vllm
+    setup_verl
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
     echo ">> ruff"
     "$venv/bin/ruff" check precision_plugin tests scripts integrations
     echo ">> pytest"
-    "$venv/bin/python" -m pytest --ignore=tests/contract "$@"
+    "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl "$@"
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
     echo ">> pytest (vLLM 0.10.1 contract tests, separate environment)"
     "$vllm_old_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
+    echo ">> pytest (verl 0.9.1 contract tests, separate environment)"
+    "$verl_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
+    echo ">> pytest (verl 0.7.1 contract tests, separate environment)"
+    "$verl_old_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
     echo ">> mkdocs build --strict"
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;

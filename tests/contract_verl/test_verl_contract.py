@@ -1,0 +1,220 @@
+"""The plugin against real verl: its composed configs, its dataclasses, its plugin loader."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import verl
+from conftest import ROOT, VERL_VERSION, compose_verl, run_installed
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.torch_dtypes import PrecisionType
+
+from precision_plugin import PrecisionPolicy
+from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.verl import check_config, layout, overrides
+from precision_plugin.verl.doctor import doctor_findings
+
+LEGACY = VERL_VERSION.release < (0, 8)
+NO_VLLM = {"vllm_version": None, "gpu_capability": None}
+STRATEGIES = ["fsdp", "fsdp2", "megatron"]
+
+
+def learner_dtypes(cfg, strategy: str) -> dict[str, torch.dtype]:
+    """The torch dtype each learner computes in, read from verl's own dataclasses the way
+    verl's workers read them (after omega_conf_to_dataclass)."""
+    out = {}
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    sections = {"actor": actor.megatron if strategy == "megatron" else actor.fsdp_config}
+    for role, path in layout(VERL_VERSION, strategy).learners.items():
+        if role != "actor":
+            node = cfg
+            for part in path.split("."):
+                node = node[part]
+            sections[role] = omega_conf_to_dataclass(node)
+    for role, engine in sections.items():
+        if strategy == "megatron":
+            out[role] = PrecisionType.to_dtype(engine.dtype)  # McoreEngineConfig.dtype
+        elif LEGACY and role != "critic":
+            out[role] = PrecisionType.to_dtype(engine.dtype)  # legacy dp_actor autocast/scaler
+            if engine.mixed_precision is not None:  # legacy FSDP param dtype
+                mp = PrecisionType.to_dtype(engine.mixed_precision["param_dtype"])
+                assert mp == out[role], f"{role}: FSDP params {mp}, autocast {out[role]}"
+        elif LEGACY:  # the legacy critic: FSDP params from mixed_precision, autocast below
+            out[role] = legacy_critic_autocast()
+        else:  # FSDP engine: mixed_precision, default bf16
+            mp = engine.mixed_precision or {}
+            out[role] = PrecisionType.to_dtype(mp.get("param_dtype", "bf16"))
+    return out
+
+
+def legacy_critic_autocast() -> torch.dtype:
+    """The autocast dtype of verl <= 0.7's legacy FSDP critic, read from its source."""
+    source = (Path(verl.__file__).parent / "workers" / "critic" / "dp_critic.py").read_text()
+    found = re.search(
+        r"torch\.autocast\(device_type=self\.device_name, dtype=torch\.(\w+)\)", source
+    )
+    assert found, "verl's legacy critic no longer autocasts in a fixed dtype"
+    return getattr(torch, found.group(1))
+
+
+def rollout_dtype(cfg) -> torch.dtype:
+    """The dtype verl passes to vLLM, from verl's RolloutConfig."""
+    return PrecisionType.to_dtype(omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).dtype)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_overrides_make_rollout_and_every_learner_agree(strategy, dtype):
+    cfg = compose_verl(overrides(dtype, strategy=strategy, **NO_VLLM), strategy)
+    want = PrecisionType.to_dtype(dtype)
+    assert rollout_dtype(cfg) == want
+    learners = learner_dtypes(cfg, strategy)
+    assert set(learners) == {"actor", "ref", "critic"}
+    policy = PrecisionPolicy(dtype=dtype, strictness="error")
+    if learners["critic"] != want:  # verl <= 0.7's legacy critic: bf16 whatever the config
+        assert LEGACY and strategy != "megatron" and dtype == "float16"
+        assert cfg.algorithm.adv_estimator == "gae"  # verl's default: the critic is in use
+        with pytest.raises(PrecisionMismatchError, match=r"\[critic\.model\.fsdp_config\]"):
+            check_config(cfg, policy, strategy=strategy)
+        learners.pop("critic")
+        cfg.algorithm.adv_estimator = "grpo"  # no critic: everything else must agree
+    assert learners == dict.fromkeys(learners, want)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert rollout.calculate_log_probs is True
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars["PRECISION_PLUGIN"] == dtype
+    assert check_config(cfg, policy, strategy=strategy) == []
+
+
+def test_verl_defaults_are_bf16_and_check_config_says_where():
+    cfg = compose_verl([])
+    assert rollout_dtype(cfg) == torch.bfloat16
+    assert learner_dtypes(cfg, "fsdp")["actor"] == torch.bfloat16
+    keys = [p.key for p in check_config(cfg, "float16")]
+    assert "actor_rollout_ref.rollout.dtype" in keys
+    assert any(k.startswith("actor_rollout_ref.actor.fsdp_config") for k in keys)
+
+
+def test_the_trap_key_alone():
+    """fsdp_config.dtype=float16 validates on every verl; only verl >= 0.8 ignores it."""
+    trap = [
+        "algorithm.adv_estimator=grpo",  # no critic (verl <= 0.7's legacy one autocasts bf16)
+        "actor_rollout_ref.rollout.dtype=float16",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float16",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+    ]
+    cfg = compose_verl(trap)
+    engine = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).fsdp_config
+    assert engine.dtype == "float16" and engine.mixed_precision is None
+    strict = PrecisionPolicy(strictness="error")
+    if LEGACY:  # the legacy actor autocasts and scales in fsdp_config.dtype: no trap
+        assert learner_dtypes(cfg, "fsdp")["actor"] == torch.float16
+        assert check_config(cfg, strict) == []
+        return
+    assert learner_dtypes(cfg, "fsdp")["actor"] == torch.bfloat16  # what the engine runs
+    with pytest.raises(PrecisionMismatchError) as err:
+        check_config(cfg, strict)
+    assert "actor_rollout_ref.actor.fsdp_config.dtype" in str(err.value)
+    assert "ignores" in str(err.value)
+
+
+def test_cascade_flag_reaches_verls_vllm_engine_kwargs():
+    cfg = compose_verl(overrides(vllm_version="0.10.1", gpu_capability=(8, 0)))
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert rollout.engine_kwargs["vllm"]["disable_cascade_attn"] is True
+
+
+def test_json_policy_survives_hydra_and_ray_env():
+    policy = PrecisionPolicy(dtype="bfloat16", strictness="error")
+    cfg = compose_verl(overrides(policy, **NO_VLLM))
+    value = cfg.ray_kwargs.ray_init.runtime_env.env_vars["PRECISION_PLUGIN"]
+    assert PrecisionPolicy.from_env({"PRECISION_PLUGIN": value}) == policy
+
+
+def test_the_command_line_output_composes_as_the_shell_splits_it():
+    cli = [sys.executable, "-m", "precision_plugin", "verl-overrides", "--dtype", "fp16"]
+    text = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
+    cfg = compose_verl(text.split())  # what $(precision-plugin verl-overrides) passes
+    assert rollout_dtype(cfg) == torch.float16
+    learners = learner_dtypes(cfg, "fsdp")
+    assert learners["actor"] == learners["ref"] == torch.float16
+
+
+def test_grpo_recipe_composes_to_a_consistent_config(tmp_path):
+    script = ROOT / "integrations" / "verl" / "run_grpo.sh"
+    text = script.read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("exec python3"))
+    args = [a for a in shlex.split(line)[4:] if a not in ("$OVERRIDES", "$@")]
+    for name, value in {
+        "MODEL": "/tmp/model",
+        "DATA": str(tmp_path),
+        "NGPUS": "8",
+        "DTYPE": "float16",
+    }.items():
+        args = [a.replace(f"${name}", value) for a in args]
+    cfg = compose_verl([*args, *overrides(**NO_VLLM)])
+    assert check_config(cfg, PrecisionPolicy(strictness="error")) == []
+
+
+def test_doctor_sees_verl_and_its_defaults():
+    findings = doctor_findings(PrecisionPolicy())
+    assert findings[0].details["version"] == str(VERL_VERSION)
+    statuses = {f.status for f in findings}
+    assert "change" in statuses  # verl's bf16 defaults contradict the float16 policy
+
+
+_PROBE = """
+import importlib.metadata as md, sys
+import precision_plugin
+print("FILE", precision_plugin.__file__)
+eps = [ep.value for ep in md.entry_points(group="verl.plugins") if ep.name == "precision_plugin"]
+print("EP", eps)
+import verl
+from verl.utils import config
+from precision_plugin.patching import is_patched
+print("LOADED", "precision_plugin.verl.plugin" in sys.modules)
+print("WRAPPED", is_patched(config.omega_conf_to_dataclass))
+from hydra import compose, initialize_config_dir
+import os
+d = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+with initialize_config_dir(config_dir=d, version_base=None):
+    cfg = compose("ppo_trainer", overrides=["actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float16"])
+try:
+    config.omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    print("RAISED no")
+except Exception as exc:
+    print("RAISED", type(exc).__name__, str(exc).replace(chr(10), " "))
+"""
+
+
+def test_entry_point_is_found_by_verls_own_loader(tmp_path):
+    strict = '{"dtype":"float16","strictness":"error"}'
+    on = run_installed(_PROBE, tmp_path, PRECISION_PLUGIN=strict)
+    assert on["EP"] == "['precision_plugin.verl.plugin']"
+    if VERL_VERSION.release < (0, 9):  # no verl.plugins loader: VERL_USE_EXTERNAL_MODULES
+        assert on["LOADED"] == "False" and on["WRAPPED"] == "False"
+        on = run_installed(
+            _PROBE,
+            tmp_path,
+            PRECISION_PLUGIN=strict,
+            VERL_USE_EXTERNAL_MODULES="precision_plugin.verl.plugin",
+        )
+    assert on["LOADED"] == "True" and on["WRAPPED"] == "True"
+    if LEGACY:  # fsdp_config.dtype is what the legacy actor reads: nothing to refuse
+        assert on["RAISED"] == "no"
+    else:
+        assert on["RAISED"].startswith("PrecisionMismatchError")
+        assert "actor_rollout_ref.actor.fsdp_config.dtype" in on["RAISED"]
+
+
+def test_without_the_env_var_the_plugin_changes_nothing(tmp_path):
+    off = run_installed(_PROBE, tmp_path, VERL_USE_EXTERNAL_MODULES="precision_plugin.verl.plugin")
+    assert off["LOADED"] == "True" and off["WRAPPED"] == "False"
+    assert off["RAISED"] == "no"
