@@ -4,7 +4,7 @@
 worker. When ``PRECISION_PLUGIN`` is set there (``verl-overrides`` puts it in the Ray runtime
 environment), it wraps ``verl.utils.config.omega_conf_to_dataclass``, the one function verl's
 workers use to turn their config section into dataclasses, so each section a worker builds (its
-actor, reference or rollout config) is checked against the policy before the worker uses it:
+actor, reference or policy-rollout config) is checked against the policy before the worker uses it:
 a contradiction raises :class:`~precision_plugin.errors.PrecisionMismatchError` in the worker
 under ``strictness="error"``, else is logged once per process. Without ``PRECISION_PLUGIN``
 importing this module changes nothing.
@@ -39,10 +39,12 @@ _reported: set[str] = set()
 def section_config(obj: Any) -> dict[str, Any] | None:
     """Place one converted verl config section where :func:`find_contradictions` looks for it.
 
-    A rollout config (``dtype`` and ``calculate_log_probs``) or an actor/reference config
-    (``strategy`` with ``fsdp_config`` or ``megatron``); ``None`` for any other section.
+    A rollout config that computes log-probs (the policy's rollout; a generative reward model's
+    rollout is also a ``RolloutConfig``, with ``calculate_log_probs`` off, and is left alone) or
+    an actor/reference config (``strategy`` with ``fsdp_config`` or ``megatron``); ``None`` for
+    any other section.
     """
-    if hasattr(obj, "calculate_log_probs") and hasattr(obj, "dtype"):
+    if hasattr(obj, "dtype") and getattr(obj, "calculate_log_probs", False):
         return {"actor_rollout_ref": {"rollout": obj}}
     if hasattr(obj, "strategy") and (hasattr(obj, "fsdp_config") or hasattr(obj, "megatron")):
         return {"actor_rollout_ref": {"actor": obj}}

@@ -286,6 +286,8 @@ def test_check_reads_dataclasses_and_attribute_objects():
 def test_worker_sections_are_checked_one_by_one():
     assert section_config(_Rollout()) == {"actor_rollout_ref": {"rollout": _Rollout()}}
     assert section_config(SimpleNamespace(lr=1.0)) is None
+    # a generative reward model's rollout: a RolloutConfig without log-probs, not the policy's
+    assert section_config(_Rollout(dtype="bfloat16", calculate_log_probs=False)) is None
     strict = PrecisionPolicy(strictness="error")
     assert check_section(_Rollout(), strict) == []
     with pytest.raises(PrecisionMismatchError, match="ignores"):
