@@ -54,6 +54,7 @@ src_stamp="$venv/.precision_plugin-verl-src"
 src=$(find precision_plugin -name '*.py' -o -name 'py.typed' | LC_ALL=C sort | xargs cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src" ]; then
   echo ">> installing precision_plugin (non-editable) into $venv"
+  rm -rf build  # setuptools reuses build/lib: modules moved or deleted since would ship again
   "${pip[@]}" --no-deps --force-reinstall .
   echo "$src" > "$src_stamp"
 fi
