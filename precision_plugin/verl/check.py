@@ -94,6 +94,15 @@ def _fsdp_findings(
     param = canonical_dtype(lookup(section, "mixed_precision.param_dtype"))
     out: list[Contradiction] = []
     if runs == want:
+        if legacy and not critic and param is not None and param != want:
+            out.append(
+                Contradiction(
+                    f"{path}.mixed_precision.param_dtype",
+                    f"the {name} autocasts in {want} but keeps its FSDP parameters in {param} "
+                    f"({path}.mixed_precision.param_dtype)",
+                    f"set ++{path}.mixed_precision.param_dtype={SHORT_NAME[want]}, or {_FIX}",
+                )
+            )
         return out
     if not legacy and declared == want:
         out.append(
@@ -111,7 +120,8 @@ def _fsdp_findings(
                 path,
                 f"the legacy FSDP critic of verl {lay.version} autocasts in bfloat16 whatever "
                 f"its config says, so it cannot run the {want} policy",
-                "upgrade to verl >= 0.8, or set trainer.use_legacy_worker_impl=disable",
+                "upgrade to verl >= 0.8 (its FSDP engine reads mixed_precision for the critic "
+                "too), or train without a critic (e.g. algorithm.adv_estimator=grpo)",
             )
         )
     elif legacy and param == want:

@@ -213,6 +213,10 @@ def test_the_same_key_is_right_on_legacy_verl_and_mixed_precision_alone_is_not()
     (problem,) = check_config(mp_only, "float16", verl_version=OLD)
     assert problem.key == "actor_rollout_ref.actor.fsdp_config.dtype"
     assert "autocast" in problem.message
+    split = apply(cfg, ["++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
+    (problem,) = check_config(split, "float16", verl_version=OLD)
+    assert problem.key == "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+    assert "FSDP parameters in bfloat16" in problem.message
 
 
 def test_every_contradiction_is_named_in_one_error():
