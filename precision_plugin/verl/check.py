@@ -21,6 +21,7 @@ from precision_plugin.verl.layout import (
     NEW_ENGINE_SINCE,
     ROLLOUT,
     SHORT_NAME,
+    VERL_FSDP_SCALER,
     Layout,
     canonical_dtype,
     layout,
@@ -238,6 +239,23 @@ def find_contradictions(
                     "the delta_sharded weight sync casts weights to bfloat16 before the "
                     "float16 rollout loads them",
                     f"set {ROLLOUT}.checkpoint_engine.backend=naive",
+                )
+            )
+        scaler = policy.loss_scaler
+        differs = {
+            k: getattr(scaler, k) for k, v in VERL_FSDP_SCALER.items() if getattr(scaler, k) != v
+        }
+        has_actor = lookup(cfg, "actor_rollout_ref.actor") is not None
+        if policy.uses_loss_scaler and not lay.megatron and has_actor and differs:
+            asked = ", ".join(f"{k}={v}" for k, v in differs.items())
+            out.append(
+                Contradiction(
+                    "policy.loss_scaler",
+                    f"the policy asks for loss_scaler {asked}, but verl's FSDP loss scaler is "
+                    f"hard-coded (ShardedGradScaler(growth_interval=400), torch's defaults "
+                    f"otherwise): verl runs "
+                    + ", ".join(f"{k}={VERL_FSDP_SCALER[k]}" for k in differs),
+                    "use the default loss_scaler settings with verl",
                 )
             )
         no_scaler = lay.version < NEW_ENGINE_SINCE and not lay.legacy

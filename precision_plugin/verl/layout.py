@@ -40,6 +40,15 @@ ASSUMED_VERSION = Version("0.9.1")
 
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 
+#: verl's FSDP loss scaler: ``ShardedGradScaler(growth_interval=400)`` with torch's other
+#: defaults, hard-coded in the legacy actor (verl#4036) and the FSDP engine (verl#6150).
+VERL_FSDP_SCALER = {
+    "init_scale": 2.0**16,
+    "growth_factor": 2.0,
+    "backoff_factor": 0.5,
+    "growth_interval": 400,
+}
+
 #: verl's entry-point group (``verl/__init__.py``, >= 0.9) and this plugin's name in it.
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "precision_plugin"

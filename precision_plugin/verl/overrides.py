@@ -9,6 +9,7 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.verl.layout import (
@@ -121,7 +122,7 @@ def overrides(
     pol = resolve_policy(policy, what="precision_plugin.verl.overrides()")
     lay = layout(verl_version, strategy)
     return [
-        f"{ROLLOUT}.dtype={LONG_NAME[pol.dtype]}",
+        f"{ROLLOUT}.dtype={vllm_dtype(pol)}",
         *learner_overrides(pol, lay),
         f"{ROLLOUT}.calculate_log_probs=True",
         *cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability),

@@ -325,3 +325,16 @@ def test_doctor_reports_nothing_without_verl():
     if package_info("verl") is not None:
         pytest.skip("verl is installed here")
     assert doctor_findings(PrecisionPolicy()) == []
+
+
+def test_a_loss_scaler_verl_cannot_run_is_named():
+    cfg = apply(verl_defaults(NEW), overrides("float16", verl_version=NEW, **NO_VLLM))
+    policy = PrecisionPolicy(loss_scaler={"growth_interval": 200})
+    (problem,) = check_config(cfg, policy, verl_version=NEW)
+    assert "growth_interval=200" in problem.message and "growth_interval=400" in problem.message
+    megatron = apply(
+        verl_defaults(NEW, "megatron"),
+        overrides("float16", verl_version=NEW, strategy="megatron", **NO_VLLM),
+    )
+    assert check_config(megatron, policy, verl_version=NEW, strategy="megatron") == []
+    assert check_section(_Rollout(), policy.replace(strictness="error")) == []  # no learner here
