@@ -46,6 +46,13 @@ _DTYPE_ALIASES: dict[str, str] = {
     "torch.float": "float32",
 }
 
+#: Largest finite float32 (torch's GradScaler keeps the scale in a float32 tensor) and the
+#: smallest positive normal one: a scale setting outside them becomes inf or 0 where it is used.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+#: Counters and intervals end up in int64 (torch's growth_interval and step tracker).
+INT64_MAX = 2**63 - 1
+
 _ENV_OFF = {"", "0", "false", "off", "no", "none", "disable", "disabled"}
 _ENV_DEFAULT = {"1", "true", "on", "yes", "enable", "enabled"}
 
@@ -112,8 +119,9 @@ class LossScalerSettings:
     max_skips_at_min: int = field(
         default=20,
         metadata=_help(
-            "Consecutive skipped steps at min_scale before on_min_scale acts: the run is no "
-            "longer learning, only skipping."
+            "on_min_scale acts when the scale is at min_scale and the current run of "
+            "consecutive skipped steps (counted from its first skip) reaches this many, and "
+            "again at every further multiple: the run is no longer learning, only skipping."
         ),
     )
     on_min_scale: Literal["error", "warn"] = field(
@@ -126,6 +134,16 @@ class LossScalerSettings:
 
     def __post_init__(self) -> None:
         _validate_fields(self, "loss_scaler.")
+        for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale"):
+            value = getattr(self, name)
+            _require(
+                value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX,
+                f"loss_scaler.{name}",
+                value,
+                f"a number float32 represents, {FLOAT32_TINY:.4g} .. {FLOAT32_MAX:.4g} (the scaler "
+                f"keeps it in float32, where this value becomes "
+                f"{'inf' if abs(value) > FLOAT32_MAX else '0'})",
+            )
         _require(self.init_scale > 0, "loss_scaler.init_scale", self.init_scale, "a number > 0")
         _require(self.growth_factor > 1, "loss_scaler.growth_factor", self.growth_factor, "> 1")
         _require(
@@ -211,6 +229,7 @@ class MetricSettings:
     def __post_init__(self) -> None:
         _validate_fields(self, "metrics.")
         _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
+        _require(self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0")
         _require(
             0 < self.prob_diff_ok <= self.prob_diff_bad,
             "metrics.prob_diff_ok",
@@ -445,11 +464,25 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise PrecisionConfigError(f"{where}: expected an integer, got {value!r}.")
+        if abs(value) > INT64_MAX:
+            raise PrecisionConfigError(
+                f"{where}: {value!r} does not fit in a 64-bit integer, where torch and DeepSpeed "
+                f"keep it; allowed: up to {INT64_MAX}."
+            )
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise PrecisionConfigError(
+                f"{where}: {value!r} is not a finite number; pass a finite one (inf/nan would "
+                f"never trigger or always trigger what this setting controls)."
+            )
+        return number
     if origin is tuple:
         return _string_tuple(value, where)
     return value

@@ -33,7 +33,7 @@ from precision_plugin.frameworks import (
     deepspeed_enabled_sections,
     deepspeed_flag,
 )
-from precision_plugin.manager import requested_policy
+from precision_plugin.manager import requested_policy, resolve_policy
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 
 log = logging.getLogger("precision_plugin")
@@ -52,15 +52,7 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
     if isinstance(cfg, (str, os.PathLike)):
         text = os.fspath(cfg)
         if os.path.exists(text):
-            try:
-                with open(text, encoding="utf-8") as fh:
-                    data = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise PrecisionConfigError(
-                    f"DeepSpeed config {text!r} is not valid JSON ({exc.msg} at line "
-                    f"{exc.lineno}, column {exc.colno}). Fix the file, or pass the config as a "
-                    f"dict."
-                ) from None
+            data = _read_json_file(text)
         else:
             try:
                 data = json.loads(text)
@@ -79,7 +71,36 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
     )
 
 
-def config_policy(cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None) -> PrecisionPolicy:
+def _read_json_file(path: str) -> Any:
+    """Parse a JSON config file; every way it can fail names the file and what is wrong."""
+    if os.path.isdir(path):
+        raise PrecisionConfigError(
+            f"DeepSpeed config {path!r} is a folder, not a file; pass the path of the JSON "
+            f"config inside it (e.g. {os.path.join(path, 'ds_config.json')!r})."
+        )
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise PrecisionConfigError(
+            f"DeepSpeed config {path!r} is not valid JSON ({exc.msg} at line "
+            f"{exc.lineno}, column {exc.colno}). Fix the file, or pass the config as a dict."
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise PrecisionConfigError(
+            f"DeepSpeed config {path!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start}); DeepSpeed configs are JSON files: save it as UTF-8."
+        ) from None
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"DeepSpeed config {path!r} cannot be read ({exc.strerror or exc}); check the path "
+            f"and its permissions."
+        ) from None
+
+
+def config_policy(
+    cfg: Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> PrecisionPolicy:
     """The policy that governs ``cfg``: base policy, then the config's ``precision_plugin`` keys.
 
     The base is ``policy`` when given, else the policy this process was asked to follow
@@ -88,7 +109,12 @@ def config_policy(cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None)
     process (rollouts follow it too), so a different section dtype is coerced to the base dtype
     (strictness ``warn``) or refused (strictness ``error``).
     """
-    explicit = policy if policy is not None else requested_policy()
+    _require_mapping(cfg, "config_policy()")
+    explicit = (
+        resolve_policy(policy, what="DeepSpeed config_policy()")
+        if policy is not None
+        else requested_policy()
+    )
     base = explicit if explicit is not None else PrecisionPolicy()
     section = cfg.get(SECTION)
     if section is None:
@@ -118,7 +144,8 @@ def config_policy(cfg: Mapping[str, Any], policy: PrecisionPolicy | None = None)
 
 
 def apply_config(
-    cfg: Mapping[str, Any] | str | os.PathLike[str], policy: PrecisionPolicy | None = None
+    cfg: Mapping[str, Any] | str | os.PathLike[str],
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
 ) -> dict[str, Any]:
     """Return a copy of DeepSpeed config ``cfg`` that runs the precision policy (``cfg`` untouched).
 
@@ -143,9 +170,19 @@ def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]
     [`apply_config`][precision_plugin.deepspeed.apply_config] is ``translate(cfg, config_policy(cfg,
     policy))``; call this one when the policy is already resolved.
     """
+    _require_mapping(cfg, "translate()")
+    policy = resolve_policy(policy, what="DeepSpeed translate()")
     out = copy.deepcopy(dict(cfg))
     _Translator(out, policy).run()
     return out
+
+
+def _require_mapping(cfg: Any, what: str) -> None:
+    if not isinstance(cfg, Mapping):
+        raise PrecisionConfigError(
+            f"DeepSpeed {what}: expected the config as a dict, got {type(cfg).__name__}; read a "
+            f"JSON file with precision_plugin.deepspeed.load_config(path) first."
+        )
 
 
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:

@@ -3,9 +3,8 @@ whether DeepSpeed's accelerator can run fp16."""
 
 from __future__ import annotations
 
-import sys
-
 from precision_plugin.deepspeed.config import SECTION, apply_config
+from precision_plugin.deepspeed.device import deepspeed_support, unsupported_message, ways_out
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -39,8 +38,8 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
             Finding(
                 "deepspeed",
                 "change",
-                f"a loss scale stuck at its floor ({policy.loss_scaler.min_scale:g}) for "
-                f"{policy.loss_scaler.max_skips_at_min} skipped steps "
+                f"{policy.loss_scaler.max_skips_at_min} consecutive skipped steps that leave "
+                f"the loss scale at its floor ({policy.loss_scaler.min_scale:g}) "
                 + (
                     "stops the run with an actionable error"
                     if policy.loss_scaler.on_min_scale == "error"
@@ -50,28 +49,42 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
                 "precision/loss_scale and precision/skipped_steps are logged",
             )
         )
+    if policy.dtype != "float32":
         findings.extend(_device_findings(policy))
     return findings
 
 
 def _device_findings(policy: PrecisionPolicy) -> list[Finding]:
-    """Whether DeepSpeed's accelerator says it supports fp16 (CPUs often do not)."""
-    if "deepspeed" not in sys.modules:
-        return []  # importing DeepSpeed only to ask is slow and noisy; ask when it is loaded
-    try:
-        from deepspeed.accelerator import get_accelerator
-
-        acc = get_accelerator()
-        if acc.is_fp16_supported():
-            return [Finding("deepspeed", "ok", f"{acc.device_name()} supports fp16 in DeepSpeed")]
-    except Exception as exc:
-        return [Finding("deepspeed", "warning", f"could not query DeepSpeed's accelerator: {exc}")]
+    """Whether DeepSpeed's accelerator runs the policy dtype (most CPUs cannot run fp16)."""
+    support = deepspeed_support()
+    how = "asked DeepSpeed" if support.source == "deepspeed" else "DeepSpeed's rules, not imported"
+    ok = support.supports(policy.dtype)
+    details = {"accelerator": support.accelerator, "source": support.source}
+    if ok is None:
+        return [
+            Finding(
+                "deepspeed",
+                "info",
+                f"whether DeepSpeed's {support.accelerator} accelerator runs {policy.dtype} "
+                f"could not be told without importing DeepSpeed",
+                details=details,
+            )
+        ]
+    if ok:
+        return [
+            Finding(
+                "deepspeed",
+                "ok",
+                f"DeepSpeed's {support.accelerator} accelerator runs {policy.dtype} ({how})",
+                details=details,
+            )
+        ]
     return [
         Finding(
             "deepspeed",
-            "warning",
-            f"DeepSpeed's {acc.device_name()} accelerator reports no fp16 support: engines with "
-            f"fp16 enabled stop with 'Type fp16 is not supported on your device'",
-            fix="run on a GPU, or on a CPU with AVX512-FP16/AMX-FP16; or enable(dtype='bfloat16')",
+            "error",
+            f"{unsupported_message(policy, support)} ({how})",
+            fix=ways_out(policy, support),
+            details=details,
         )
     ]

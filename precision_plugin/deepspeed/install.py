@@ -13,6 +13,7 @@ from typing import Any
 
 from precision_plugin import frameworks
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
+from precision_plugin.deepspeed.device import check_engine_dtype
 from precision_plugin.deepspeed.telemetry import track_engine
 from precision_plugin.errors import settle_conflict
 from precision_plugin.patching import Patcher
@@ -46,10 +47,22 @@ def _initialize(
     if raw is not None:
         cfg = load_config(raw)
         resolved = config_policy(cfg, policy)
+        runs = check_engine_dtype(resolved)  # refuse before DeepSpeed's own device check
         arguments[key] = translate(cfg, resolved)
+        if runs != resolved.dtype:
+            resolved = resolved.replace(dtype=runs)
+            arguments[key] = _precision_off(arguments[key])
     result = original(*bound.args, **bound.kwargs)
     track_engine(result[0], resolved)
     return result
+
+
+def _precision_off(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The translated config with fp16/bf16 off: what runs when the device refuses both."""
+    for name in ("fp16", "bf16", "bfloat16"):
+        if isinstance(cfg.get(name), dict):
+            cfg[name]["enabled"] = False
+    return cfg
 
 
 def _hf_config_init(
