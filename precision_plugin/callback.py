@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from precision_plugin.errors import settle_conflict
-from precision_plugin.manager import get_plugin_manager, resolve_policy
+from precision_plugin.manager import call_each_reported, resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -71,7 +71,9 @@ class PrecisionCallback(TrainerCallback):
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
-        self._policy = resolve_policy(policy, what="PrecisionCallback()") if policy else None
+        self._policy = (
+            resolve_policy(policy, what="PrecisionCallback()") if policy is not None else None
+        )
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
@@ -111,8 +113,13 @@ class PrecisionCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
-        get_plugin_manager().hook.precision_train_begin(
-            policy=self.policy, args=args, state=state, model=model, trainer=self.trainer
+        call_each_reported(
+            "precision_train_begin",
+            policy=self.policy,
+            args=args,
+            state=state,
+            model=model,
+            trainer=self.trainer,
         )
         if model is not None:
             self._overflow.start(model, self.policy)
@@ -179,8 +186,8 @@ class PrecisionCallback(TrainerCallback):
         names.
         """
         merged: dict[str, float] = {}
-        results = get_plugin_manager().hook.precision_collect_metrics(
-            policy=self.policy, trainer=self.trainer
+        results = call_each_reported(
+            "precision_collect_metrics", policy=self.policy, trainer=self.trainer
         )
         for result in reversed(results):  # first-registered adapter wins a name clash
             merged.update(result or {})

@@ -97,6 +97,34 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
     return outcomes
 
 
+def call_each_reported(hook_name: str, *, refusals: bool = True, **kwargs: Any) -> list[Any]:
+    """[`call_each`][precision_plugin.manager.call_each], with failures settled: the non-``None``
+    results, in call order.
+
+    A plugin that crashes (any exception that is not a
+    [`PrecisionPluginError`][precision_plugin.errors.PrecisionPluginError]) is logged as a
+    warning naming it and skipped, so it neither hides the others nor stops the user's run. A
+    deliberate refusal (``PrecisionPluginError``: strictness, bad config) is raised when
+    ``refusals`` is true, and logged like a crash otherwise (``disable()`` must always finish).
+    """
+    results: list[Any] = []
+    for name, outcome in call_each(hook_name, **kwargs):
+        if isinstance(outcome, PrecisionPluginError) and refusals:
+            raise outcome
+        if isinstance(outcome, Exception):
+            log.warning(
+                "precision_plugin: plugin %r failed in %s (%s: %s); it is skipped, the other "
+                "adapters ran",
+                name,
+                hook_name,
+                type(outcome).__name__,
+                outcome,
+            )
+        elif outcome is not None:
+            results.append(outcome)
+    return results
+
+
 def adapter_names() -> list[str]:
     """Names of all registered adapters, built-in and third-party, in call order."""
     return [name for name, _ in hook_impls("precision_install")]
@@ -175,7 +203,7 @@ def enable(
     """
     global _active
     new = coerce_policy(policy, **overrides)
-    skip = frozenset([skip_adapters] if isinstance(skip_adapters, str) else skip_adapters)
+    skip = _adapter_set(skip_adapters)
     unknown = skip - set(adapter_names())
     if unknown:
         raise PrecisionConfigError(
@@ -190,11 +218,11 @@ def enable(
             disable()
         try:
             _active = _install(new, skip)
-        except AdapterInstallError:
+        except BaseException:
             if previous is not None:
                 try:
                     _active = _install(previous.policy, previous.skip)
-                except AdapterInstallError:  # pragma: no cover - it installed a moment ago
+                except Exception:  # pragma: no cover - it installed a moment ago
                     log.exception("precision_plugin: could not reinstall the previous policy")
             raise
         log.info(
@@ -206,30 +234,50 @@ def enable(
         return new
 
 
-def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
-    """Run every adapter's ``precision_install``; on a failure restore all and raise."""
-    state = _ActiveState(policy, skip)
-    core = Patcher(owner="precision_plugin[core]")
-    core.setenv(
-        ENV_VAR,
-        policy.to_json(),
-        reason="child processes (vLLM servers, engine cores, launched workers) follow the "
-        "policy this process enabled",
+def _adapter_set(skip_adapters: Any) -> frozenset[str]:
+    if isinstance(skip_adapters, str):
+        return frozenset([skip_adapters])
+    if isinstance(skip_adapters, Iterable) and not isinstance(skip_adapters, Mapping):
+        names = list(skip_adapters)
+        if all(isinstance(n, str) for n in names):
+            return frozenset(names)
+    raise PrecisionConfigError(
+        f"enable(skip_adapters=...): expected adapter names (a string or a list of strings), "
+        f"got {skip_adapters!r}; registered adapters: {adapter_names()}."
     )
-    state.patchers.append(("core", core))
-    for name, install in hook_impls("precision_install"):
-        if name in skip:
-            continue
-        patcher = Patcher(owner=f"precision_plugin[{name}]")
-        state.patchers.append((name, patcher))
-        try:
+
+
+def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
+    """Run every adapter's ``precision_install``; on a failure restore all and raise.
+
+    Whatever stops an install (an adapter's error, a deliberate refusal, a ``KeyboardInterrupt``)
+    restores every patch made so far before it propagates; only an adapter's unexpected error
+    is wrapped in [`AdapterInstallError`][precision_plugin.errors.AdapterInstallError].
+    """
+    state = _ActiveState(policy, skip)
+    strict = policy.strictness == "error"
+    name = "core"
+    try:
+        core = Patcher(owner="precision_plugin[core]", strict=strict)
+        state.patchers.append(("core", core))
+        core.setenv(
+            ENV_VAR,
+            policy.to_json(),
+            reason="child processes (vLLM servers, engine cores, launched workers) follow the "
+            "policy this process enabled",
+        )
+        for name, install in hook_impls("precision_install"):
+            if name in skip:
+                continue
+            patcher = Patcher(owner=f"precision_plugin[{name}]", strict=strict)
+            state.patchers.append((name, patcher))
             install(policy=policy, patcher=patcher)
-        except Exception as exc:
-            for _, done in reversed(state.patchers):
-                done.restore()
-            if isinstance(exc, PrecisionPluginError):
-                raise  # a deliberate refusal (strictness, bad config) already says what to fix
-            raise AdapterInstallError(name, exc) from exc
+    except BaseException as exc:
+        for _, done in reversed(state.patchers):
+            done.restore()
+        if isinstance(exc, PrecisionPluginError) or not isinstance(exc, Exception):
+            raise  # a deliberate refusal already says what to fix; an interrupt stays one
+        raise AdapterInstallError(name, exc) from exc
     return state
 
 
@@ -244,7 +292,9 @@ def disable() -> bool:
             return False
         state, _active = _active, None
         try:
-            get_plugin_manager().hook.precision_uninstall(policy=state.policy)
+            # One adapter at a time: a plugin that fails here must not keep the others from
+            # releasing what they hold; every patch is restored whatever happens.
+            call_each_reported("precision_uninstall", refusals=False, policy=state.policy)
         finally:
             for _, patcher in reversed(state.patchers):
                 patcher.restore()

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.frameworks import settle_once
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -103,13 +103,25 @@ def _describe(cast: _Cast) -> str:
     )
 
 
-def check_model(model: torch.nn.Module, policy: PrecisionPolicy | None = None) -> list[Finding]:
+def _require_module(model: Any, what: str) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise PrecisionConfigError(
+            f"{what}: expected a torch.nn.Module (an HF/PEFT model), got "
+            f"{type(model).__name__}; pass the model object itself, e.g. "
+            f"precision_plugin.{what.rstrip('()')}(model)."
+        )
+
+
+def check_model(
+    model: torch.nn.Module, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> list[Finding]:
     """Report, without changing anything, which parameter dtypes contradict the policy.
 
     One ``change`` finding per group of parameters ``prepare_model`` would cast; a single ``ok``
     finding when nothing needs to change.
     """
-    policy = resolve_policy(policy)
+    policy = resolve_policy(policy, what="check_model()")
+    _require_module(model, "check_model()")
     findings = [
         Finding(
             framework="torch",
@@ -151,19 +163,22 @@ def _params(model: torch.nn.Module, names: set[str]) -> Iterator[torch.nn.Parame
             yield param
 
 
-def prepare_model(model: Any, policy: PrecisionPolicy | None = None) -> Any:
+def prepare_model(
+    model: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> Any:
     """Give ``model`` the parameter dtypes the policy needs; return the same model.
 
     Under float16: trainable parameters become fp32 master weights (autocast computes in fp16),
     frozen fp16/bf16 parameters are stored in fp16, and ``_keep_in_fp32_modules`` stay fp32.
-    Parameters are cast in place (``param.data``), so an optimizer built already keeps working. With
-    ``policy.strictness == "error"`` nothing is changed and a
+    Parameters are cast in place (``param.data``), so an optimizer built already keeps working.
+    With ``policy.strictness == "error"`` nothing is changed and a
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] says what to change
-    instead. ``policy`` defaults to the active policy, else the default (float16) one.
+    instead. ``policy`` defaults to the active policy, else the default (float16) one. Anything
+    but a ``torch.nn.Module`` is refused with
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError].
     """
-    policy = resolve_policy(policy)
-    if not isinstance(model, torch.nn.Module):
-        return model
+    policy = resolve_policy(policy, what="prepare_model()")
+    _require_module(model, "prepare_model()")
     plan = _plan(model, policy)
     if not plan:
         return model
@@ -192,5 +207,7 @@ def prepare_model_once(model: Any, policy: PrecisionPolicy) -> Any:
     """[`prepare_model`][precision_plugin.master_weights.prepare_model], once per model and
     policy: the ``Trainer``, ``Accelerator.prepare_model`` and the callback all see the same
     model, and the first one settles it."""
+    if not isinstance(model, torch.nn.Module):
+        return model  # the framework decides what a non-module is; it has no dtypes to fix
     settle_once(model, "master_weights", policy, lambda: prepare_model(model, policy))
     return model

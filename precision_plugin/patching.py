@@ -53,8 +53,11 @@ class Patcher:
     """Applies reversible patches and undoes all of them on
     [`restore`][precision_plugin.patching.Patcher.restore]."""
 
-    def __init__(self, owner: str = "precision_plugin") -> None:
+    def __init__(self, owner: str = "precision_plugin", *, strict: bool = False) -> None:
         self.owner = owner
+        #: When true, a patch that fails on a later import raises into that import
+        #: (``strictness="error"``: the promise of ``enable()`` is broken) instead of logging.
+        self.strict = strict
         self._records: list[_Record] = []
 
     def __len__(self) -> int:
@@ -172,13 +175,14 @@ class Patcher:
         is slow and has side effects). Patches the callback makes should go through this same
         patcher, so [`restore`][precision_plugin.patching.Patcher.restore] undoes them; a hook still
         waiting is removed by [`restore`][precision_plugin.patching.Patcher.restore]. An exception
-        in the callback is logged, never raised into the user's import.
+        in the callback on a later import is logged, or, for a ``strict`` patcher, raised into that
+        import as [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError].
         """
         loaded = sys.modules.get(module)
         if loaded is not None:
             callback(loaded)
             return
-        hook = _PostImportHook(module, callback)
+        hook = _PostImportHook(module, callback, owner=self.owner, strict=self.strict)
         self._records.append(_Record(sys.meta_path, module, hook, reason, is_hook=True))
         sys.meta_path.insert(0, hook)
         log.debug("%s will patch %s when it is imported: %s", self.owner, module, reason)
@@ -219,9 +223,18 @@ def _describe(rec: _Record) -> str:
 class _PostImportHook(importlib.abc.MetaPathFinder):
     """A ``sys.meta_path`` finder that calls back once ``module`` has executed, then leaves."""
 
-    def __init__(self, module: str, callback: Callable[[ModuleType], None]) -> None:
+    def __init__(
+        self,
+        module: str,
+        callback: Callable[[ModuleType], None],
+        *,
+        owner: str = "precision_plugin",
+        strict: bool = False,
+    ) -> None:
         self.module = module
         self.callback = callback
+        self.owner = owner
+        self.strict = strict
         self.fired = False
         self._busy = False
 
@@ -244,7 +257,23 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         try:
             self.callback(module)
         except Exception as exc:
-            log.error("precision_plugin: could not patch %s on import: %s", self.module, exc)
+            what = _failure(exc)
+            if self.strict:
+                from precision_plugin.errors import PrecisionMismatchError
+
+                raise PrecisionMismatchError(
+                    f"{self.owner}: enable() could not patch {self.module} when it was imported: "
+                    f"{what} (strictness='error'). Fix: install a framework version the plugin "
+                    f"supports, or skip this adapter (enable(..., skip_adapters=[...])), or use "
+                    f"strictness='warn' to run without this patch."
+                ) from exc
+            log.error(
+                "%s: could not patch %s when it was imported: %s; this framework runs without "
+                "the plugin's patch",
+                self.owner,
+                self.module,
+                what,
+            )
 
     def remove(self) -> None:
         if self in sys.meta_path:
@@ -267,6 +296,21 @@ class _CallbackLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:  # get_data, resource readers, ...
         return getattr(self._loader, name)
+
+
+def _failure(exc: BaseException) -> str:
+    """Why a patch failed, in words; a missing attribute is named as such.
+
+    Python words an ``AttributeError`` on a module that is still initialising as "most likely
+    due to a circular import", which misleads here: the attribute is simply not there.
+    """
+    if isinstance(exc, AttributeError) and exc.name is not None:
+        owner = getattr(exc.obj, "__name__", None) or type(exc.obj).__name__
+        return (
+            f"{owner} has no attribute {exc.name!r} (this version of the framework does not "
+            f"define it)"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _qualname(obj: Any) -> str:

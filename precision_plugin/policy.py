@@ -229,7 +229,9 @@ class MetricSettings:
     def __post_init__(self) -> None:
         _validate_fields(self, "metrics.")
         _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
-        _require(self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0")
+        _require(
+            self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0"
+        )
         _require(
             0 < self.prob_diff_ok <= self.prob_diff_bad,
             "metrics.prob_diff_ok",

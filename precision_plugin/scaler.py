@@ -5,12 +5,14 @@ and telemetry for torch ``GradScaler`` (DeepSpeed's scaler is observed by the De
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from precision_plugin.errors import LossScaleAtMinimumError
+from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
 from precision_plugin.frameworks import grad_scaler
 from precision_plugin.policy import LossScalerSettings
 
@@ -153,13 +155,88 @@ class _Telemetry:
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load torch's scaler state and, when present, the telemetry counters."""
+        """Load torch's scaler state and, when present, the telemetry counters.
+
+        torch's own keys (the loss scale and its settings) are checked first: a missing or
+        damaged one raises :class:`~precision_plugin.errors.PrecisionConfigError` naming it, and
+        nothing is loaded. A missing or damaged telemetry counter never costs the loss scale:
+        the scale loads, that counter restarts at 0, and a warning names the key.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise PrecisionConfigError(
+                f"GradScaler.load_state_dict: expected the dict scaler.state_dict() returned, "
+                f"got {type(state_dict).__name__}."
+            )
+        if self._enabled and state_dict:  # type: ignore[attr-defined]
+            _check_torch_state(state_dict)
         super().load_state_dict(state_dict)  # type: ignore[misc]
-        counters = state_dict.get(STATE_KEY)
-        if counters:
-            self._pp_steps = int(counters["steps"])
-            self._pp_skipped = int(counters["skipped_steps"])
-            self._pp_consecutive = int(counters["consecutive_skips"])
+        if STATE_KEY not in state_dict:
+            return
+        counters = state_dict[STATE_KEY]
+        if not isinstance(counters, Mapping) or not counters:
+            counters = {}
+            log.warning(
+                "precision_plugin: scaler checkpoint %r is %r, not a dict of counters; the loss "
+                "scale was loaded, the telemetry counters restart at 0",
+                STATE_KEY,
+                state_dict[STATE_KEY],
+            )
+        for key, attr in _COUNTERS.items():
+            value = counters.get(key)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if not ok and counters:
+                log.warning(
+                    "precision_plugin: scaler checkpoint %s[%r] is %s; the loss scale was "
+                    "loaded, this counter restarts at 0",
+                    STATE_KEY,
+                    key,
+                    "missing" if key not in counters else f"{value!r}, not a count >= 0",
+                )
+            setattr(self, attr, int(value) if ok else 0)
+
+
+#: Telemetry counters in a checkpoint -> the attribute each one restores.
+_COUNTERS = {
+    "steps": "_pp_steps",
+    "skipped_steps": "_pp_skipped",
+    "consecutive_skips": "_pp_consecutive",
+}
+#: torch's own GradScaler state: key -> what a valid value is.
+_TORCH_KEYS = {
+    "scale": "a finite number > 0",
+    "growth_factor": "a finite number > 1",
+    "backoff_factor": "a number in (0, 1)",
+    "growth_interval": "an integer >= 1",
+    "_growth_tracker": "an integer >= 0",
+}
+
+
+def _check_torch_state(state_dict: Mapping[str, Any]) -> None:
+    """Refuse a torch scaler state with a missing or damaged key before anything is loaded."""
+    for key, allowed in _TORCH_KEYS.items():
+        if key not in state_dict:
+            raise PrecisionConfigError(
+                f"GradScaler.load_state_dict: the checkpoint has no {key!r} (it needs {allowed}); "
+                f"nothing was loaded. Load the scaler state saved with this run, or skip loading "
+                f"it to start from the policy's init_scale."
+            )
+        value = state_dict[key]
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        valid = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if valid:
+            valid = {
+                "scale": math.isfinite(value) and value > 0,
+                "growth_factor": math.isfinite(value) and value > 1,
+                "backoff_factor": 0 < value < 1,
+                "growth_interval": float(value).is_integer() and value >= 1,
+                "_growth_tracker": float(value).is_integer() and value >= 0,
+            }[key]
+        if not valid:
+            raise PrecisionConfigError(
+                f"GradScaler.load_state_dict: checkpoint {key!r} is {state_dict[key]!r}; it must "
+                f"be {allowed}. Nothing was loaded."
+            )
 
 
 class TelemetryGradScaler(_Telemetry, torch.amp.GradScaler):
@@ -212,7 +289,7 @@ def _trainable_fp16(model: Any) -> bool:
 
 
 def make_grad_scaler(
-    policy: PrecisionPolicy,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None,
     device: str | torch.device = "cuda",
     *,
     model: Any = None,
@@ -228,8 +305,23 @@ def make_grad_scaler(
     ``sharded`` forces the choice; by default it is read from ``model`` (FSDP-wrapped modules
     or fp16 trainable parameters). The scaler is disabled (a no-op) unless the policy is fp16
     with ``loss_scaler.enabled``. Every returned scaler reports ``scaler_stats``.
+    ``policy`` may be a policy, a dict or a dtype name (``None``: the resolved policy).
     """
-    device_type = torch.device(device).type
+    from precision_plugin.manager import resolve_policy
+
+    policy = resolve_policy(policy, what="make_grad_scaler()")
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError) as exc:
+        raise PrecisionConfigError(
+            f"make_grad_scaler(device={device!r}): not a torch device ({exc}); pass 'cuda', "
+            f"'cpu' or a torch.device."
+        ) from None
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise PrecisionConfigError(
+            f"make_grad_scaler(model=...): expected a torch.nn.Module or None, got "
+            f"{type(model).__name__}."
+        )
     settings = policy.loss_scaler
     kwargs = grad_scaler(settings).to_kwargs()
     kwargs["enabled"] = policy.uses_loss_scaler
@@ -256,6 +348,11 @@ def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
     so checkpoints, pickling and ``isinstance`` checks keep working. Returns ``False`` (and
     changes nothing) for other scaler types, ``True`` when the scaler reports telemetry now.
     """
+    if not isinstance(settings, LossScalerSettings):
+        raise PrecisionConfigError(
+            f"attach_telemetry(settings=...): expected the policy's LossScalerSettings "
+            f"(policy.loss_scaler), got {type(settings).__name__}."
+        )
     if isinstance(scaler, _Telemetry):
         return True
     target: type | None = None

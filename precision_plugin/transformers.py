@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precision_plugin.errors import settle_conflict
-from precision_plugin.frameworks import flags_of, settle_once, trainer_flags
+from precision_plugin.frameworks import TrainerFlags, flags_of, settle_once, trainer_flags
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -45,6 +45,21 @@ def _uses_deepspeed(args: Any, trainer: Any = None) -> bool:
     return bool(getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None))
 
 
+def contradicting_flags(asked: TrainerFlags, policy: PrecisionPolicy) -> str:
+    """The flag(s) the user set that the policy contradicts, as the user wrote them.
+
+    ``fp16=True, bf16=True`` under float16 names ``bf16=True`` (``fp16=True`` is right); both
+    off under a half-precision policy names the fp32 request.
+    """
+    wanted = trainer_flags(policy)
+    wrong = [
+        f"{name}=True"
+        for name in ("fp16", "bf16")
+        if getattr(asked, name) and not getattr(wanted, name)
+    ]
+    return ", ".join(wrong) if wrong else "fp16=False, bf16=False (fp32)"
+
+
 def settle_training_flags(args: Any, policy: PrecisionPolicy) -> None:
     """Give ``args.fp16``/``args.bf16`` (and the ``*_full_eval`` pair) the policy's flags, once.
 
@@ -58,7 +73,7 @@ def settle_training_flags(args: Any, policy: PrecisionPolicy) -> None:
 def _coerce_flags(args: Any, policy: PrecisionPolicy) -> None:
     wanted, asked = trainer_flags(policy), flags_of(args)
     if asked != wanted and (asked.fp16 or asked.bf16):
-        shown = "fp16=True" if asked.fp16 else "bf16=True"
+        shown = contradicting_flags(asked, policy)
         _mismatch(
             policy,
             f"{type(args).__name__}({shown}) contradicts the {policy.dtype} policy",
@@ -138,8 +153,9 @@ def precision_train_begin(
         asked = "fp16" if ran.fp16 else "bf16" if ran.bf16 else "fp32"
         _mismatch(
             policy,
-            f"the trainer runs {asked} (args.fp16={args.fp16}, args.bf16={args.bf16}) but the "
-            f"policy is {policy.dtype}; the accelerator is already built, so the run stays {asked}",
+            f"the trainer runs {asked} ({contradicting_flags(ran, policy)} in the training "
+            f"arguments) but the policy is {policy.dtype}; the accelerator is already built, so "
+            f"the run stays {asked}",
             f"set {wanted} in the training arguments, or call "
             f"precision_plugin.enable() before building them",
             coerced=False,

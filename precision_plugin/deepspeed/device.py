@@ -106,7 +106,7 @@ def ways_out(policy: PrecisionPolicy, support: DeviceSupport) -> str:
     other = "bfloat16" if policy.dtype == "float16" else "float16"
     consistent = (
         f"consistent {other} on both sides (precision_plugin.enable(dtype={other!r}) or "
-        f"PRECISION_PLUGIN={other}, and \"dtype\": \"{other}\" in the config's "
+        f'PRECISION_PLUGIN={other}, and "dtype": "{other}" in the config\'s '
         f'"precision_plugin" section)'
         if support.supports(other)
         else None

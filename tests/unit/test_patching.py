@@ -193,7 +193,7 @@ def test_callback_error_never_breaks_the_import(tmp_path, monkeypatch, caplog):
     p.when_imported("pp_boom", boom, reason="t")
     mod = importlib.import_module("pp_boom")
     assert mod.VALUE == 1
-    assert "could not patch pp_boom on import: nope" in caplog.text
+    assert "could not patch pp_boom when it was imported: RuntimeError: nope" in caplog.text
     p.restore()
     sys.modules.pop("pp_boom", None)
 
