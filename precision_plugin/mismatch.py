@@ -30,6 +30,7 @@ metric                          formula (over valid tokens; r = π/μ)          
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -388,12 +389,30 @@ def compute_mismatch(
     )
 
 
+def _require_metrics(metrics: Any, what: str) -> None:
+    if not isinstance(metrics, MismatchMetrics):
+        raise PrecisionConfigError(
+            f"{what}: expected the MismatchMetrics compute_mismatch() returns, got "
+            f"{type(metrics).__name__}."
+        )
+
+
 def verdict(metrics: MismatchMetrics, settings: MetricSettings | None = None) -> tuple[str, str]:
     """Classify a measurement: ``("ok" | "watch" | "problem" | "invalid", reason)``.
 
     Thresholds are on ``prob_diff_mean`` (verl's: < 0.005 normal, > 0.01 a precision problem;
     configurable in ``policy.metrics``). ``invalid`` means no token could be compared.
     """
+    _require_metrics(metrics, "verdict()")
+    if isinstance(settings, Mapping):
+        from precision_plugin.policy import PrecisionPolicy
+
+        settings = PrecisionPolicy.from_dict({"metrics": dict(settings)}).metrics
+    elif settings is not None and not isinstance(settings, MetricSettings):
+        raise PrecisionConfigError(
+            f"verdict(settings=...): expected the policy's MetricSettings (policy.metrics) or a "
+            f"dict of its keys, got {type(settings).__name__}."
+        )
     s = settings or MetricSettings()
     if metrics.tokens == 0 or math.isnan(metrics.prob_diff_mean):
         return "invalid", "no comparable tokens (all masked or NaN)"
@@ -407,4 +426,5 @@ def verdict(metrics: MismatchMetrics, settings: MetricSettings | None = None) ->
 
 def prefixed(metrics: MismatchMetrics, prefix: str = "precision/") -> dict[str, float]:
     """Scalar metrics as ``{prefix + name: value}`` for a trainer's log."""
+    _require_metrics(metrics, "prefixed()")
     return {prefix + k: float(v) for k, v in metrics.to_dict().items()}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precision_plugin.deepspeed.config import config_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import adapter_patcher, current_policy
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
@@ -95,6 +96,19 @@ class _EngineTracker:
             check_scale_floor(engine_scaler_stats(engine), settings, backend="DeepSpeed")
 
 
+def _require_engine(engine: Any, what: str) -> None:
+    """Refuse what is not a DeepSpeed engine (it has ``step``, ``global_steps``, ``optimizer``)."""
+    if not (
+        callable(getattr(engine, "step", None))
+        and hasattr(engine, "global_steps")
+        and hasattr(engine, "optimizer")
+    ):
+        raise PrecisionConfigError(
+            f"{what}: expected the DeepSpeed engine deepspeed.initialize() returned (its first "
+            f"element), got {type(engine).__name__}."
+        )
+
+
 def engine_scaler_stats(engine: Any) -> ScalerStats:
     """The loss-scaler state of a DeepSpeed engine (any ZeRO stage, fp16/bf16/fp32).
 
@@ -105,6 +119,7 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     ([`track_engine`][precision_plugin.deepspeed.track_engine]) and otherwise 1 or 0 from the last
     step.
     """
+    _require_engine(engine, "engine_scaler_stats()")
     scale, floor = _loss_scale_and_floor(getattr(engine, "optimizer", None))
     steps = int(getattr(engine, "global_steps", 0))
     skipped = int(getattr(engine, "skipped_steps", 0))
@@ -141,8 +156,13 @@ def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
     calls it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
     until the engine is gone.
     """
+    _require_engine(engine, "track_engine()")
     if tracker_of(engine) is not None:
         return engine
+    if policy is not None:
+        from precision_plugin.manager import resolve_policy
+
+        policy = resolve_policy(policy, what="track_engine()")
     pol = policy or current_policy() or _policy_of(engine)
     # Under enable() the wrap is undone by disable(); without it, it lives as long as the engine.
     patcher = adapter_patcher("deepspeed") or Patcher(owner="precision_plugin[deepspeed]")

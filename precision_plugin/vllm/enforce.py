@@ -8,12 +8,11 @@ the same patches through the adapter (``precision_plugin.vllm.adapter``).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.manager import adapter_patcher, requested_policy
+from precision_plugin.manager import adapter_patcher, requested_policy, resolve_policy
 from precision_plugin.patching import Patcher, is_patched
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
@@ -27,48 +26,39 @@ from precision_plugin.vllm.engine import (
     resolve_engine_kwargs,
     vllm_version,
 )
-from precision_plugin.vllm.models import check_model_config, vllm_refusal_table
+from precision_plugin.vllm.models import check_engine_model
 
 log = logging.getLogger("precision_plugin")
 
 patch_lock = threading.RLock()
 
 
-def _config_json_for(model: Any, revision: Any = None) -> str | None:
-    """Local ``config.json`` of a model path or an already cached hub id; never downloads."""
-    if not model:
-        return None
-    path = os.path.join(str(model), "config.json")
-    if os.path.isfile(path):
-        return path
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    try:
-        found = try_to_load_from_cache(str(model), "config.json", revision=revision)
-    except Exception:
-        return None
-    return found if isinstance(found, str) else None
-
-
 def _check_checkpoint(engine_args: Any, policy: PrecisionPolicy) -> None:
     """Refuse (or warn about) the checkpoint before vLLM resolves its config in float16."""
-    if canonical_dtype(engine_args.dtype) != "float16":
-        return
     source = getattr(engine_args, "hf_config_path", None) or engine_args.model
-    path = _config_json_for(source, getattr(engine_args, "revision", None))
-    if path is None:
-        return
-    fp16 = policy.replace(dtype="float16")
-    for finding in check_model_config(path, fp16, refused=vllm_refusal_table()):
-        if finding.status == "warning":
-            log.warning("vLLM model %s: %s %s", engine_args.model, finding.message, finding.fix)
+    check_engine_model(
+        source,
+        policy,
+        dtype=canonical_dtype(engine_args.dtype),
+        revision=getattr(engine_args, "revision", None),
+    )
 
 
 def enforce_on_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineSettings:
     """Apply [`engine_kwargs`][precision_plugin.vllm.engine_kwargs] to an ``EngineArgs`` instance in
-    place (fields as defaults)."""
+    place (fields as defaults).
+
+    ``policy`` may be a policy, a dict or a dtype name; ``engine_args`` must be an
+    ``EngineArgs`` (a dataclass instance).
+    """
+    import dataclasses
+
+    policy = resolve_policy(policy, what="enforce_on_engine_args()")
+    if not dataclasses.is_dataclass(engine_args) or isinstance(engine_args, type):
+        raise PrecisionConfigError(
+            f"enforce_on_engine_args(): expected a vLLM EngineArgs instance, got "
+            f"{type(engine_args).__name__}; for keyword arguments use engine_kwargs()."
+        )
     fields = engine_arg_fields(type(engine_args)) or {}
     explicit = {
         name: getattr(engine_args, name)

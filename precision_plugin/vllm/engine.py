@@ -202,10 +202,24 @@ def engine_kwargs(
     raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``.
     """
-    policy = resolve_policy(policy)
+    from precision_plugin.vllm.models import check_engine_model
+
+    policy = resolve_policy(policy, what="vLLM engine_kwargs()")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise PrecisionConfigError(
+            f"vLLM engine_kwargs(): expected the LLM(...) keyword arguments as a dict such as "
+            f"{{'model': PATH}}, got {type(kwargs).__name__}."
+        )
     decision = cascade_guard(policy, version=version, capability=capability)
     if fields is _AUTO:
         fields = engine_arg_fields() if decision.era != "missing" else None
     settings = resolve_engine_kwargs(dict(kwargs or {}), policy, decision, fields)
     report_settings(settings, policy, "vLLM engine_kwargs()")
-    return settings.kwargs
+    out = settings.kwargs
+    check_engine_model(
+        out.get("hf_config_path") or out.get("model"),
+        policy,
+        dtype=canonical_dtype(out.get("dtype")),
+        revision=out.get("revision"),
+    )
+    return out

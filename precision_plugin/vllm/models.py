@@ -68,11 +68,16 @@ def load_model_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) 
     """Read a checkpoint's ``config.json`` (a directory, the file itself, or a dict)."""
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict)
+    if not isinstance(path_or_dict, (str, os.PathLike)):
+        raise PrecisionConfigError(
+            f"check_model_config: expected a checkpoint folder, its config.json or the parsed "
+            f"dict, got {type(path_or_dict).__name__}."
+        )
     path = Path(path_or_dict)
     if path.is_dir():
         path = path / "config.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PrecisionConfigError(
             f"check_model_config: no config.json at {path}. Pass a local checkpoint directory "
@@ -82,6 +87,15 @@ def load_model_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) 
         raise PrecisionConfigError(
             f"check_model_config: {path} is not valid JSON ({exc.msg} at line {exc.lineno})."
         ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise PrecisionConfigError(f"check_model_config: cannot read {path} ({why}).") from None
+    if not isinstance(data, dict):
+        raise PrecisionConfigError(
+            f"check_model_config: {path} holds a JSON {type(data).__name__}, not the object "
+            f"a config.json is."
+        )
+    return data
 
 
 def _model_types(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
@@ -169,3 +183,42 @@ def check_model_config(
             )
         )
     return findings
+
+
+def config_json_for(model: Any, revision: Any = None) -> str | None:
+    """Local ``config.json`` of a model path or an already cached hub id; never downloads."""
+    if not model:
+        return None
+    path = os.path.join(str(model), "config.json")
+    if os.path.isfile(path):
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(str(model), "config.json", revision=revision)
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def check_engine_model(
+    model: Any, policy: PrecisionPolicy, *, dtype: str | None, revision: Any = None
+) -> None:
+    """The checkpoint check of every vLLM path (``engine_kwargs``, the engine wrapper).
+
+    When the engine will run ``dtype`` float16 and the model's ``config.json`` is local (a
+    folder, or a hub id already cached), a model type vLLM refuses in float16 raises
+    :class:`PrecisionConfigError` before vLLM is started; overflow-prone families are logged as
+    warnings. Nothing happens for another dtype or a model whose config is not here.
+    """
+    if dtype != "float16":
+        return
+    path = config_json_for(model, revision)
+    if path is None:
+        return
+    fp16 = policy.replace(dtype="float16")
+    for finding in check_model_config(path, fp16, refused=vllm_refusal_table()):
+        if finding.status == "warning":
+            log.warning("vLLM model %s: %s %s", model, finding.message, finding.fix)

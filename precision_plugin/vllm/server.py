@@ -155,7 +155,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``, else it is logged as a warning; the findings are returned either way.
     """
-    policy = resolve_policy(policy)
+    policy = resolve_policy(policy, what="verify_server()")
     try:
         config, version, where = _server_config(server)
     except PrecisionConfigError:
@@ -185,10 +185,15 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
 def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
     """Compare a colocated ``vllm.LLM`` (e.g. TRL's ``trainer.vllm_generation.llm``) with
     ``policy``; same behaviour as [`verify_server`][precision_plugin.vllm.verify_server]."""
-    policy = resolve_policy(policy)
+    policy = resolve_policy(policy, what="verify_engine()")
     engine = getattr(llm, "llm_engine", llm)
     config = getattr(engine, "vllm_config", None)
     model = getattr(config, "model_config", None) or getattr(engine, "model_config", None)
+    if model is None:
+        raise PrecisionConfigError(
+            f"verify_engine(): expected a vllm.LLM (or its llm_engine), got "
+            f"{type(llm).__name__} with no model_config; for a server use verify_server()."
+        )
     cache = getattr(config, "cache_config", None)
     findings = compare_runtime(
         dtype=getattr(model, "dtype", None),
