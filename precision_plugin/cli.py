@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -226,10 +227,23 @@ def _check_output_path(path: str | None, option: str, formats: Sequence[str] = (
     if target.is_dir():
         raise _UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
     parent = target.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise _UsageError(
+            f"{option}: cannot write {path!r}: {str(parent)!r} is a file, not a folder; pass "
+            f"another path"
+        )
     if not parent.is_dir():
         raise _UsageError(
             f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
             f"or pass another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        where = str(target) if target.exists() else f"folder {str(parent)!r}"
+        raise _UsageError(
+            f"{option}: cannot write {path!r}: no write permission for {where}; pass a path "
+            f"you can write"
         )
     suffix = target.suffix.lower().lstrip(".")
     if formats and suffix not in formats:

@@ -55,8 +55,26 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    # transformers reports weights that do not fit the config as a multi-line warning table
+    # and loads anyway, randomly initialised; here they are one error.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(model_path, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = list(info.get("missing_keys") or ())
+    mismatched = list(info.get("mismatched_keys") or ())
+    if missing or mismatched:
+        first = (missing or [str(m[0]) if isinstance(m, tuple) else str(m) for m in mismatched])[0]
+        raise ValueError(
+            f"its weights do not match its config.json (model_type "
+            f"{getattr(model.config, 'model_type', '?')!r}): {len(missing)} weight(s) missing "
+            f"and {len(mismatched)} of another shape, e.g. {first!r}; they would be random. "
+            f"Check model_type and the sizes in config.json"
+        )
     model = model.to(device=device, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model, tokenizer

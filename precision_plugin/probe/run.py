@@ -104,10 +104,11 @@ def _single_thread_if_tiny(model: Any, device: str) -> Iterator[None]:
 def _load_trainer(path: str, device: str) -> tuple[Any, Any]:
     try:
         return load_causal_lm(path, device)
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # a bad config.json value fails anywhere inside transformers
+        text = " ".join(str(exc).split())
+        why = f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
         raise PrecisionConfigError(
-            f"model: could not load {path!r} as an HF causal LM with its tokenizer ({first}); "
+            f"model: could not load {path!r} as an HF causal LM with its tokenizer ({why}); "
             f"pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()."
         ) from None
 

@@ -29,6 +29,12 @@ EngineFactory = Callable[[str, str, str, int], RolloutEngine]
 ProgressFn = Callable[[str, int, int], None]
 
 
+#: Largest seed every rollout engine accepts (vLLM seeds numpy: 32 bits).
+MAX_SEED = 2**32 - 1
+#: Largest --num-prompts: far beyond where the measurement stops changing.
+MAX_NUM_PROMPTS = 100_000
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """What to probe: model, engine, dtypes, and how many tokens to sample.
@@ -70,6 +76,16 @@ class ProbeConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise PrecisionConfigError(
                 f"seed: {self.seed!r} is not a non-negative integer; pass e.g. 0."
+            )
+        if self.seed > MAX_SEED:
+            raise PrecisionConfigError(
+                f"seed: {self.seed} is out of range; pass 0 .. {MAX_SEED} (torch takes 64-bit "
+                f"seeds, but vLLM also seeds numpy, which takes 32 bits)."
+            )
+        if self.num_prompts > MAX_NUM_PROMPTS:
+            raise PrecisionConfigError(
+                f"num-prompts: {self.num_prompts} is out of range; pass 1 .. {MAX_NUM_PROMPTS} "
+                f"(each prompt is a full rollout and trainer forward per dtype)."
             )
 
 
