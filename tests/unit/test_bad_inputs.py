@@ -1,0 +1,1059 @@
+"""The bad-input catalogue: every entry point, tried as a new user would get it wrong.
+
+Each case names the error it must raise (with a word of the message that names what to fix)
+or the exact outcome, and every case checks that nothing changed afterwards: no policy active,
+no patch left, the environment and the import machinery as they were. The count of cases is
+quoted in docs/troubleshooting.md ("N bad inputs tried, each a clear error").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import precision_plugin as pp
+from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
+from precision_plugin.cli import main
+from precision_plugin.manager import active_patches, current_policy
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+INF = float("inf")
+NAN = float("nan")
+
+
+@dataclass
+class Case:
+    """One bad input: ``run(tmp)`` must raise ``raises`` whose message contains ``names``
+    (the setting to fix), or return a value ``check`` accepts (an exact outcome).
+
+    ``enable`` (kwargs of ``pp.enable``) is applied before the bad call and undone after;
+    ``env`` is set for the case; ``needs`` names modules imported before anything is enabled
+    (so the import-time patches are in place and "nothing changed" is measurable).
+    """
+
+    id: str
+    cls: str  # the issue's class: "numbers", "files", "kinds", "state", "cli", ...
+    run: Callable[[Path], Any]
+    raises: type[BaseException] | None = PrecisionConfigError
+    names: tuple[str, ...] = ()
+    check: Callable[[Any, pytest.LogCaptureFixture], None] | None = None
+    enable: dict[str, Any] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    skip: Callable[[], str | None] | None = None
+
+
+# -- helpers the cases use -----------------------------------------------------------------
+
+
+def policy(**kw: Any) -> Callable[[Path], Any]:
+    return lambda tmp: PrecisionPolicy.from_dict(kw)
+
+
+def scaler(**kw: Any) -> Callable[[Path], Any]:
+    return lambda tmp: PrecisionPolicy.from_dict({"loss_scaler": kw})
+
+
+def metrics(**kw: Any) -> Callable[[Path], Any]:
+    return lambda tmp: PrecisionPolicy.from_dict({"metrics": kw})
+
+
+def write(tmp: Path, name: str, data: bytes | str) -> Path:
+    path = tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def apply(cfg: Any, pol: Any = None) -> Callable[[Path], Any]:
+    from precision_plugin.deepspeed import apply_config
+
+    return lambda tmp: apply_config(cfg(tmp) if callable(cfg) else cfg, pol)
+
+
+STRICT = PrecisionPolicy(strictness="error")
+STRICT_BF16 = PrecisionPolicy(dtype="bfloat16", strictness="error")
+
+
+def gemma2(tmp: Path) -> str:
+    write(tmp / "gemma", "config.json", json.dumps({"model_type": "gemma2", "dtype": "bfloat16"}))
+    return str(tmp / "gemma")
+
+
+def ds_initialize(config: Callable[[Path], Any] | None = None, **kw: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        import deepspeed
+
+        model = torch.nn.Linear(4, 4)
+        if config is not None:
+            kw["config"] = config(tmp)
+        return deepspeed.initialize(model=model, **kw)
+
+    return run
+
+
+def fp16_refused_here() -> str | None:
+    from precision_plugin.deepspeed.device import deepspeed_support
+
+    ok = deepspeed_support().fp16
+    return "DeepSpeed's accelerator runs fp16 here" if ok else None
+
+
+def scaler_state(**changes: Any) -> dict[str, Any]:
+    state = {
+        "scale": 1024.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 400,
+        "_growth_tracker": 3,
+        "precision_plugin_telemetry": {"steps": 7, "skipped_steps": 2, "consecutive_skips": 1},
+    }
+    for key, value in changes.items():
+        if value is _DROP:
+            state.pop(key)
+        else:
+            state[key] = value
+    return state
+
+
+_DROP = object()
+
+
+def load_scaler(state: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from precision_plugin.scaler import make_grad_scaler
+
+        s = make_grad_scaler(PrecisionPolicy(), "cpu")
+        s.scale(torch.ones(()))  # materialise the scale tensor, as a first step does
+        s.load_state_dict(state)
+        return s
+
+    return run
+
+
+def scale_kept(expected: float, *, steps: int, skipped: int, warned: str | None):
+    def check(s: Any, caplog: pytest.LogCaptureFixture) -> None:
+        stats = s.precision_stats()
+        assert stats.scale == expected
+        assert (stats.steps, stats.skipped_steps) == (steps, skipped)
+        if warned is not None:
+            assert warned in caplog.text
+        else:
+            assert "precision_plugin_telemetry" not in caplog.text
+
+    return check
+
+
+def telemetry(**counters: Any) -> dict[str, Any]:
+    base = {"steps": 7, "skipped_steps": 2, "consecutive_skips": 1}
+    for key, value in counters.items():
+        if value is _DROP:
+            base.pop(key)
+        else:
+            base[key] = value
+    return scaler_state(precision_plugin_telemetry=base)
+
+
+def cli(*args: str | Callable[[Path], str]) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        argv = [a(tmp) if callable(a) else a for a in args]
+        return main(argv)
+
+    run.is_cli = True  # type: ignore[attr-defined]
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from precision_plugin.probe.tiny_model import save_default_model
+
+    return Path(save_default_model(tmp_path_factory.mktemp("tiny")))
+
+
+_CHECKPOINT: list[Path] = []
+
+
+def broken_model(**config_changes: Any) -> Callable[[Path], str]:
+    """A copy of the embedded tiny checkpoint with ``config.json`` changed."""
+
+    def make(tmp: Path) -> str:
+        dest = tmp / "model"
+        shutil.copytree(_CHECKPOINT[0], dest)
+        cfg = json.loads((dest / "config.json").read_text())
+        cfg.update(config_changes)
+        (dest / "config.json").write_text(json.dumps(cfg))
+        return str(dest)
+
+    return make
+
+
+def no_cuda_only() -> str | None:
+    return "a CUDA device is present" if torch.cuda.is_available() else None
+
+
+def training_args(**kw: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from transformers import TrainingArguments
+
+        return TrainingArguments(output_dir=str(tmp / "out"), report_to=[], **kw)
+
+    return run
+
+
+def accelerator(**kw: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(True)
+        try:
+            return Accelerator(cpu=True, **kw)
+        finally:
+            AcceleratorState._reset_state(True)
+
+    return run
+
+
+def fp16_linear() -> torch.nn.Module:
+    return torch.nn.Linear(2, 2).to(torch.float16)
+
+
+def prepare_strict(tmp: Path) -> Any:
+    model = fp16_linear()
+    try:
+        pp.prepare_model(model, STRICT)
+    finally:
+        assert model.weight.dtype == torch.float16  # nothing was cast
+    return model
+
+
+# -- the catalogue -----------------------------------------------------------------------------
+
+CASES: list[Case] = [
+    # 1. numbers that validate but cannot work; wrong types and values of the policy
+    Case("dtype fp8", "policy", policy(dtype="fp8"), names=("dtype", "fp8")),
+    Case("dtype None", "policy", lambda t: PrecisionPolicy(dtype=None), names=("dtype",)),
+    Case("dtype auto", "policy", policy(dtype="auto"), names=("dtype", "auto")),
+    Case("strictness typo", "policy", policy(strictness="strict"), names=("strictness",)),
+    Case("misspelled key", "policy", policy(dtyp="float16"), names=("Did you mean 'dtype'",)),
+    Case("init_scale inf", "numbers", scaler(init_scale=INF), names=("loss_scaler.init_scale",)),
+    Case("init_scale nan", "numbers", scaler(init_scale=NAN), names=("loss_scaler.init_scale",)),
+    Case("init_scale > fp32", "numbers", scaler(init_scale=1e39), names=("init_scale", "float32")),
+    Case("init_scale < fp32", "numbers", scaler(init_scale=1e-40), names=("init_scale",)),
+    Case("init_scale negative", "numbers", scaler(init_scale=-1.0), names=("init_scale",)),
+    Case("init_scale text", "policy", scaler(init_scale="big"), names=("init_scale", "number")),
+    Case("init_scale bool", "policy", scaler(init_scale=True), names=("init_scale",)),
+    Case("init_scale huge int", "numbers", scaler(init_scale=10**400), names=("init_scale",)),
+    Case(
+        "growth_interval 1e30",
+        "numbers",
+        scaler(growth_interval=10**30),
+        names=("loss_scaler.growth_interval", "64-bit"),
+    ),
+    Case("growth_interval 0", "numbers", scaler(growth_interval=0), names=("growth_interval",)),
+    Case("growth_interval 1.5", "policy", scaler(growth_interval=1.5), names=("integer",)),
+    Case("growth_factor 1", "numbers", scaler(growth_factor=1.0), names=("growth_factor",)),
+    Case("growth_factor inf", "numbers", scaler(growth_factor=INF), names=("growth_factor",)),
+    Case("growth_factor 1e300", "numbers", scaler(growth_factor=1e300), names=("growth_factor",)),
+    Case("backoff 1e-50", "numbers", scaler(backoff_factor=1e-50), names=("backoff_factor",)),
+    Case("backoff 1.5", "numbers", scaler(backoff_factor=1.5), names=("backoff_factor",)),
+    Case("min_scale 0", "numbers", scaler(min_scale=0.0), names=("min_scale",)),
+    Case("min_scale denormal", "numbers", scaler(min_scale=1e-45), names=("min_scale",)),
+    Case(
+        "min_scale > init", "numbers", scaler(min_scale=4.0, init_scale=2.0), names=("min_scale",)
+    ),
+    Case("hysteresis 1e30", "numbers", scaler(hysteresis=10**30), names=("hysteresis",)),
+    Case("max_skips 0", "numbers", scaler(max_skips_at_min=0), names=("max_skips_at_min",)),
+    Case("on_min_scale stop", "policy", scaler(on_min_scale="stop"), names=("on_min_scale",)),
+    Case("enabled yes", "policy", scaler(enabled="yes"), names=("enabled", "true or false")),
+    Case(
+        "prob_diff_bad -1",
+        "messages",
+        metrics(prob_diff_bad=-1),
+        names=("metrics.prob_diff_bad",),
+    ),
+    Case("prob_diff_ok > bad", "numbers", metrics(prob_diff_ok=0.5), names=("prob_diff_ok",)),
+    Case("prob_diff_ok inf", "numbers", metrics(prob_diff_ok=INF), names=("prob_diff_ok",)),
+    Case("k3_max nan", "numbers", metrics(self_check_k3_max=NAN), names=("self_check_k3_max",)),
+    Case("log_every 0", "numbers", metrics(log_every=0), names=("log_every",)),
+    Case(
+        "cascade_guard typo",
+        "policy",
+        lambda t: PrecisionPolicy.from_dict({"vllm": {"cascade_guard": "sometimes"}}),
+        names=("vllm.cascade_guard",),
+    ),
+    Case("section a list", "kinds", policy(vllm=["off"]), names=("vllm",)),
+    Case("from_dict a str", "kinds", lambda t: PrecisionPolicy.from_dict("fp16"), names=("dict",)),
+    Case(
+        "section an int", "kinds", lambda t: PrecisionPolicy(loss_scaler=5), names=("loss_scaler",)
+    ),
+    # PRECISION_PLUGIN
+    Case(
+        "env fp8",
+        "env",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": "fp8"},
+        names=("PRECISION_PLUGIN='fp8'",),
+    ),
+    Case(
+        "env broken json",
+        "env",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": "{dtype"},
+        names=("PRECISION_PLUGIN", "JSON"),
+    ),
+    Case(
+        "env json inf",
+        "numbers",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": '{"loss_scaler": {"init_scale": 1e400}}'},
+        names=("PRECISION_PLUGIN", "init_scale"),
+    ),
+    Case(
+        "env unknown key",
+        "env",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": '{"dtype": "fp16", "x": 1}'},
+        names=("x",),
+    ),
+    Case(
+        "env list",
+        "env",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": '["fp16"]'},
+        names=("PRECISION_PLUGIN",),
+    ),
+    Case(
+        "env callback",
+        "env",
+        lambda t: pp.PrecisionCallback().policy,
+        env={"PRECISION_PLUGIN": "int8"},
+        names=("PRECISION_PLUGIN='int8'",),
+    ),
+    # enable() / disable()
+    Case("enable int8", "enable", lambda t: pp.enable(dtype="int8"), names=("dtype",)),
+    Case("enable policy 5", "kinds", lambda t: pp.enable(5), names=("enable()",)),
+    Case("enable list", "kinds", lambda t: pp.enable([("dtype", "fp16")]), names=("enable()",)),
+    Case(
+        "skip_adapters 5", "kinds", lambda t: pp.enable(skip_adapters=5), names=("skip_adapters",)
+    ),
+    Case(
+        "skip unknown", "enable", lambda t: pp.enable(skip_adapters=["nosuch"]), names=("nosuch",)
+    ),
+    Case(
+        "enable override",
+        "numbers",
+        lambda t: pp.enable(loss_scaler={"growth_interval": 10**30}),
+        names=("growth_interval",),
+    ),
+    Case("enable unknown kw", "enable", lambda t: pp.enable(colour="red"), names=("colour",)),
+    Case(
+        "bad enable keeps previous",
+        "enable",
+        lambda t: pp.enable(dtype="fp8"),
+        enable={"dtype": "bfloat16"},
+        names=("dtype",),
+    ),
+    Case(
+        "disable twice",
+        "enable",
+        lambda t: (pp.disable(), pp.disable()),
+        raises=None,
+        check=lambda r, c: (r == (False, False)) or pytest.fail(str(r)),
+    ),
+    # 4. the DeepSpeed entry: files and dicts
+    Case("ds folder", "files", apply(lambda t: str(t)), names=("is a folder",)),
+    Case(
+        "ds latin-1",
+        "files",
+        apply(lambda t: str(write(t, "c.json", b'{"x": "\xe9"}'))),
+        names=("not UTF-8", "c.json"),
+    ),
+    Case(
+        "ds bad json",
+        "files",
+        apply(lambda t: str(write(t, "c.json", "{"))),
+        names=("not valid JSON", "c.json"),
+    ),
+    Case(
+        "ds json list",
+        "files",
+        apply(lambda t: str(write(t, "c.json", "[1]"))),
+        names=("JSON object",),
+    ),
+    Case("ds missing file", "files", apply("nosuch.json"), names=("neither an existing file",)),
+    Case(
+        "ds dangling link",
+        "files",
+        apply(lambda t: (os.symlink(t / "gone", t / "l.json"), str(t / "l.json"))[1]),
+        names=("l.json",),
+    ),
+    Case("ds config 5", "kinds", apply(5), names=("expected a dict",)),
+    Case(
+        "ds section str", "kinds", apply({"precision_plugin": "fp16"}), names=("precision_plugin",)
+    ),
+    Case(
+        "ds section fp8",
+        "policy",
+        apply({"precision_plugin": {"dtype": "fp8"}}),
+        names=("precision_plugin", "dtype"),
+    ),
+    Case(
+        "ds section inf",
+        "numbers",
+        apply({"precision_plugin": {"loss_scaler": {"init_scale": INF}}}),
+        names=("init_scale",),
+    ),
+    Case("ds fp16 true", "kinds", apply({"fp16": True}), names=("'fp16'",)),
+    Case(
+        "ds bf16 strict",
+        "conflict",
+        apply({"bf16": {"enabled": True}}, STRICT),
+        raises=PrecisionMismatchError,
+        names=("bf16.enabled",),
+    ),
+    Case(
+        "ds static scale",
+        "conflict",
+        apply({"fp16": {"enabled": True, "loss_scale": 128}}, STRICT),
+        raises=PrecisionMismatchError,
+        names=("fp16.loss_scale",),
+    ),
+    Case(
+        "ds autocast",
+        "conflict",
+        apply({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, STRICT),
+        raises=PrecisionMismatchError,
+        names=("torch_autocast",),
+    ),
+    Case(
+        "ds param_dtype",
+        "conflict",
+        apply({"data_types": {"param_dtype": "bf16"}}, STRICT),
+        raises=PrecisionMismatchError,
+        names=("data_types.param_dtype",),
+    ),
+    Case("ds policy 5", "kinds", apply({}, 5), names=("policy must be",)),
+    Case(
+        "ds section dtype vs enable",
+        "conflict",
+        apply({"precision_plugin": {"dtype": "float16", "strictness": "error"}}),
+        enable={"dtype": "bfloat16"},
+        raises=PrecisionMismatchError,
+        names=("precision_plugin.dtype",),
+    ),
+    Case(
+        "ds translate a path",
+        "kinds",
+        lambda t: __import__("precision_plugin.deepspeed", fromlist=["x"]).translate(
+            "c.json", None
+        ),
+        names=("load_config",),
+    ),
+    # the DeepSpeed entry: deepspeed.initialize under enable()
+    Case(
+        "ds.initialize folder",
+        "files",
+        ds_initialize(lambda t: str(t)),
+        enable={},
+        needs=("deepspeed",),
+        names=("is a folder",),
+    ),
+    Case(
+        "ds.initialize section fp8",
+        "policy",
+        ds_initialize(lambda t: {"precision_plugin": {"dtype": "fp8"}}),
+        enable={},
+        needs=("deepspeed",),
+        names=("dtype",),
+    ),
+    Case(
+        "ds.initialize args latin-1",
+        "files",
+        lambda t: __import__("deepspeed").initialize(
+            args=argparse.Namespace(deepspeed_config=str(write(t, "c.json", b"\xff{"))),
+            model=torch.nn.Linear(2, 2),
+        ),
+        enable={},
+        needs=("deepspeed",),
+        names=("not UTF-8",),
+    ),
+    Case(
+        "ds.initialize fp16 on this accelerator",
+        "device",
+        ds_initialize(lambda t: {"train_micro_batch_size_per_gpu": 1}),
+        enable={"strictness": "error"},
+        needs=("deepspeed",),
+        raises=PrecisionMismatchError,
+        names=("accelerator does not support fp16", "bfloat16", "float32"),
+        skip=fp16_refused_here,
+    ),
+    Case(
+        "ds.initialize fp16 section on this accelerator",
+        "device",
+        ds_initialize(lambda t: {"fp16": {"enabled": True}}),
+        enable={"strictness": "error"},
+        needs=("deepspeed",),
+        raises=PrecisionMismatchError,
+        names=("cpu accelerator",),
+        skip=fp16_refused_here,
+    ),
+    Case(
+        "track_engine None",
+        "kinds",
+        lambda t: __import__("precision_plugin.deepspeed", fromlist=["x"]).track_engine(None),
+        names=("track_engine()",),
+    ),
+    Case(
+        "engine_scaler_stats obj",
+        "kinds",
+        lambda t: __import__("precision_plugin.deepspeed", fromlist=["x"]).engine_scaler_stats(
+            object()
+        ),
+        names=("DeepSpeed engine",),
+    ),
+    # Accelerate
+    Case(
+        "Accelerator bf16",
+        "conflict",
+        accelerator(mixed_precision="bf16"),
+        enable={"strictness": "error"},
+        needs=("accelerate.accelerator",),
+        raises=PrecisionMismatchError,
+        names=("mixed_precision='bf16'",),
+    ),
+    Case(
+        "Accelerator env bf16",
+        "conflict",
+        accelerator(),
+        env={"ACCELERATE_MIXED_PRECISION": "bf16"},
+        enable={"strictness": "error"},
+        needs=("accelerate.accelerator",),
+        raises=PrecisionMismatchError,
+        names=("mixed_precision='bf16'",),
+    ),
+    Case(
+        "Accelerator fp8",
+        "conflict",
+        accelerator(mixed_precision="fp8"),
+        enable={"strictness": "error"},
+        needs=("accelerate.accelerator",),
+        raises=PrecisionMismatchError,
+        names=("mixed_precision='fp8'",),
+    ),
+    # HF / TRL
+    Case(
+        "args fp16+bf16",
+        "messages",
+        training_args(fp16=True, bf16=True),
+        enable={"strictness": "error"},
+        needs=("transformers.training_args",),
+        raises=PrecisionMismatchError,
+        names=("TrainingArguments(bf16=True)",),
+    ),
+    Case(
+        "args bf16",
+        "conflict",
+        training_args(bf16=True),
+        enable={"strictness": "error"},
+        needs=("transformers.training_args",),
+        raises=PrecisionMismatchError,
+        names=("bf16=True",),
+    ),
+    Case(
+        "args fp16 under bf16",
+        "conflict",
+        training_args(fp16=True),
+        enable={"dtype": "bfloat16", "strictness": "error"},
+        needs=("transformers.training_args",),
+        raises=PrecisionMismatchError,
+        names=("TrainingArguments(fp16=True)",),
+    ),
+    Case(
+        "args fp16_full_eval",
+        "conflict",
+        training_args(fp16_full_eval=True),
+        enable={"dtype": "bfloat16", "strictness": "error"},
+        needs=("transformers.training_args",),
+        raises=PrecisionMismatchError,
+        names=("fp16_full_eval",),
+    ),
+    Case(
+        "GRPOConfig bf16",
+        "conflict",
+        lambda t: __import__("trl").GRPOConfig(output_dir=str(t), bf16=True, report_to=[]),
+        enable={"strictness": "error"},
+        needs=("transformers.training_args", "trl.trainer.grpo_config"),
+        raises=PrecisionMismatchError,
+        names=("GRPOConfig(bf16=True)",),
+    ),
+    # the callback
+    Case("callback fp8", "kinds", lambda t: pp.PrecisionCallback("fp8"), names=("fp8",)),
+    Case("callback 5", "kinds", lambda t: pp.PrecisionCallback(5), names=("PrecisionCallback()",)),
+    Case("callback 0", "kinds", lambda t: pp.PrecisionCallback(0), names=("PrecisionCallback()",)),
+    Case("callback empty str", "kinds", lambda t: pp.PrecisionCallback(""), names=("dtype",)),
+    Case(
+        "callback unknown key",
+        "kinds",
+        lambda t: pp.PrecisionCallback({"dtype": "float16", "colour": 1}),
+        names=("colour",),
+    ),
+    # master weights
+    Case(
+        "prepare_model None",
+        "kinds",
+        lambda t: pp.prepare_model(None),
+        names=("prepare_model()", "NoneType"),
+    ),
+    Case(
+        "prepare_model str", "kinds", lambda t: pp.prepare_model("gpt2"), names=("prepare_model()",)
+    ),
+    Case(
+        "prepare_model fp8",
+        "kinds",
+        lambda t: pp.prepare_model(torch.nn.Linear(2, 2), "fp8"),
+        names=("fp8",),
+    ),
+    Case(
+        "check_model None",
+        "kinds",
+        lambda t: __import__("precision_plugin.master_weights", fromlist=["x"]).check_model(None),
+        names=("check_model()",),
+    ),
+    Case(
+        "prepare_model strict",
+        "conflict",
+        prepare_strict,
+        raises=PrecisionMismatchError,
+        names=("float16 -> float32",),
+    ),
+    # 6. scaler state
+    Case("state no scale", "state", load_scaler(scaler_state(scale=_DROP)), names=("'scale'",)),
+    Case("state scale inf", "state", load_scaler(scaler_state(scale=INF)), names=("'scale'",)),
+    Case("state scale text", "state", load_scaler(scaler_state(scale="big")), names=("'scale'",)),
+    Case(
+        "state interval text",
+        "state",
+        load_scaler(scaler_state(growth_interval="x")),
+        names=("'growth_interval'",),
+    ),
+    Case(
+        "state no tracker",
+        "state",
+        load_scaler(scaler_state(_growth_tracker=_DROP)),
+        names=("'_growth_tracker'",),
+    ),
+    Case("state a list", "kinds", load_scaler([1024.0]), names=("load_state_dict",)),
+    Case(
+        "telemetry no steps",
+        "state",
+        load_scaler(telemetry(steps=_DROP)),
+        raises=None,
+        check=scale_kept(1024.0, steps=0, skipped=2, warned="'steps'"),
+    ),
+    Case(
+        "telemetry text",
+        "state",
+        load_scaler(telemetry(skipped_steps="many")),
+        raises=None,
+        check=scale_kept(1024.0, steps=7, skipped=0, warned="'skipped_steps'"),
+    ),
+    Case(
+        "telemetry negative",
+        "state",
+        load_scaler(telemetry(steps=-3)),
+        raises=None,
+        check=scale_kept(1024.0, steps=0, skipped=2, warned="'steps'"),
+    ),
+    Case(
+        "telemetry a string",
+        "state",
+        load_scaler(scaler_state(precision_plugin_telemetry="lost")),
+        raises=None,
+        check=scale_kept(1024.0, steps=0, skipped=0, warned="'lost'"),
+    ),
+    Case(
+        "telemetry absent",
+        "state",
+        load_scaler(scaler_state(precision_plugin_telemetry=_DROP)),
+        raises=None,
+        check=scale_kept(1024.0, steps=0, skipped=0, warned=None),
+    ),
+    Case(
+        "make_grad_scaler fp8",
+        "kinds",
+        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler("fp8"),
+        names=("fp8",),
+    ),
+    Case(
+        "make_grad_scaler device",
+        "kinds",
+        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler(
+            None, "gpu0"
+        ),
+        names=("device",),
+    ),
+    Case(
+        "make_grad_scaler model",
+        "kinds",
+        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler(
+            None, "cpu", model="gpt2"
+        ),
+        names=("model",),
+    ),
+    Case(
+        "attach_telemetry dict",
+        "kinds",
+        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).attach_telemetry(
+            torch.amp.GradScaler("cpu"), {"init_scale": 1}
+        ),
+        names=("LossScalerSettings",),
+    ),
+    # mismatch metrics
+    Case(
+        "mismatch shapes",
+        "kinds",
+        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+            [[0.1, 0.2]], [[0.1]]
+        ),
+        names=("shape",),
+    ),
+    Case(
+        "mismatch vocab",
+        "kinds",
+        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+            torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)
+        ),
+        names=("vocab",),
+    ),
+    Case(
+        "verdict None",
+        "kinds",
+        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).verdict(None),
+        names=("MismatchMetrics",),
+    ),
+    # 10. vLLM engine_kwargs and the checks behind it
+    Case(
+        "engine_kwargs gemma2",
+        "paths",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs(
+            {"model": gemma2(t)}, version=None
+        ),
+        names=("gemma2", "bfloat16"),
+    ),
+    Case(
+        "engine_kwargs gemma2 bf16",
+        "paths",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs(
+            {"model": gemma2(t)}, "bfloat16", version=None
+        ),
+        raises=None,
+        check=lambda r, c: r["dtype"] == "bfloat16" or pytest.fail(str(r)),
+    ),
+    Case(
+        "engine_kwargs bf16 strict",
+        "conflict",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs(
+            {"dtype": "bfloat16"}, STRICT, version=None
+        ),
+        raises=PrecisionMismatchError,
+        names=("dtype='bfloat16'",),
+    ),
+    Case(
+        "engine_kwargs kv strict",
+        "conflict",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs(
+            {"kv_cache_dtype": "bfloat16"}, STRICT, version=None
+        ),
+        raises=PrecisionMismatchError,
+        names=("kv_cache_dtype",),
+    ),
+    Case(
+        "engine_kwargs list",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs(["model"]),
+        names=("engine_kwargs()",),
+    ),
+    Case(
+        "engine_kwargs fp8",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).engine_kwargs({}, "fp8"),
+        names=("fp8",),
+    ),
+    Case(
+        "check_model_config 5",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).check_model_config(5),
+        names=("check_model_config",),
+    ),
+    Case(
+        "check_model_config list",
+        "files",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).check_model_config(
+            write(t, "m/config.json", "[]").parent
+        ),
+        names=("JSON list",),
+    ),
+    Case(
+        "check_model_config latin-1",
+        "files",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).check_model_config(
+            write(t, "m/config.json", b"\xff")
+        ),
+        names=("cannot read",),
+    ),
+    Case(
+        "verify_engine None",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).verify_engine(None),
+        names=("vllm.LLM",),
+    ),
+    Case(
+        "verify_server 5",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).verify_server(5),
+        names=("VLLMClient",),
+    ),
+    Case(
+        "enforce on a dict",
+        "kinds",
+        lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).enforce_on_engine_args(
+            {"dtype": "auto"}, PrecisionPolicy()
+        ),
+        names=("EngineArgs",),
+    ),
+    # 7. the CLI: one line on stderr, exit 2, before the long part
+    Case("cli seed 2**70", "cli", cli("probe", "--seed", str(2**70)), names=("seed",)),
+    Case("cli seed -1", "cli", cli("probe", "--seed", "-1"), names=("--seed",)),
+    Case("cli num-prompts 0", "cli", cli("probe", "--num-prompts", "0"), names=("--num-prompts",)),
+    Case(
+        "cli num-prompts 1e9",
+        "cli",
+        cli("probe", "--num-prompts", "1000000000"),
+        names=("num-prompts",),
+    ),
+    Case("cli dtypes fp8", "cli", cli("probe", "--dtypes", "fp8"), names=("fp8",)),
+    Case("cli dtypes empty", "cli", cli("probe", "--dtypes", ","), names=("names no dtype",)),
+    Case("cli engine", "cli", cli("probe", "--engine", "nosuch"), names=("--engine",)),
+    Case(
+        "cli model missing", "cli", cli("probe", "--model", "nosuch-dir"), names=("does not exist",)
+    ),
+    Case(
+        "cli model a file",
+        "cli",
+        cli("probe", "--model", lambda t: str(write(t, "f", "x"))),
+        names=("is a file",),
+    ),
+    Case(
+        "cli model no config",
+        "cli",
+        cli("probe", "--model", lambda t: (t / "empty").mkdir() or str(t / "empty")),
+        names=("no config.json",),
+    ),
+    Case(
+        "cli config hidden_size text",
+        "cli",
+        cli("probe", "--model", broken_model(hidden_size="abc")),
+        names=("hidden_size",),
+    ),
+    Case(
+        "cli config heads 0",
+        "cli",
+        cli("probe", "--model", broken_model(num_attention_heads=0)),
+        names=("could not load",),
+    ),
+    Case(
+        "cli config vocab -1",
+        "cli",
+        cli("probe", "--model", broken_model(vocab_size=-1)),
+        names=("could not load",),
+    ),
+    Case(
+        "cli model_type qwen2",
+        "cli",
+        cli("probe", "--model", broken_model(model_type="qwen2")),
+        names=("do not match its config.json", "qwen2"),
+    ),
+    Case(
+        "cli model_type gpt2",
+        "cli",
+        cli("probe", "--model", broken_model(model_type="gpt2")),
+        names=("do not match",),
+    ),
+    Case(
+        "cli model_type unknown",
+        "cli",
+        cli("probe", "--model", broken_model(model_type="nosuch")),
+        names=("nosuch",),
+    ),
+    Case(
+        "cli extra layers",
+        "cli",
+        cli("probe", "--model", broken_model(num_hidden_layers=9)),
+        names=("missing",),
+    ),
+    Case(
+        "cli max-new-tokens",
+        "cli",
+        cli("probe", "--max-new-tokens", "100000"),
+        names=("max_position_embeddings",),
+    ),
+    Case("cli json folder", "cli", cli("probe", "--json", lambda t: str(t)), names=("folder",)),
+    Case(
+        "cli json no parent",
+        "cli",
+        cli("probe", "--json", lambda t: str(t / "no/x.json")),
+        names=("does not exist",),
+    ),
+    Case(
+        "cli json under a file",
+        "cli",
+        cli("probe", "--json", lambda t: str(write(t, "f", "x") / "x.json")),
+        names=("is a file",),
+    ),
+    Case("cli device banana", "cli", cli("probe", "--device", "banana"), names=("device",)),
+    Case(
+        "cli device cuda",
+        "cli",
+        cli("probe", "--device", "cuda:0"),
+        names=("device",),
+        skip=no_cuda_only,
+    ),
+    Case("cli doctor int8", "cli", cli("doctor", "--dtype", "int8"), names=("int8",)),
+    Case(
+        "cli doctor env",
+        "cli",
+        cli("doctor"),
+        env={"PRECISION_PLUGIN": "fp8"},
+        names=("PRECISION_PLUGIN='fp8'",),
+    ),
+    Case(
+        "cli plot txt",
+        "cli",
+        cli("probe", "--plot", lambda t: str(t / "fig.txt")),
+        names=("--plot", "extension"),
+    ),
+]
+
+
+def _snapshot() -> dict[str, Any]:
+    """What a bad input must not change."""
+    watched = {}
+    for module, owner, name in _WATCHED:
+        mod = sys.modules.get(module)
+        target = getattr(mod, owner, None) if mod is not None else None
+        if target is not None:
+            watched[f"{module}.{owner}.{name}"] = target.__dict__.get(name)
+    if "deepspeed" in sys.modules:
+        watched["deepspeed.initialize"] = sys.modules["deepspeed"].__dict__.get("initialize")
+    return {
+        "policy": current_policy(),
+        "patches": active_patches(),
+        "env": dict(os.environ),
+        "meta_path": list(sys.meta_path),
+        "watched": watched,
+    }
+
+
+_WATCHED = [
+    ("transformers.training_args", "TrainingArguments", "__post_init__"),
+    ("transformers.trainer", "Trainer", "__init__"),
+    ("accelerate.accelerator", "Accelerator", "__init__"),
+    ("accelerate.accelerator", "Accelerator", "prepare_model"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(
+    case: Case,
+    tmp_path: Path,
+    tiny_checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _CHECKPOINT[:] = [tiny_checkpoint]
+    if case.skip is not None and (why := case.skip()):
+        pytest.skip(why)
+    for module in case.needs:
+        __import__(module)
+    monkeypatch.delenv("PRECISION_PLUGIN", raising=False)
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
+    caplog.set_level(logging.WARNING, logger="precision_plugin")
+    baseline = _snapshot()
+    assert baseline["policy"] is None and baseline["patches"] == {}
+    if case.enable is not None:
+        pp.enable(**case.enable)
+    before = _snapshot()
+    try:
+        if getattr(case.run, "is_cli", False):
+            rc = case.run(tmp_path)
+            err = capsys.readouterr().err.strip()
+            assert rc == 2, err
+            assert len(err.splitlines()) == 1, err  # one line, no traceback
+            for word in case.names:
+                assert word in err, err
+        elif case.raises is None:
+            result = case.run(tmp_path)
+            assert case.check is not None
+            case.check(result, caplog)
+        else:
+            with pytest.raises(case.raises) as info:
+                case.run(tmp_path)
+            message = str(info.value)
+            assert "\n" not in message.strip(), message  # one message, not a dump
+            for word in case.names:
+                assert word in message, message
+        _assert_unchanged(before, "the bad input changed something")
+    finally:
+        pp.disable()
+    _assert_unchanged(baseline, "enable()/disable() around the bad input left something")
+
+
+def _assert_unchanged(then: dict[str, Any], what: str) -> None:
+    """Same policy, patches, environment and import hooks; same framework attributes (those of
+    modules imported since are new, not changed)."""
+    now = _snapshot()
+    for key in ("policy", "patches", "env", "meta_path"):
+        assert now[key] == then[key], f"{what}: {key}"
+    for name, value in then["watched"].items():
+        assert now["watched"].get(name) is value, f"{what}: {name}"
+
+
+def test_the_catalogue_is_large_and_its_count_is_documented() -> None:
+    assert len(CASES) >= 80
+    text = (DOCS / "troubleshooting.md").read_text()
+    assert f"{len(CASES)} bad inputs tried, each a clear error" in text
+    for cls in sorted({c.cls for c in CASES}):
+        assert f"`{cls}`" in text, f"docs/troubleshooting.md does not list the class {cls!r}"
+
+
+def test_the_cases_hit_every_entry_point() -> None:
+    assert {c.cls for c in CASES} >= {
+        "numbers",
+        "files",
+        "kinds",
+        "state",
+        "cli",
+        "messages",
+        "device",
+        "paths",
+        "env",
+        "enable",
+        "conflict",
+        "policy",
+    }
+    assert math.isinf(INF)
