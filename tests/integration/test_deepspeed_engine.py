@@ -159,6 +159,53 @@ def test_floor_warns_and_continues(deepspeed, caplog):
     assert engine.was_step_applied() and engine.skipped_steps == 5
 
 
+@pytest.mark.parametrize("stage", [0, 2])
+def test_floor_counts_optimizer_steps_not_micro_steps(deepspeed, stage):
+    """Gradient accumulation 2: the floor rule counts skipped optimizer steps, not micro-steps."""
+    section = {
+        "loss_scaler": {"init_scale": 2, "min_scale": 1, "hysteresis": 1, "max_skips_at_min": 3}
+    }
+    pp.enable()
+    cfg = ds_cpu.ds_config(stage, section=section, gradient_accumulation_steps=2)
+    engine = _init(deepspeed, cfg)
+    assert engine.gradient_accumulation_steps() == 2
+    for micro in range(1, 5):  # two optimizer steps, four overflowing micro-steps
+        ds_cpu.train_step(engine, inject="inf")
+        stats = engine_scaler_stats(engine)
+        assert (stats.steps, stats.skipped_steps, stats.consecutive_skips) == (
+            micro // 2,
+            micro // 2,
+            micro // 2,
+        )
+    assert stats.at_min_scale and stats.scale == 1  # 2 -> 1 at the first skipped step
+    ds_cpu.train_step(engine, inject="inf")  # micro-step 5: no optimizer step, no check
+    with pytest.raises(pp.LossScaleAtMinimumError, match="last 3 steps all overflowed"):
+        ds_cpu.train_step(engine, inject="inf")  # the third skipped optimizer step
+    stats = engine_scaler_stats(engine)
+    assert (stats.steps, stats.skipped_steps, stats.consecutive_skips) == (3, 3, 3)
+
+
+def test_fp16_on_an_accelerator_without_it_is_refused_before_deepspeed(
+    deepspeed, monkeypatch, caplog
+):
+    """Without the seam: the plugin refuses (error) or runs fp32 and says so (warn)."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if type(acc).is_fp16_supported(acc):
+        pytest.skip("DeepSpeed's accelerator runs fp16 here")
+    monkeypatch.delattr(acc, "is_fp16_supported")  # lift the seam for this test
+    pp.enable(strictness="error")
+    with pytest.raises(pp.PrecisionMismatchError, match="cpu accelerator does not support fp16"):
+        _init(deepspeed, ds_cpu.ds_config(2))
+    pp.enable(strictness="warn")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        engine = _init(deepspeed, ds_cpu.ds_config(2, section={}))
+    assert "this engine runs float32 instead" in caplog.text
+    assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert {p.dtype for p in engine.module.parameters()} == {torch.float32}
+
+
 def test_track_engine_without_enable(deepspeed):
     cfg = apply_config(ds_cpu.ds_config(1))
     engine = track_engine(_init(deepspeed, cfg))
@@ -248,7 +295,8 @@ def test_doctor_reports_version_changes_and_device(deepspeed):
     text = "\n".join(f.message for f in findings)
     assert f"deepspeed {deepspeed.__version__}" in text
     assert any(f.status == "change" and "'enabled': True" in f.message for f in findings)
-    assert any(f.status == "ok" and "supports fp16" in f.message for f in findings)
+    # the seam lifts DeepSpeed's CPU fp16 check, and doctor reads DeepSpeed's own answer
+    assert any(f.status == "ok" and "accelerator runs float16" in f.message for f in findings)
 
 
 def test_enable_does_not_import_deepspeed_but_patches_it_on_import():
