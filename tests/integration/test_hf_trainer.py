@@ -64,9 +64,31 @@ def test_fp16_model_with_fp16_flag_trains_after_enable(tmp_path):
     assert callback.forward_dtype == torch.float16  # the training forward really ran fp16
     logged = _metrics(trainer)
     assert len(logged) == 3
-    assert all(h["precision/loss_scale"] > 0 for h in logged)
-    assert logged[-1]["precision/skipped_steps"] >= 0
+    stats = trainer.accelerator.scaler.precision_stats()
+    assert stats.steps == 3
+    # growth every 50 clean steps cannot happen in 3: the scale is the policy's init_scale,
+    # halved once per skipped step, exactly
+    for h in logged:
+        assert h["precision/loss_scale"] == 2.0**16 * 0.5 ** h["precision/skipped_steps"]
+    assert logged[-1]["precision/skipped_steps"] == stats.skipped_steps
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_policy_scale_and_skips_reach_the_trainer_exactly(tmp_path):
+    """init_scale 2**40 overflows fp16 for sure (loss gradients ~0.06 x 2**40 > 65504): every
+    step of this short run is skipped and halves the scale, as the policy says."""
+    pp.enable(loss_scaler={"init_scale": 2.0**40, "growth_interval": 7})
+    trainer = Trainer(model=_model(), args=_args(tmp_path, fp16=True), train_dataset=_data())
+    scaler = trainer.accelerator.scaler
+    assert (scaler.get_scale(), scaler.get_growth_interval()) == (2.0**40, 7)
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor()) == (2.0, 0.5)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logged = _metrics(trainer)
+    assert [h["precision/loss_scale"] for h in logged] == [2.0**39, 2.0**38, 2.0**37]
+    assert [h["precision/skipped_steps"] for h in logged] == [1.0, 2.0, 3.0]
+    assert [h["precision/consecutive_skips"] for h in logged] == [1.0, 2.0, 3.0]
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
 
 
 def test_fp16_model_refused_in_strict_mode(tmp_path):

@@ -46,7 +46,10 @@ def test_grpo_recipe_trains_fp16_logs_loss_scale_and_disable_restores(tmp_path):
     report = _recipe().main(["--max-steps", "2", "--output-dir", str(tmp_path)])
     assert report["fp16"] is True and report["bf16"] is False  # TRL alone would pick bf16
     assert report["forward_dtype"] == "float16"
-    assert report["loss_scale"] > 0 and report["steps"] == 2
+    assert report["steps"] == 2
+    # 2 steps cannot reach the policy's growth interval (400): the default init scale, halved
+    # once per skipped step
+    assert report["loss_scale"] == 2.0**16 * 0.5 ** report["skipped_steps"]
     assert pp.current_policy() is None  # the recipe disabled the plugin
     for (cls, name), original in originals.items():
         assert vars(cls)[name] is original, f"{cls.__name__}.{name} not restored"
@@ -103,3 +106,18 @@ def test_trl_flags_are_settled_once_for_every_dtype(tmp_path, monkeypatch, dtype
     pp.enable(dtype=dtype)
     config = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True)
     assert (config.fp16, config.bf16) == flags and len(calls) == 1
+
+
+@pytest.mark.slow
+def test_the_policy_scaler_settings_reach_grpos_scaler(tmp_path):
+    pp.enable(loss_scaler={"init_scale": 1024.0, "growth_interval": 123, "backoff_factor": 0.25})
+    trainer = _recipe().build_trainer(str(tmp_path), max_steps=2)
+    scaler = trainer.accelerator.scaler
+    assert scaler.get_growth_interval() == 123 and scaler.get_scale() == 1024.0
+    assert scaler.get_backoff_factor() == 0.25
+    trainer.train()
+    stats = scaler.precision_stats()
+    assert stats.steps == 2
+    logged = [h for h in trainer.state.log_history if "precision/loss_scale" in h]
+    assert logged[-1]["precision/skipped_steps"] == stats.skipped_steps
+    assert logged[-1]["precision/loss_scale"] == 1024.0 * 0.25**stats.skipped_steps
