@@ -90,8 +90,16 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
     with a CPU GradScaler (Accelerate builds neither there). Does nothing under DeepSpeed or
     Megatron, whose engines scale the loss themselves.
     """
+    from precision_plugin.manager import resolve_policy
     from precision_plugin.scaler import attach_telemetry, make_grad_scaler
 
+    policy = resolve_policy(policy, what="apply_policy()")
+    if not hasattr(accelerator, "scaler") or not hasattr(accelerator, "state"):
+        from precision_plugin.errors import PrecisionConfigError
+
+        raise PrecisionConfigError(
+            f"apply_policy(): expected an accelerate.Accelerator, got {type(accelerator).__name__}."
+        )
     if _distributed_type(accelerator) in _SCALER_FREE:
         return accelerator
     if accelerator.state.mixed_precision != "fp16" or not policy.is_fp16:

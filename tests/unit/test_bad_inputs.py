@@ -553,6 +553,22 @@ CASES: list[Case] = [
         raises=PrecisionMismatchError,
         names=("mixed_precision='fp8'",),
     ),
+    Case(
+        "apply_policy None",
+        "kinds",
+        lambda t: __import__("precision_plugin.accelerate", fromlist=["x"]).apply_policy(
+            None, PrecisionPolicy()
+        ),
+        names=("apply_policy()", "Accelerator"),
+    ),
+    Case(
+        "apply_policy fp8",
+        "kinds",
+        lambda t: __import__("precision_plugin.accelerate", fromlist=["x"]).apply_policy(
+            None, "fp8"
+        ),
+        names=("fp8",),
+    ),
     # HF / TRL
     Case(
         "args fp16+bf16",
