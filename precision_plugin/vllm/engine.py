@@ -58,12 +58,15 @@ def resolve_engine_kwargs(
     decision: CascadeDecision,
     fields: Mapping[str, Any] | None = None,
 ) -> EngineSettings:
-    """Apply ``policy`` and the cascade ``decision`` to engine ``kwargs``; pure, never raises.
+    """Apply ``policy`` and the cascade ``decision`` to engine ``kwargs``; pure.
+
+    Raises only for a ``policy`` that is not one (a dict or dtype name is turned into one).
 
     ``fields`` maps the installed ``EngineArgs`` field names to their defaults (``None`` when
     vLLM cannot be imported): a field that does not exist, or whose default is ``None`` (the
     deprecated ``disable_cascade_attn`` of vLLM >= 0.32), is never passed.
     """
+    policy = resolve_policy(policy, what="resolve_engine_kwargs()")
     out = dict(kwargs)
     result = EngineSettings(out, decision)
 
@@ -141,6 +144,11 @@ def engine_arg_fields(engine_args_cls: type | None = None) -> dict[str, Any] | N
             log.debug("vllm.engine.arg_utils not importable: %s", exc)
             return None
         engine_args_cls = EngineArgs
+    if not (isinstance(engine_args_cls, type) and dataclasses.is_dataclass(engine_args_cls)):
+        raise PrecisionConfigError(
+            f"engine_arg_fields(): expected vLLM's EngineArgs class (a dataclass), got "
+            f"{engine_args_cls!r}."
+        )
     out: dict[str, Any] = {}
     for f in dataclasses.fields(engine_args_cls):
         out[f.name] = f.default if f.default is not dataclasses.MISSING else NO_DEFAULT
