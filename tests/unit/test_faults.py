@@ -172,11 +172,6 @@ class _Raises:
             raise RuntimeError(f"broken {hook}")
 
     @hookimpl
-    def precision_adapter_name(self) -> str:
-        self._maybe("precision_adapter_name")
-        return "raises"
-
-    @hookimpl
     def precision_install(self, policy: Any, patcher: Patcher) -> None:
         patcher.setattr(TARGET, "value", "patched by a broken plugin", reason="test")
         self._maybe("precision_install")
@@ -258,7 +253,6 @@ def _exercise(hook: str, healthy: _Healthy, caplog: pytest.LogCaptureFixture) ->
 
 
 HOOKS = [
-    "precision_adapter_name",
     "precision_install",
     "precision_uninstall",
     "precision_doctor",

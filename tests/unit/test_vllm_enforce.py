@@ -7,6 +7,7 @@ contract tests run the same code against the real vLLM package.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import pytest
 
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.vllm.enforce import _wrap_create_model_config, enforce_on_engine_args
+from precision_plugin.vllm.enforce import _create_model_config, enforce_on_engine_args
 
 
 @dataclass
@@ -84,8 +85,8 @@ def _checkpoint(tmp_path: Path, model_type: str) -> str:
 
 @pytest.fixture
 def wrapped():
-    """``EngineArgs.create_model_config`` wrapped as the plugin wraps vLLM's."""
-    return _wrap_create_model_config(EngineArgs.create_model_config)
+    """``EngineArgs.create_model_config`` with the advice the plugin puts around vLLM's."""
+    return functools.partial(_create_model_config, EngineArgs.create_model_config)
 
 
 def test_the_wrapper_follows_the_requested_policy(wrapped, monkeypatch) -> None:
@@ -114,4 +115,4 @@ def test_vllms_own_fp16_refusal_is_translated(monkeypatch) -> None:
 
     monkeypatch.setenv("PRECISION_PLUGIN", "float16")
     with pytest.raises(PrecisionConfigError, match=r"does not support float16.*bfloat16"):
-        _wrap_create_model_config(refuses)(EngineArgs())
+        _create_model_config(refuses, EngineArgs())
