@@ -210,7 +210,7 @@ def check_engine_model(
 
     When the engine will run ``dtype`` float16 and the model's ``config.json`` is local (a
     folder, or a hub id already cached), a model type vLLM refuses in float16 raises
-    :class:`PrecisionConfigError` before vLLM is started; overflow-prone families are logged as
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] before vLLM is started; overflow-prone families are logged as
     warnings. Nothing happens for another dtype or a model whose config is not here.
     """
     if dtype != "float16":
