@@ -158,8 +158,8 @@ class _Telemetry:
         """Load torch's scaler state and, when present, the telemetry counters.
 
         torch's own keys (the loss scale and its settings) are checked first: a missing or
-        damaged one raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] naming it, and
-        nothing is loaded. A missing or damaged telemetry counter never costs the loss scale:
+        damaged one raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
+        naming it, and nothing is loaded. A missing or damaged telemetry counter never costs the loss scale:
         the scale loads, that counter restarts at 0, and a warning names the key.
         """
         if not isinstance(state_dict, Mapping):

@@ -134,9 +134,10 @@ def check_engine_dtype(policy: PrecisionPolicy) -> str:
     """Before ``deepspeed.initialize``: the dtype the engine can run here under ``policy``.
 
     Returns ``policy.dtype`` when the accelerator supports it (or cannot tell). Otherwise
-    ``strictness="error"`` raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError]
-    naming the accelerator and the ways out; ``"warn"`` logs that the engine runs float32
-    instead (one dtype on both sides stays the user's decision) and returns ``"float32"``.
+    ``strictness="error"`` raises
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] naming the
+    accelerator and the ways out; ``"warn"`` logs that the engine runs float32 instead (one
+    dtype on both sides stays the user's decision) and returns ``"float32"``.
     """
     if policy.dtype == "float32":
         return policy.dtype

@@ -210,8 +210,9 @@ def check_engine_model(
 
     When the engine will run ``dtype`` float16 and the model's ``config.json`` is local (a
     folder, or a hub id already cached), a model type vLLM refuses in float16 raises
-    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] before vLLM is started; overflow-prone families are logged as
-    warnings. Nothing happens for another dtype or a model whose config is not here.
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] before vLLM is
+    started; overflow-prone families are logged as warnings. Nothing happens for another dtype
+    or a model whose config is not here.
     """
     if dtype != "float16":
         return
