@@ -159,8 +159,8 @@ class _Telemetry:
 
         torch's own keys (the loss scale and its settings) are checked first: a missing or
         damaged one raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
-        naming it, and nothing is loaded. A missing or damaged telemetry counter never costs the loss scale:
-        the scale loads, that counter restarts at 0, and a warning names the key.
+        naming it, and nothing is loaded. A missing or damaged telemetry counter never costs the
+        loss scale: the scale loads, that counter restarts at 0, and a warning names the key.
         """
         if not isinstance(state_dict, Mapping):
             raise PrecisionConfigError(
