@@ -173,8 +173,8 @@ class PrecisionCallback(TrainerCallback):
         if not getattr(self.trainer, "is_deepspeed_enabled", False):
             return 0  # a torch scaler without telemetry does not count skips
         # DeepSpeed's engine runs its own scaler; its adapter reports the count.
-        results = get_plugin_manager().hook.precision_collect_metrics(
-            policy=self.policy, trainer=self.trainer
+        results = call_each_reported(
+            "precision_collect_metrics", policy=self.policy, trainer=self.trainer
         )
         return max((int(r.get("consecutive_skips", 0)) for r in results if r), default=0)
 
