@@ -7,6 +7,7 @@ no top-k/top-p), so it can be compared with the trainer's full-sequence log-soft
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,7 +40,10 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, seed: int
     ) -> list[RolloutSample]:
-        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs."""
+        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs.
+
+        Engines may accept further keyword-only settings (the HF engine takes ``temperature``).
+        """
         ...
 
     def close(self) -> None:
@@ -81,39 +85,41 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 
 
 class HFRolloutEngine:
-    """Rollout with HF ``generate``: its own copy of the weights in ``dtype``, KV-cache decoding.
+    """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
 
-    Samples token by token at temperature 1 over the full vocabulary (no top-k/top-p, no
-    repetition penalty: the checkpoint's generation defaults are replaced). The log-prob of each
-    sampled token is ``log_softmax`` in float32 of the engine's own ``dtype`` logits, as vLLM
-    computes it. Prompts of equal length are batched without padding and with an all-ones
-    attention mask, so position ids are ``0..T-1`` exactly as in a trainer's full forward.
+    Samples token by token over the full vocabulary (no top-k/top-p, no repetition penalty: the
+    checkpoint's generation defaults play no part) at ``temperature`` (1 by default). The
+    log-prob of each sampled token is ``log_softmax`` in float32 of the engine's own ``dtype``
+    logits divided by the temperature, as vLLM computes it, recorded as the token is sampled:
+    only the current step's logits are alive, so memory does not grow with the generation
+    length beyond the KV cache. Prompts of equal length are batched without padding and with an
+    all-ones attention mask; position ids are ``0..T-1`` exactly as in a trainer's full forward.
+    Used by the probe and by TRL's [`HFRollout`][precision_plugin.trl_rollout.HFRollout].
     """
 
     name = "hf"
 
     def __init__(self, model: Any, dtype: str, device: str) -> None:
         import torch
-        from transformers import GenerationConfig
 
         from precision_plugin.policy import torch_dtype
 
         self.dtype = dtype
         self.device = device
         self.model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
-        config = self.model.config
         self._eos: set[int] = set()
         # Some checkpoints name their EOS ids only in generation_config.json.
-        for source in (config, getattr(self.model, "generation_config", None)):
+        for source in (self.model.config, getattr(self.model, "generation_config", None)):
             eos = getattr(source, "eos_token_id", None)
             self._eos.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        pad = getattr(config, "pad_token_id", None)
+        pad = getattr(self.model.config, "pad_token_id", None)
         self._pad = pad if pad is not None else (min(self._eos) if self._eos else 0)
-        # A fresh config: a checkpoint's generation_config.json (top_k=50, temperature=0.7,
-        # repetition_penalty, ...) must not reshape the distribution we compare against.
-        self.model.generation_config = GenerationConfig(
-            eos_token_id=sorted(self._eos) or None, pad_token_id=self._pad
-        )
+        # A PEFT wrapper forwards **kwargs: read the argument names off the base model.
+        base = getattr(self.model, "get_base_model", lambda: self.model)()
+        names = inspect.signature(base.forward).parameters
+        self._keep_last = "logits_to_keep" in names
+        # transformers >= 5.2x names the KV cache ``cache`` (``past_key_values`` is deprecated).
+        self._cache_arg = "cache" if "cache" in names else "past_key_values"
         self._torch = torch
 
     @classmethod
@@ -123,63 +129,84 @@ class HFRolloutEngine:
         return cls(model, dtype, device)
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        seed: int,
+        *,
+        temperature: float = 1.0,
     ) -> list[RolloutSample]:
-        """Sample one completion per prompt; a completion stops after its first EOS token."""
+        """Sample one completion per prompt; a completion stops after its first EOS token.
+
+        ``seed`` seeds a private generator (the global RNG is left alone), so equal seeds give
+        equal samples. Extra settings are keyword-only.
+        """
         torch = self._torch
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
         groups: dict[int, list[int]] = {}
         for i, prompt in enumerate(prompts):
             groups.setdefault(len(prompt), []).append(i)
         out: list[RolloutSample | None] = [None] * len(prompts)
-        dev = torch.device(self.device)
-        devices = []
-        if dev.type == "cuda":
-            devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            torch.manual_seed(seed)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        with torch.inference_mode():
             for length in sorted(groups):
                 rows = groups[length]
                 ids = torch.tensor([prompts[i] for i in rows], device=self.device)
-                samples = self._generate_batch(ids, max_new_tokens)
+                samples = self._generate_batch(ids, max_new_tokens, generator, temperature)
                 for row, sample in zip(rows, samples, strict=True):
                     out[row] = sample
         return [s for s in out if s is not None]
 
     def _attention_mask(self, ids: Any) -> Any:
-        """All ones, passed explicitly: ``generate`` would otherwise mask every pad-id token."""
+        """All ones: the prompts are not padded."""
         return self._torch.ones_like(ids)
 
-    def _generate_batch(self, ids: Any, max_new_tokens: int) -> list[RolloutSample]:
+    def _forward(self, ids: Any, mask: Any, positions: Any, past: Any) -> tuple[Any, Any]:
+        """One forward; returns the last position's logits and the KV cache."""
+        extra = {"logits_to_keep": 1} if self._keep_last else {}
+        if past is not None:
+            extra[self._cache_arg] = past
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra
+        )
+        return out.logits[:, -1], out[self._cache_arg]
+
+    def _generate_batch(
+        self, ids: Any, max_new_tokens: int, generator: Any, temperature: float
+    ) -> list[RolloutSample]:
         torch = self._torch
-        result = self.model.generate(
-            input_ids=ids,
-            attention_mask=self._attention_mask(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            use_cache=True,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        new = result.sequences[:, ids.shape[1] :]
-        # One step at a time: stacking [batch, steps, vocab] would double the peak memory.
-        token_logp = torch.stack(
-            [
-                torch.log_softmax(step.float(), dim=-1).gather(-1, new[:, t : t + 1]).squeeze(-1)
-                for t, step in enumerate(result.logits[: new.shape[1]])
-            ],
-            dim=1,
-        )
+        batch = ids.shape[0]
+        mask = self._attention_mask(ids)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens = torch.full((batch, max_new_tokens), self._pad, dtype=torch.long, device=ids.device)
+        token_logp = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=ids.device)
+        lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=ids.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=ids.device)
+        logits, past = self._forward(ids, mask, positions, None)
+        next_position = positions[:, -1:] + 1
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [batch, vocab]
+            token = torch.multinomial(logp.exp(), 1, generator=generator)  # [batch, 1]
+            tokens[:, t : t + 1] = token
+            token_logp[:, t : t + 1] = logp.gather(-1, token)
+            ended = ~done & torch.isin(token.squeeze(-1), eos)
+            lengths[ended] = t + 1
+            done |= ended
+            if t + 1 == max_new_tokens or bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(token)], dim=-1)
+            logits, past = self._forward(token, mask, next_position, past)
+            next_position = next_position + 1
+        del past
         samples = []
-        for b in range(ids.shape[0]):
-            tokens = new[b].tolist()
-            end = next((t + 1 for t, tok in enumerate(tokens) if tok in self._eos), len(tokens))
+        for b in range(batch):
+            end = int(lengths[b])
             samples.append(
                 RolloutSample(
                     prompt_ids=ids[b].tolist(),
-                    completion_ids=tokens[:end],
+                    completion_ids=tokens[b, :end].tolist(),
                     logprobs=token_logp[b, :end].tolist(),
                     meta={"engine": self.name, "dtype": self.dtype},
                 )
