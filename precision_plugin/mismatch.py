@@ -428,3 +428,115 @@ def prefixed(metrics: MismatchMetrics, prefix: str = "precision/") -> dict[str, 
     """Scalar metrics as ``{prefix + name: value}`` for a trainer's log."""
     _require_metrics(metrics, "prefixed()")
     return {prefix + k: float(v) for k, v in metrics.to_dict().items()}
+
+
+# -- sufficient statistics: the same metrics from sums that add up across processes ----------
+
+#: The entries of [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums]'s first tensor, in
+#: order; each adds up across processes and micro-batches.
+SUM_FIELDS: tuple[str, ...] = (
+    "tokens",
+    "nan_tokens",
+    "k1",
+    "k3",
+    "prob_diff",
+    "logp_abs_diff",
+    "sequences",
+    "seq_len",
+    "seq_ratio",
+    "seq_len_sq",
+    "seq_len_ratio",
+)
+
+
+def mismatch_sums(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums from which the token-weighted metrics of a batch follow exactly.
+
+    Returns ``(sums, maxima)``: ``sums`` a float64 tensor ordered as ``SUM_FIELDS`` (token and
+    sequence counts, the per-token sums of ``log μ − log π``, of k3, of ``|π − μ|`` and of
+    ``|log π − log μ|``, and the moments of (sequence length, sequence log-ratio) that the
+    least-squares slope needs); ``maxima`` a one-element tensor, ``max |π − μ|`` (``-inf``
+    with no valid token). Summing ``sums`` and taking the max of ``maxima`` over shards
+    (processes, micro-batches) and then calling
+    [`metrics_from_sums`][precision_plugin.mismatch.metrics_from_sums] gives what
+    [`compute_mismatch`][precision_plugin.mismatch.compute_mismatch] gives on the whole
+    batch. Inputs, masking and NaN handling as for ``compute_mismatch``.
+    """
+    lp_train = _as_2d(train_logprobs, "train_logprobs")
+    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
+    if lp_train.shape != lp_roll.shape:
+        raise PrecisionConfigError(
+            f"mismatch_sums: train_logprobs has shape {tuple(lp_train.shape)} but "
+            f"rollout_logprobs has {tuple(lp_roll.shape)}; pass the log-probs of the same tokens."
+        )
+    base = torch.ones_like(lp_train, dtype=torch.bool)
+    if mask is not None:
+        base = _as_2d(mask, "mask").to(device=lp_train.device, dtype=torch.bool)
+        if base.shape != lp_train.shape:
+            raise PrecisionConfigError(
+                f"mismatch_sums: mask has shape {tuple(base.shape)}, log-probs have "
+                f"{tuple(lp_train.shape)}."
+            )
+    lp_roll = lp_roll.to(lp_train.device)
+    finite = torch.isfinite(lp_train) & torch.isfinite(lp_roll)
+    valid = base & finite
+    zeros = torch.zeros_like(lp_train)
+    lt = torch.where(valid, lp_train, zeros)
+    lr = torch.where(valid, lp_roll, zeros)
+    d = lt - lr  # log π − log μ, 0 where invalid
+    prob_diff = torch.where(valid, (lt.exp() - lr.exp()).abs(), zeros)
+    seq_len = valid.sum(dim=1).to(torch.float64)
+    seq_ratio = d.sum(dim=1)
+    has = seq_len > 0
+    x, y = seq_len[has], seq_ratio[has]
+    sums = torch.stack(
+        [
+            valid.sum().to(torch.float64),
+            (base & ~finite).sum().to(torch.float64),
+            (-d).sum(),
+            (torch.expm1(d) - d).sum(),
+            prob_diff.sum(),
+            d.abs().sum(),
+            has.sum().to(torch.float64),
+            x.sum(),
+            y.sum(),
+            (x * x).sum(),
+            (x * y).sum(),
+        ]
+    )
+    top = prob_diff[valid].max() if bool(valid.any()) else lp_train.new_tensor(-math.inf)
+    return sums, top.reshape(1)
+
+
+def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, float]:
+    """The core metrics from (summed) [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums].
+
+    Returns ``k1_kl``, ``k3_kl``, ``prob_diff_mean``, ``prob_diff_max``,
+    ``logp_abs_diff_mean``, ``seq_log_ratio_slope_per_1k``, ``tokens`` and ``nan_tokens``;
+    means are NaN with no valid token, the slope NaN with fewer than two distinct lengths.
+    """
+    s = dict(zip(SUM_FIELDS, (float(v) for v in sums.double().cpu()), strict=True))
+    n, seqs = s["tokens"], s["sequences"]
+    nan = math.nan
+
+    def mean(name: str) -> float:
+        return s[name] / n if n > 0 else nan
+
+    slope = nan
+    if seqs >= 2:
+        sxx = s["seq_len_sq"] - s["seq_len"] ** 2 / seqs
+        if sxx > 0:
+            slope = (s["seq_len_ratio"] - s["seq_len"] * s["seq_ratio"] / seqs) / sxx * 1000.0
+    top = float(maxima.double().max()) if maxima.numel() else nan
+    return {
+        "k1_kl": mean("k1"),
+        "k3_kl": mean("k3"),
+        "prob_diff_mean": mean("prob_diff"),
+        "prob_diff_max": top if n > 0 else nan,
+        "logp_abs_diff_mean": mean("logp_abs_diff"),
+        "seq_log_ratio_slope_per_1k": slope,
+        "tokens": n,
+        "nan_tokens": s["nan_tokens"],
+    }
