@@ -190,9 +190,15 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
 
 
 @hookimpl
-def precision_collect_metrics(policy: PrecisionPolicy, trainer: Any) -> dict[str, float] | None:
-    """Loss-scaler metrics of the trainer's accelerator (none under DeepSpeed)."""
+def precision_collect_metrics(trainer: Any, optimizer: Any) -> dict[str, float] | None:
+    """Loss-scaler metrics of the trainer's accelerator (none under DeepSpeed), else of the
+    optimizer's scaler (Accelerate's optimizer wrapper holds it; the callback may not know the
+    trainer)."""
+    from precision_plugin.scaler import scaler_stats
+
     stats = accelerator_stats(getattr(trainer, "accelerator", None))
+    if stats is None:
+        stats = scaler_stats(getattr(optimizer, "scaler", None))
     return stats.as_metrics() if stats is not None else None
 
 

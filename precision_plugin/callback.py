@@ -80,6 +80,8 @@ class PrecisionCallback(TrainerCallback):
         self.forward_dtype: Any = None
         self._logs_seen = 0
         self._overflow = _OverflowWatch()
+        self._args: Any = None
+        self._model: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer reference, hooks and the fp32 fallback belong to this process only.
@@ -88,6 +90,7 @@ class PrecisionCallback(TrainerCallback):
             "_trainer": _no_trainer,
             "_probe": None,
             "_overflow": _OverflowWatch(),
+            "_model": None,
         }
 
     @property
@@ -125,6 +128,8 @@ class PrecisionCallback(TrainerCallback):
             self._overflow.start(model, self.policy)
         if model is not None and self.forward_dtype is None:
             self._probe = _ForwardProbe(model, exclude=self._overflow.fp32_modules(model))
+        self._args, self._model = args, model
+        self._run_audit("asked vs ran (train begin)")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._overflow.begin_step(state.global_step)
@@ -132,9 +137,18 @@ class PrecisionCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._overflow.stop()
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The first forward has run and nothing has been stepped yet: check what it ran in.
+        if self._probe is not None:
+            self._finish_probe(args)
+            self._run_audit("asked vs ran (first step)")
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         skips = self._consecutive_skips(kwargs.get("optimizer"))
         self._overflow.end_step(skips, self.policy)
+        self._finish_probe(args)
+
+    def _finish_probe(self, args: Any) -> None:
         probe, self._probe = self._probe, None
         if probe is None:
             return
@@ -144,6 +158,28 @@ class PrecisionCallback(TrainerCallback):
         if probe.dtype is not None and probe.dtype != wanted:
             _report_forward(self.policy, probe.dtype, args)
 
+    def audit(self) -> dict[str, Any]:
+        """What each side was asked to run and what runs: the learner (flags, Accelerate's
+        mixed precision, the training forward's dtype, parameter dtypes, loss scaler, DeepSpeed
+        section) and the rollout engine, with every contradiction (see
+        [`audit_run`][precision_plugin.audit.audit_run])."""
+        from precision_plugin.audit import audit_run
+
+        return audit_run(
+            self.policy, self._args, self.trainer, self._model, forward_dtype=self.forward_dtype
+        )
+
+    def _run_audit(self, title: str) -> None:
+        """Log the audit table; settle contradictions (the forward's is settled on its own)."""
+        from precision_plugin.audit import FIXES, render
+
+        result = self.audit()
+        log.info("precision_plugin %s\n%s", title, render(result, title))
+        for kind, message in result["contradictions"].items():
+            if kind != "forward":
+                fix = FIXES[kind]
+                settle_conflict(self.policy.strictness, message, fix=fix, outcome=f"fix: {fix}")
+
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
         if logs is None:
             return
@@ -152,7 +188,7 @@ class PrecisionCallback(TrainerCallback):
         settings = self.policy.metrics
         due = settings.enabled and self._logs_seen % settings.log_every == 0
         self._logs_seen += 1
-        metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs if due else None)
+        metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs, mismatch_due=due)
         if not metrics:
             return
         logs.update(metrics)
@@ -172,35 +208,35 @@ class PrecisionCallback(TrainerCallback):
                 return count
         if not getattr(self.trainer, "is_deepspeed_enabled", False):
             return 0  # a torch scaler without telemetry does not count skips
-        # DeepSpeed's engine runs its own scaler; its adapter reports the count.
+        # DeepSpeed's engine runs its own scaler; its adapter reports the count. No mismatch
+        # metrics: they are gathered across processes at logging steps only.
         results = call_each_reported(
-            "precision_collect_metrics", policy=self.policy, trainer=self.trainer
+            "precision_collect_metrics",
+            policy=self.policy,
+            trainer=self.trainer,
+            logs={},
+            optimizer=optimizer,
+            mismatch_due=False,
         )
         return max((int(r.get("consecutive_skips", 0)) for r in results if r), default=0)
 
-    def collect(self, optimizer: Any = None, logs: Any = None) -> dict[str, float]:
-        """The ``precision/<name>`` metrics to log now.
-
-        Adapter metrics and the loss scaler's telemetry, plus the mismatch metrics the trainer
-        itself put in ``logs`` (TRL's ``sampling/sampling_logp_difference/*``, ...) under our
-        names.
-        """
+    def collect(
+        self, optimizer: Any = None, logs: Any = None, mismatch_due: bool = True
+    ) -> dict[str, float]:
+        """The ``precision/<name>`` metrics to log now: every adapter's
+        ``precision_collect_metrics`` (loss scaler telemetry; with ``mismatch_due``, the
+        train/rollout mismatch), merged, the first-registered adapter winning a name clash."""
         merged: dict[str, float] = {}
         results = call_each_reported(
-            "precision_collect_metrics", policy=self.policy, trainer=self.trainer
+            "precision_collect_metrics",
+            policy=self.policy,
+            trainer=self.trainer,
+            logs=logs if logs is not None else {},
+            optimizer=optimizer,
+            mismatch_due=mismatch_due,
         )
         for result in reversed(results):  # first-registered adapter wins a name clash
             merged.update(result or {})
-        if "loss_scale" not in merged:
-            from precision_plugin.scaler import scaler_stats
-
-            stats = scaler_stats(getattr(optimizer, "scaler", None))
-            if stats is not None:
-                merged.update(stats.as_metrics())
-        if logs:
-            from precision_plugin.trl import alias_metrics
-
-            merged.update(alias_metrics(logs))
         return {PREFIX + k: float(v) for k, v in merged.items()}
 
 

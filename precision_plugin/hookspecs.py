@@ -81,9 +81,17 @@ def precision_train_begin(
 
 
 @hookspec
-def precision_collect_metrics(policy: PrecisionPolicy, trainer: Any) -> dict[str, float] | None:  # type: ignore[empty-body]
+def precision_collect_metrics(  # type: ignore[empty-body]
+    policy: PrecisionPolicy, trainer: Any, logs: Any, optimizer: Any, mismatch_due: bool
+) -> dict[str, float] | None:
     """Return metrics to log now, named without prefix (``{"loss_scale": 1024.0}``).
 
-    ``PrecisionCallback`` merges the results of all adapters and logs them as
+    Called by ``PrecisionCallback`` at every log, on every process (an implementation may run
+    a collective, as long as every process reaches it). ``logs`` is the dict the trainer is
+    about to log (read it, do not change it), ``optimizer`` the trainer's optimizer (or
+    ``None``), ``trainer`` the trainer when the callback knows it. ``mismatch_due`` is true
+    when the train/rollout mismatch metrics are due (``policy.metrics.enabled`` and every
+    ``log_every``-th log); loss-scaler telemetry is logged every time. The callback merges the
+    results of all adapters (the first-registered adapter wins a name clash) and logs them as
     ``precision/<name>``.
     """

@@ -5,6 +5,10 @@ With ``enable()``, a TRL config (``GRPOConfig``, ``RLOOConfig``, ``SFTConfig``, 
 contradiction is coerced or refused by the HF-Trainer adapter (TRL configs are
 ``TrainingArguments``). TRL's cast of QLoRA adapters to bf16 happens before ``Trainer.__init__``,
 where the HF-Trainer adapter casts them back to fp32 master weights.
+
+GRPO runs also get the train/rollout mismatch as ``precision/*`` metrics
+(:mod:`precision_plugin.trl_telemetry`), and ``HFRollout`` (:mod:`precision_plugin.trl_rollout`)
+is a ``rollout_func`` that samples in the policy dtype without vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from precision_plugin.hookspecs import hookimpl
 from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
+from precision_plugin import trl_telemetry
+from precision_plugin.trl_rollout import HFRollout as HFRollout  # precision_plugin.trl.HFRollout
 from precision_plugin.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
@@ -25,6 +31,15 @@ log = logging.getLogger("precision_plugin")
 #: TRL's train/rollout mismatch metrics (logged when ``vllm_importance_sampling_correction`` is
 #: on) -> our names, read from the one alias table, ``precision_plugin.mismatch.ALIASES``.
 TRL_METRIC_ALIASES: dict[str, str] = aliases_for("TRL")
+
+
+@hookimpl
+def precision_collect_metrics(trainer: Any, logs: Any, mismatch_due: bool) -> dict[str, float]:
+    """With ``mismatch_due``: TRL's own mismatch metrics under our names, then the plugin's
+    token-weighted ones measured over every process (which replace TRL's where both exist)."""
+    if not mismatch_due:
+        return {}
+    return {**alias_metrics(logs or {}), **trl_telemetry.flush(trainer)}
 
 
 def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
@@ -59,6 +74,18 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
         reason="TRL turns an unset bf16 into bf16=True inside __post_init__; no hook runs first",
         missing="flags left to TRL",
     )
+    # The mismatch telemetry reads the per-token log-probs where GRPO computes its loss.
+    reason = (
+        "TRL has no hook that sees the loss's per-token log-probs next to the rollout's (an "
+        "extra forward would change what is measured)"
+    )
+    for path, advice in (
+        ("GRPOTrainer._compute_loss", functools.partial(trl_telemetry.compute_loss, policy)),
+        ("GRPOTrainer._get_per_token_logps_and_entropies", trl_telemetry.per_token_logps),
+    ):
+        patcher.wrap_on_import(
+            "trl.trainer.grpo_trainer", path, advice, reason=reason, missing="no mismatch metrics"
+        )
 
 
 @hookimpl

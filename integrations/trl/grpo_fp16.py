@@ -1,12 +1,17 @@
 """GRPO in consistent FP16 with precision_plugin: a runnable recipe (CPU is enough).
 
     python integrations/trl/grpo_fp16.py --max-steps 3
+    python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16   # same seed, bf16
 
-Everything is built in code (a tiny Llama, a character tokenizer, a toy prompt set and reward),
-so nothing is downloaded. For a real run, replace ``build_model_and_tokenizer`` with
-``from_pretrained`` (load in float32: the plugin keeps master weights fp32 and autocast computes
-in fp16) and set ``use_vllm=True``; ``precision_plugin.enable()`` then also starts vLLM in fp16.
-Prints one JSON line with the loss scale and what ran.
+By default everything is built in code (a tiny Llama, a character tokenizer, a toy prompt set
+and reward), so nothing is downloaded, and rollouts come from ``HFRollout`` (the plugin's HF
+engine, an inference copy of the policy in the policy dtype). Each step prints the
+train/rollout mismatch the plugin logs (``precision/k3_kl``, ...), then one JSON line with the
+loss scale, what ran and the mean mismatch. ``--model PATH`` trains a local checkpoint (loaded
+in float32: the plugin keeps master weights fp32 and autocast computes in the policy dtype);
+``--rollout vllm-colocate`` / ``--rollout vllm-server`` sample with vLLM instead (GPU; the
+plugin starts a colocated engine in the policy dtype; a server must run with
+``PRECISION_PLUGIN=<dtype>``).
 """
 
 from __future__ import annotations
@@ -58,12 +63,39 @@ def reward_vowels(completions: list[str], **_: Any) -> list[float]:
     return [sum(c in "aeiou" for c in text) / max(len(text), 1) for text in completions]
 
 
-def build_trainer(output_dir: str, max_steps: int = 3, **config: Any) -> Any:
-    """A ``GRPOTrainer`` on the toy task with ``PrecisionCallback`` (call after ``enable()``)."""
+def load_checkpoint(path: str) -> tuple[Any, Any]:
+    """A local causal-LM checkpoint in float32 (master weights) and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def build_trainer(
+    output_dir: str,
+    max_steps: int = 3,
+    *,
+    rollout: str = "hf",
+    model_path: str | None = None,
+    seed: int = 0,
+    **config: Any,
+) -> Any:
+    """A ``GRPOTrainer`` on the toy task with ``PrecisionCallback`` (call after ``enable()``).
+
+    ``rollout`` is ``hf`` (``HFRollout``), ``trl`` (TRL's own generate: no rollout log-probs,
+    so no mismatch metrics), ``vllm-colocate`` or ``vllm-server``.
+    """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = build_model_and_tokenizer()
+    from precision_plugin.trl import HFRollout
+
+    model, tokenizer = load_checkpoint(model_path) if model_path else build_model_and_tokenizer()
+    if rollout.startswith("vllm"):
+        config.update(use_vllm=True, vllm_mode=rollout.removeprefix("vllm-"))
     prompts = ["say a word", "abc", "hello there", "count to two"] * 4
     args = GRPOConfig(
         output_dir=output_dir,
@@ -76,8 +108,8 @@ def build_trainer(output_dir: str, max_steps: int = 3, **config: Any) -> Any:
         save_strategy="no",
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
-        use_vllm=False,
-        **config,
+        seed=seed,
+        **{"use_vllm": False, **config},
     )  # fp16/bf16 left unset: the policy decides (TRL alone would pick bf16)
     return GRPOTrainer(
         model=model,
@@ -86,30 +118,65 @@ def build_trainer(output_dir: str, max_steps: int = 3, **config: Any) -> Any:
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
         callbacks=[PrecisionCallback()],
+        rollout_func=HFRollout() if rollout == "hf" else None,
     )
 
 
+MISMATCH = ("k3_kl", "k1_kl", "prob_diff_mean", "prob_diff_max", "tokens")
+
+
+def mismatch_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The per-step ``precision/*`` mismatch metrics of a run's log history."""
+    return [
+        {"step": h["step"], **{k: h[f"precision/{k}"] for k in MISMATCH}}
+        for h in log_history
+        if "precision/k3_kl" in h
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train a few GRPO steps in fp16 and return (and print) what ran."""
+    """Train a few GRPO steps in the policy dtype and return (and print) what ran."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="a local checkpoint (default: built in code)")
+    parser.add_argument(
+        "--rollout", choices=["hf", "trl", "vllm-colocate", "vllm-server"], default="hf"
+    )
     options = parser.parse_args(argv)
-    pp.enable()  # FP16 on both sides, loss scaler from the policy
+    pp.enable(dtype=options.dtype)  # one dtype on both sides, loss scaler for float16
     try:
-        trainer = build_trainer(options.output_dir or tempfile.mkdtemp(), options.max_steps)
+        trainer = build_trainer(
+            options.output_dir or tempfile.mkdtemp(),
+            options.max_steps,
+            rollout=options.rollout,
+            model_path=options.model,
+            seed=options.seed,
+        )
         trainer.train()
-        last = next(h for h in reversed(trainer.state.log_history) if "precision/loss_scale" in h)
+        history = trainer.state.log_history
+        last = next((h for h in reversed(history) if "precision/loss_scale" in h), {})
         callback = next(
             c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)
         )
+        rows = mismatch_rows(history)
+        for row in rows:
+            print(
+                f"step {row['step']:>3}  k3_kl {row['k3_kl']:.3e}  k1_kl {row['k1_kl']:+.3e}  "
+                f"prob_diff_mean {row['prob_diff_mean']:.3e}  tokens {row['tokens']:.0f}"
+            )
         report = {
+            "dtype": options.dtype,
             "fp16": trainer.args.fp16,
             "bf16": trainer.args.bf16,
             "forward_dtype": str(callback.forward_dtype).removeprefix("torch."),
-            "loss_scale": last["precision/loss_scale"],
-            "skipped_steps": last["precision/skipped_steps"],
+            "rollout_dtype": callback.audit()["rollout"]["dtype"],
+            "loss_scale": last.get("precision/loss_scale"),
+            "skipped_steps": last.get("precision/skipped_steps"),
             "steps": trainer.state.global_step,
+            "mean_k3_kl": sum(r["k3_kl"] for r in rows) / len(rows) if rows else None,
         }
     finally:
         pp.disable()

@@ -1,0 +1,211 @@
+"""Asked vs ran: what each side of an RL run was configured to do and what actually runs.
+
+[`audit_run`][precision_plugin.audit.audit_run] reads, without changing anything, the learner
+(training-args flags, Accelerate's mixed precision, the dtype the training forward produced,
+trainable and frozen parameter dtypes, the loss scaler and its settings, the DeepSpeed
+precision sections) and the rollout engine (a colocated vLLM engine's ``model_config.dtype``,
+a vLLM server's via ``/server_info``, or ``HFRollout``'s dtype), and lists every contradiction
+with the policy. ``PrecisionCallback`` logs it as a table at train begin and before the first
+optimizer step, and raises on a contradiction under ``strictness="error"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from precision_plugin.policy import PrecisionPolicy
+
+log = logging.getLogger("precision_plugin")
+
+
+def _short(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    from precision_plugin.policy import normalize_dtype
+
+    text = str(dtype).removeprefix("torch.")
+    try:
+        return normalize_dtype(text)
+    except Exception:
+        return text
+
+
+def _param_dtypes(model: Any, trainable: bool) -> dict[str, int]:
+    if model is None:
+        return {}
+    counts: Counter[str] = Counter()
+    for param in model.parameters():
+        if param.requires_grad == trainable:
+            counts[str(_short(param.dtype))] += param.numel()
+    return dict(sorted(counts.items()))
+
+
+def _scaler(trainer: Any) -> dict[str, Any] | None:
+    accelerator = getattr(trainer, "accelerator", None)
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is None or not getattr(scaler, "_enabled", True):
+        return None
+    info: dict[str, Any] = {"class": type(scaler).__name__}
+    for key in ("get_scale", "get_growth_interval", "get_growth_factor", "get_backoff_factor"):
+        getter = getattr(scaler, key, None)
+        if getter is not None:
+            try:
+                info[key.removeprefix("get_")] = float(getter())
+            except Exception:  # a lazily-initialised scale before the first step
+                info[key.removeprefix("get_")] = None
+    return info
+
+
+def _deepspeed(trainer: Any) -> dict[str, Any] | None:
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    plugin = getattr(state, "deepspeed_plugin", None)
+    config = getattr(plugin, "deepspeed_config", None) or getattr(plugin, "hf_ds_config", None)
+    config = getattr(config, "config", config)
+    if not isinstance(config, dict):
+        return None
+    return {k: config[k] for k in ("fp16", "bf16", "zero_optimization") if k in config}
+
+
+def learner_side(
+    policy: PrecisionPolicy, args: Any, trainer: Any, model: Any, forward_dtype: Any
+) -> dict[str, Any]:
+    """What the learner was asked to run and what runs."""
+    accelerator = getattr(trainer, "accelerator", None)
+    model = model if model is not None else getattr(trainer, "model", None)
+    ds = _deepspeed(trainer)
+    scaler = _scaler(trainer)
+    if scaler is None and ds and (ds.get("fp16") or {}).get("enabled") in (True, "auto"):
+        scaler = {"class": "DeepSpeed fp16 loss scaler", **(ds.get("fp16") or {})}
+    return {
+        "policy": policy.dtype,
+        "args_fp16": getattr(args, "fp16", None),
+        "args_bf16": getattr(args, "bf16", None),
+        "accelerate_mixed_precision": getattr(accelerator, "mixed_precision", None),
+        "forward_dtype": _short(forward_dtype),
+        "trainable_params": _param_dtypes(model, True),
+        "frozen_params": _param_dtypes(model, False),
+        "loss_scaler": scaler,
+        "deepspeed": ds,
+    }
+
+
+def rollout_side(trainer: Any) -> dict[str, Any]:
+    """Which engine samples the rollouts, and in which dtype (``None`` when unknown)."""
+    if trainer is None:
+        return {"engine": "unknown (the callback does not know the trainer)", "dtype": None}
+    rollout_func = getattr(trainer, "rollout_func", None)
+    dtype = getattr(rollout_func, "dtype", None)
+    if rollout_func is not None and isinstance(dtype, str):
+        return {"engine": type(rollout_func).__name__, "dtype": _short(dtype)}
+    if getattr(trainer, "use_vllm", False):
+        generation = getattr(trainer, "vllm_generation", None)
+        mode = getattr(trainer.args, "vllm_mode", None)
+        if mode == "server":
+            return _server(getattr(generation, "vllm_client", None))
+        llm = getattr(generation, "llm", None)
+        engine = getattr(llm, "llm_engine", llm)
+        config = getattr(engine, "vllm_config", None)
+        model_cfg = getattr(config, "model_config", None) or getattr(engine, "model_config", None)
+        return {"engine": "vLLM (colocate)", "dtype": _short(getattr(model_cfg, "dtype", None))}
+    if rollout_func is not None:
+        return {"engine": f"rollout_func {getattr(rollout_func, '__name__', rollout_func)!r}",
+                "dtype": None}  # fmt: skip
+    return {"engine": "transformers generate (the training model)", "dtype": None}
+
+
+def _server(client: Any) -> dict[str, Any]:
+    if client is None:  # the client lives on the main process only
+        return {"engine": "vLLM server (asked on the main process)", "dtype": None}
+    from precision_plugin.vllm.server import _server_config
+
+    try:
+        config, _, where = _server_config(client)
+    except Exception as exc:
+        return {"engine": "vLLM server", "dtype": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"engine": where, "dtype": _short((config.get("model_config") or {}).get("dtype"))}
+
+
+#: What to do about each kind of contradiction.
+FIXES: dict[str, str] = {
+    "forward": "call precision_plugin.enable() before building the trainer",
+    "rollout": "run the rollout engine in the learner's dtype: HFRollout(dtype=...) or no dtype "
+    "(it follows the policy), enable() before building the trainer for a colocated vLLM, "
+    "PRECISION_PLUGIN=<dtype> (or --dtype) for a vLLM server",
+    "trainable": "call precision_plugin.enable() before building the trainer, or load the "
+    "model in float32 (fp32 master weights, autocast computes in the policy dtype)",
+}
+
+
+def contradictions(
+    policy: PrecisionPolicy, learner: dict[str, Any], rollout: dict[str, Any]
+) -> dict[str, str]:
+    """Each way what runs contradicts the policy: ``{kind: sentence}`` (empty if consistent).
+
+    Kinds are ``forward`` (the training forward's dtype), ``rollout`` (the rollout engine's
+    dtype against the learner's) and ``trainable`` (non-fp32 trainable weights under a scaler).
+    """
+    found: dict[str, str] = {}
+    ran = learner.get("forward_dtype")
+    if ran is not None and ran != policy.dtype:
+        found["forward"] = (
+            f"learner: the training forward ran in {ran}, the policy is {policy.dtype}"
+        )
+    roll = rollout.get("dtype")
+    learner_dtype = ran or policy.dtype
+    if roll is not None and (roll != policy.dtype or roll != learner_dtype):
+        found["rollout"] = (
+            f"rollout: {rollout['engine']} runs {roll} while the learner runs {learner_dtype} "
+            f"(policy {policy.dtype})"
+        )
+    trainable = learner.get("trainable_params") or {}
+    if policy.uses_loss_scaler and learner.get("loss_scaler") and set(trainable) - {"float32"}:
+        found["trainable"] = (
+            f"learner: trainable parameters in {sorted(trainable)} under a loss scaler, which "
+            f"needs float32 master weights ('Attempting to unscale FP16 gradients')"
+        )
+    return found
+
+
+def audit_run(
+    policy: PrecisionPolicy,
+    args: Any,
+    trainer: Any,
+    model: Any = None,
+    forward_dtype: Any = None,
+) -> dict[str, Any]:
+    """``{"learner": {...}, "rollout": {...}, "contradictions": {kind: sentence},
+    "consistent": bool}``; reads only, changes nothing."""
+    learner = learner_side(policy, args, trainer, model, forward_dtype)
+    rollout = rollout_side(trainer)
+    found = contradictions(policy, learner, rollout)
+    return {"learner": learner, "rollout": rollout, "contradictions": found,
+            "consistent": not found}  # fmt: skip
+
+
+def render(audit: dict[str, Any], title: str) -> str:
+    """The audit as a rich table (plain text)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("side")
+    table.add_column("item")
+    table.add_column("value", overflow="fold")
+    for side in ("learner", "rollout"):
+        for key, value in audit[side].items():
+            table.add_row(side, key, "-" if value is None else str(value))
+    verdict = "consistent" if audit["consistent"] else "; ".join(audit["contradictions"].values())
+    table.add_row("verdict", "", verdict)
+    console = Console(width=120, record=True, file=_Null())
+    console.print(table)
+    return console.export_text()
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass

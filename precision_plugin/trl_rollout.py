@@ -1,0 +1,136 @@
+"""``HFRollout``: a GRPO rollout engine in the policy dtype, without vLLM.
+
+``GRPOTrainer(..., rollout_func=HFRollout())`` samples with the probe's HF engine
+([`HFRolloutEngine`][precision_plugin.probe.engine.HFRolloutEngine]) over an inference copy of
+the policy, so the rollout → trainer mismatch path (and its telemetry) is real on CPU, in CI
+and on GPUs too small for vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import zlib
+from typing import Any
+
+from precision_plugin.policy import PrecisionPolicy
+
+log = logging.getLogger("precision_plugin")
+
+
+class HFRollout:
+    """A TRL ``rollout_func``: KV-cache sampling from a ``dtype`` copy of the learner.
+
+    Follows TRL 1.16's ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids",
+    "logprobs"}`` contract: one completion per prompt (TRL's sampler already repeats each
+    prompt ``num_generations`` times), tokenized as TRL tokenizes them (chat template included),
+    sampled at the trainer's ``temperature`` for at most ``max_completion_length`` tokens, with
+    the engine's log-prob of every sampled token. The inference copy is built on the first call
+    and refreshed from the learner whenever the optimizer has stepped since (TRL's own rule for
+    syncing vLLM), by a plain ``.to(dtype)`` of the learner's (fp32 master) weights, the same
+    rounding vLLM applies when it loads them. ``dtype`` defaults to the active policy's
+    ([`resolve_policy()`][precision_plugin.manager.resolve_policy]); top-k/top-p are not applied
+    (the full distribution is sampled, as the trainer's log-probs assume).
+    """
+
+    def __init__(
+        self,
+        dtype: str | None = None,
+        *,
+        policy: PrecisionPolicy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        from precision_plugin.manager import resolve_policy
+        from precision_plugin.policy import normalize_dtype
+
+        self._policy = policy
+        self._dtype = normalize_dtype(dtype) if dtype is not None else None
+        self._seed = seed
+        self.engine: Any = None
+        self.synced_step: int | None = None
+        self.syncs = 0
+        self._calls = 0
+        self._resolve = resolve_policy
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the rollout copy runs in (``float16``, ``bfloat16`` or ``float32``)."""
+        return self._dtype or self._resolve(self._policy).dtype
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """Sample one completion per prompt; TRL's ``rollout_func`` contract."""
+        self._sync(trainer)
+        prompt_ids = self._tokenize(prompts, trainer)
+        args = trainer.args
+        temperature = float(getattr(trainer, "temperature", None) or args.temperature or 1.0)
+        top_p, top_k = getattr(args, "top_p", 1.0), getattr(args, "top_k", None)
+        if self._calls == 0 and ((top_p is not None and top_p < 1.0) or (top_k or 0) > 0):
+            log.info(
+                "precision_plugin: HFRollout samples the full distribution; top_p=%s/top_k=%s "
+                "are not applied (the trainer's log-probs do not apply them either)",
+                top_p,
+                top_k,
+            )
+        base = args.seed if self._seed is None else self._seed
+        process = getattr(trainer.accelerator, "process_index", 0)
+        seed = zlib.crc32(f"{base}:{trainer.state.global_step}:{process}:{self._calls}".encode())
+        self._calls += 1
+        samples = self.engine.generate(
+            prompt_ids, int(args.max_completion_length), seed, temperature=temperature
+        )
+        return {
+            "prompt_ids": [s.prompt_ids for s in samples],
+            "completion_ids": [s.completion_ids for s in samples],
+            "logprobs": [s.logprobs for s in samples],
+        }
+
+    def _tokenize(self, prompts: list[Any], trainer: Any) -> list[list[int]]:
+        tokenize = getattr(trainer, "_tokenize_prompts", None)  # TRL's own (chat template, tools)
+        if tokenize is not None:
+            return [list(map(int, ids)) for ids in tokenize(prompts)[0]]
+        tokenizer = trainer.processing_class
+        return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+    def _sync(self, trainer: Any) -> None:
+        """Build or refresh the inference copy when the learner's weights moved."""
+        import torch
+
+        from precision_plugin.policy import torch_dtype
+
+        step = trainer.state.global_step
+        if self.engine is not None and step == self.synced_step:
+            return
+        learner = trainer.accelerator.unwrap_model(trainer.model)
+        device = str(trainer.accelerator.device)
+        if self.engine is None:
+            from precision_plugin.probe.engine import HFRolloutEngine
+
+            self.engine = HFRolloutEngine(_inference_copy(learner), self.dtype, device)
+            self._sources = {**dict(learner.named_parameters()), **dict(learner.named_buffers())}
+        else:
+            wanted = torch_dtype(self.dtype)
+            with torch.no_grad():
+                for name, tensor in self.engine.model.state_dict(keep_vars=True).items():
+                    source = self._sources.get(name)
+                    if source is not None and tensor.is_floating_point():
+                        tensor.copy_(source.detach().to(wanted))  # vLLM's cast of fp32 masters
+        self.synced_step = step
+        self.syncs += 1
+
+
+def _inference_copy(learner: Any) -> Any:
+    """A deep copy of the learner without what the trainer attached to the original.
+
+    Accelerate (autocast, fp32 outputs) and TRL (fused LM head) replace ``forward`` on the
+    instance with closures over the *original* model: a copy would run the learner. Forward
+    hooks (the plugin's forward-dtype probe) are dropped too.
+    """
+    clone = copy.deepcopy(learner)
+    for module in clone.modules():
+        module.__dict__.pop("forward", None)
+        module.__dict__.pop("_original_forward", None)
+        module._forward_hooks.clear()
+        module._forward_pre_hooks.clear()
+    for param in clone.parameters():
+        param.requires_grad_(False)
+    return clone

@@ -1,0 +1,145 @@
+"""Train/rollout mismatch during TRL GRPO training, from tensors the trainer already has.
+
+The rollout side is the engine's log-prob of each sampled token, which ``GRPOTrainer`` keeps as
+``inputs["sampling_per_token_logps"]`` whenever the engine returned one (vLLM, or a
+``rollout_func``'s ``logprobs``), with importance-sampling correction on or off. The trainer
+side is what TRL itself treats as π_old: ``inputs["old_per_token_logps"]`` when TRL computed it
+(at generation time, with the weights the rollout used), else the per-token log-probs of the
+loss computation (TRL skips the old forward exactly when that one is on-policy). No forward is
+added: two wrappers read what ``_compute_loss`` receives and what
+``_get_per_token_logps_and_entropies`` returns inside it. The mask is TRL's
+``completion_mask`` (times ``tool_mask``). Each rollout slice is counted once even when TRL
+reuses it (``num_iterations > 1``); evaluation batches are not counted.
+
+Per process the wrappers add [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums]; at a
+due log every process gathers them, so the figures are token-weighted over the whole batch and
+two processes report what one process reports on the same data.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from precision_plugin.policy import PrecisionPolicy
+
+#: Attribute holding a trainer's accumulator (an attribute of the trainer itself: no module state).
+ATTR = "_precision_plugin_mismatch"
+
+
+class MismatchAccumulator:
+    """Per-process sums of the mismatch statistics since the last flush."""
+
+    def __init__(self) -> None:
+        import torch
+
+        from precision_plugin.mismatch import SUM_FIELDS
+
+        self._torch = torch
+        self.sums = torch.zeros(len(SUM_FIELDS), dtype=torch.float64)
+        self.maxima = torch.full((1,), -torch.inf, dtype=torch.float64)
+        self.capturing = False
+        self.captured: Any = None
+        self._counted: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def counted(self, rollout_logps: Any) -> bool:
+        """True when this rollout slice was already counted (TRL reuses it across iterations)."""
+        if rollout_logps in self._counted:
+            return True
+        self._counted.add(rollout_logps)
+        return False
+
+    def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
+        """Add one micro-batch: ``[batch, seq]`` log-probs of both sides and TRL's mask."""
+        from precision_plugin.mismatch import mismatch_sums
+
+        sums, top = mismatch_sums(train_logps.detach(), rollout_logps.detach(), mask)
+        self.sums += sums.cpu()
+        self.maxima = self._torch.maximum(self.maxima, top.cpu())
+
+    def flush(self, gather: Callable[[Any], Any] | None = None) -> dict[str, float]:
+        """The metrics since the last flush (over every process with ``gather``), and reset.
+
+        ``gather`` concatenates a tensor across processes (``accelerator.gather``); every
+        process must call ``flush`` at the same log.
+        """
+        from precision_plugin.mismatch import metrics_from_sums
+
+        sums, maxima = self.sums, self.maxima
+        if gather is not None:
+            sums = gather(sums).reshape(-1, sums.numel()).sum(dim=0)
+            maxima = gather(maxima)
+        self.sums = self._torch.zeros_like(self.sums)
+        self.maxima = self._torch.full_like(self.maxima, -self._torch.inf)
+        return metrics_from_sums(sums, maxima)
+
+
+def accumulator(trainer: Any) -> MismatchAccumulator | None:
+    """The trainer's accumulator, or ``None`` when the telemetry never ran on it."""
+    return getattr(trainer, ATTR, None)
+
+
+def flush(trainer: Any) -> dict[str, float]:
+    """The mismatch metrics of ``trainer`` since the last flush, over all its processes.
+
+    Empty when the telemetry never ran on this trainer or no token was compared anywhere.
+    """
+    acc = accumulator(trainer)
+    if acc is None:
+        return {}
+    accelerator = getattr(trainer, "accelerator", None)
+    gather = None
+    if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+        device = accelerator.device
+
+        def gather(t: Any) -> Any:
+            return accelerator.gather(t.to(device)).cpu()
+
+    metrics = acc.flush(gather)
+    return metrics if metrics["tokens"] > 0 or metrics["nan_tokens"] > 0 else {}
+
+
+def _mask(inputs: Any) -> Any:
+    mask = inputs["completion_mask"]
+    tool = inputs.get("tool_mask")
+    return mask if tool is None else mask * tool
+
+
+def compute_loss(
+    policy: PrecisionPolicy, original: Callable[..., Any], self: Any, model: Any, inputs: Any
+) -> Any:
+    """Advice around ``GRPOTrainer._compute_loss``: measure the mismatch of each new rollout
+    slice while the loss is computed (training only, while ``policy.metrics.enabled``)."""
+    if not policy.metrics.enabled or not getattr(self.model, "training", False):
+        return original(self, model, inputs)
+    acc = accumulator(self)
+    if acc is None:
+        acc = MismatchAccumulator()
+        setattr(self, ATTR, acc)
+    rollout = inputs.get("sampling_per_token_logps")
+    if rollout is None or acc.counted(rollout):
+        return original(self, model, inputs)
+    old = inputs.get("old_per_token_logps")
+    if old is not None:
+        result = original(self, model, inputs)
+        acc.add(old, rollout, _mask(inputs))
+        return result
+    acc.capturing, acc.captured = True, None
+    try:
+        result = original(self, model, inputs)
+    finally:
+        captured, acc.capturing, acc.captured = acc.captured, False, None
+    if captured is not None:
+        acc.add(captured, rollout, _mask(inputs))
+    return result
+
+
+def per_token_logps(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Advice around ``GRPOTrainer._get_per_token_logps_and_entropies``: inside
+    ``_compute_loss``, keep the policy's per-token log-probs (its first call there)."""
+    result = original(self, *args, **kwargs)
+    acc = accumulator(self)
+    if acc is not None and acc.capturing and acc.captured is None:
+        acc.captured = result[0].detach()
+    return result
