@@ -80,36 +80,47 @@ def build_trainer(
     *,
     rollout: str = "hf",
     model_path: str | None = None,
+    model: Any = None,
+    rollout_func: Any = None,
+    peft_config: Any = None,
     seed: int = 0,
     **config: Any,
 ) -> Any:
     """A ``GRPOTrainer`` on the toy task with ``PrecisionCallback`` (call after ``enable()``).
 
     ``rollout`` is ``hf`` (``HFRollout``), ``trl`` (TRL's own generate: no rollout log-probs,
-    so no mismatch metrics), ``vllm-colocate`` or ``vllm-server``.
+    so no mismatch metrics), ``vllm-colocate`` or ``vllm-server``; ``rollout_func`` replaces
+    it. ``model`` (with the recipe's tokenizer) or ``model_path`` replace the built-in model;
+    ``config`` goes to ``GRPOConfig``.
     """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from precision_plugin.trl import HFRollout
 
-    model, tokenizer = load_checkpoint(model_path) if model_path else build_model_and_tokenizer()
+    if model_path:
+        model, tokenizer = load_checkpoint(model_path)
+    else:
+        built, tokenizer = build_model_and_tokenizer()
+        model = built if model is None else model
+    if rollout_func is None and rollout == "hf":
+        rollout_func = HFRollout()
     if rollout.startswith("vllm"):
         config.update(use_vllm=True, vllm_mode=rollout.removeprefix("vllm-"))
     prompts = ["say a word", "abc", "hello there", "count to two"] * 4
+    settings: dict[str, Any] = {
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": not torch.cuda.is_available(),
+        "use_vllm": False,
+    }
     args = GRPOConfig(
-        output_dir=output_dir,
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=not torch.cuda.is_available(),
-        seed=seed,
-        **{"use_vllm": False, **config},
+        output_dir=output_dir, max_steps=max_steps, seed=seed, **{**settings, **config}
     )  # fp16/bf16 left unset: the policy decides (TRL alone would pick bf16)
     return GRPOTrainer(
         model=model,
@@ -118,7 +129,8 @@ def build_trainer(
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
         callbacks=[PrecisionCallback()],
-        rollout_func=HFRollout() if rollout == "hf" else None,
+        rollout_func=rollout_func,
+        peft_config=peft_config,
     )
 
 

@@ -70,7 +70,7 @@ def test_bf16_config_runs_fp16_and_skips_inf_step(deepspeed, stage, caplog):
 
     metrics = {}
     for result in get_plugin_manager().hook.precision_collect_metrics(
-        policy=pp.current_policy(), trainer=None
+        policy=pp.current_policy(), trainer=None, logs={}, optimizer=None, mismatch_due=True
     ):
         metrics.update(result or {})
     assert metrics["loss_scale"] == 128 and metrics["skipped_steps"] == 1

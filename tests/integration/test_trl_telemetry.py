@@ -1,0 +1,230 @@
+"""Mismatch telemetry, HFRollout and the asked-vs-ran audit with a real TRL GRPOTrainer on CPU.
+
+Models and data are built in code (the recipe's tiny Llama and character tokenizer); nothing of
+TRL or transformers is mocked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+import precision_plugin as pp
+from precision_plugin import PrecisionCallback, PrecisionMismatchError
+from precision_plugin.patching import is_patched
+from precision_plugin.trl import HFRollout
+
+RECIPE = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"
+CORE = (
+    "k1_kl", "k3_kl", "prob_diff_mean", "prob_diff_max", "logp_abs_diff_mean",
+    "seq_log_ratio_slope_per_1k", "tokens", "nan_tokens",
+)  # fmt: skip
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_accelerator_state")]
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("grpo_fp16_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _callback(trainer) -> PrecisionCallback:
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback))
+
+
+def _train_logs(trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"vllm_importance_sampling_correction": True},
+        {"vllm_importance_sampling_correction": False},
+        # generation every 2 steps: TRL computes old_per_token_logps, the trainer side used then
+        {"vllm_importance_sampling_correction": False, "steps_per_generation": 2},
+    ],
+    ids=["is-on", "is-off", "old-logps"],
+)
+def test_metrics_every_logging_step_token_weighted(tmp_path, config):
+    pp.enable()
+    trainer = _recipe().build_trainer(str(tmp_path), 4, **config)
+    trainer.train()
+    logs = _train_logs(trainer)
+    assert len(logs) == 4
+    for entry in logs:
+        for name in CORE:
+            assert f"precision/{name}" in entry, (name, entry)
+        assert entry["precision/tokens"] > 0 and entry["precision/nan_tokens"] == 0
+        assert 0 <= entry["precision/k3_kl"] < 1e-4
+        assert entry["precision/prob_diff_max"] >= entry["precision/prob_diff_mean"] >= 0
+    # Every sampled completion token counted exactly once: TRL's completion lengths, summed.
+    generated = sum(
+        e["completions/mean_length"] * 4 for e in logs if "completions/mean_length" in e
+    )
+    if config.get("steps_per_generation") == 2:
+        generated = sum(
+            e["completions/mean_length"] * 8 for e in logs if "completions/mean_length" in e
+        )
+    assert sum(e["precision/tokens"] for e in logs) == pytest.approx(generated)
+
+
+def _mean_k3(tmp_path, dtype: str) -> tuple[float, list[dict]]:
+    pp.enable(dtype=dtype)
+    try:
+        trainer = _recipe().build_trainer(str(tmp_path / dtype), 3, seed=1)
+        trainer.train()
+    finally:
+        pp.disable()
+    logs = _train_logs(trainer)
+    values = [e["precision/k3_kl"] for e in logs]
+    return sum(values) / len(values), logs
+
+
+def test_float16_mismatch_is_far_below_bfloat16_on_the_same_seed(tmp_path):
+    fp16, fp16_logs = _mean_k3(tmp_path, "float16")
+    bf16, bf16_logs = _mean_k3(tmp_path, "bfloat16")
+    for entry in fp16_logs + bf16_logs:
+        assert all(math.isfinite(entry[f"precision/{k}"]) for k in CORE if "slope" not in k)
+    assert fp16 > 0 and bf16 / fp16 >= 10, (fp16, bf16)
+
+
+def test_log_every_and_disabled_metrics(tmp_path):
+    pp.enable(metrics={"log_every": 2})
+    trainer = _recipe().build_trainer(str(tmp_path / "every2"), 4)
+    trainer.train()
+    has = ["precision/k3_kl" in e for e in _train_logs(trainer)]
+    assert has == [True, False, True, False]
+    pp.enable(metrics={"enabled": False})
+    trainer = _recipe().build_trainer(str(tmp_path / "off"), 2)
+    trainer.train()
+    for entry in _train_logs(trainer):
+        assert "precision/k3_kl" not in entry and "precision/loss_scale" in entry
+
+
+def test_hfrollout_follows_the_learner_after_each_optimizer_step(tmp_path):
+    pp.enable()
+    rollout = HFRollout()
+    trainer = _recipe().build_trainer(str(tmp_path), 3, rollout_func=rollout)
+    trainer.train()
+    assert rollout.dtype == "float16" and rollout.syncs == 3  # built once, refreshed twice
+    learner = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    for name, tensor in rollout.engine.model.state_dict().items():
+        assert tensor.dtype == torch.float16
+        # one step after the last sync: the copy is the learner of the step before, not older
+        assert tensor.shape == learner[name].shape
+
+
+def test_audit_refuses_a_rollout_in_another_dtype_before_the_first_step(tmp_path):
+    pp.enable(dtype="bfloat16", strictness="error")
+    trainer = _recipe().build_trainer(str(tmp_path), 2, rollout_func=HFRollout(dtype="float16"))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(PrecisionMismatchError) as excinfo:
+        trainer.train()
+    message = str(excinfo.value)
+    assert "HFRollout runs float16" in message and "learner runs bfloat16" in message
+    assert trainer.state.global_step == 0
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no optimizer step
+
+
+def test_audit_warns_in_warn_mode_and_reports_both_sides(tmp_path, caplog):
+    pp.enable(dtype="bfloat16")
+    trainer = _recipe().build_trainer(str(tmp_path), 1, rollout_func=HFRollout(dtype="float16"))
+    with caplog.at_level("WARNING", logger="precision_plugin"):
+        trainer.train()
+    assert any("HFRollout runs float16" in r.getMessage() for r in caplog.records)
+    audit = _callback(trainer).audit()
+    assert not audit["consistent"] and set(audit["contradictions"]) == {"rollout"}
+
+
+def test_consistent_run_audits_float16_on_both_sides(tmp_path, caplog):
+    pp.enable()
+    trainer = _recipe().build_trainer(str(tmp_path), 1)
+    with caplog.at_level("INFO", logger="precision_plugin"):
+        trainer.train()
+    audit = _callback(trainer).audit()
+    learner, rollout = audit["learner"], audit["rollout"]
+    assert audit["consistent"] and audit["contradictions"] == {}
+    assert learner["forward_dtype"] == "float16" and rollout["dtype"] == "float16"
+    assert rollout["engine"] == "HFRollout"
+    assert (learner["args_fp16"], learner["args_bf16"]) == (True, False)
+    assert learner["accelerate_mixed_precision"] == "fp16"
+    assert list(learner["trainable_params"]) == ["float32"]
+    scaler = learner["loss_scaler"]
+    assert scaler["class"].endswith("GradScaler") and scaler["scale"] > 0
+    assert scaler["growth_interval"] == pp.PrecisionPolicy().loss_scaler.growth_interval
+    tables = [r.getMessage() for r in caplog.records if "asked vs ran" in r.getMessage()]
+    assert len(tables) == 2  # train begin and first step
+    assert "forward_dtype" in tables[1] and "float16" in tables[1]
+
+
+def test_disable_after_a_run_restores_grpo_trainer_exactly(tmp_path):
+    from trl import GRPOTrainer
+
+    names = ("_compute_loss", "_get_per_token_logps_and_entropies")
+    originals = {name: vars(GRPOTrainer)[name] for name in names}
+    before = dict(vars(GRPOTrainer))
+    pp.enable()
+    assert all(is_patched(vars(GRPOTrainer)[name]) for name in names)
+    _recipe().build_trainer(str(tmp_path), 1).train()
+    pp.disable()
+    assert {name: vars(GRPOTrainer)[name] for name in names} == originals
+    assert dict(vars(GRPOTrainer)) == before
+
+
+def _tiny_peft_model(recipe):
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = recipe.build_model_and_tokenizer()
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return get_peft_model(model, config)
+
+
+def test_lora_in_fp16_trains_fp32_adapters_with_a_working_scaler(tmp_path):
+    from peft import LoraConfig
+
+    recipe = _recipe()
+    pp.enable()
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = recipe.build_trainer(str(tmp_path), 3, peft_config=config, learning_rate=1e-2)
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    trainable = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {p.dtype for p in trainable.values()} == {torch.float32}
+    assert any(not torch.equal(start[n], p) for n, p in trainable.items())  # it trained
+    logs = _train_logs(trainer)
+    assert all(e["precision/loss_scale"] > 0 and e["precision/skipped_steps"] == 0 for e in logs)
+    assert all("precision/k3_kl" in e for e in logs)
+    assert _callback(trainer).audit()["consistent"]
+
+
+def test_trl_qlora_adapter_cast_is_undone_on_peft_modules(tmp_path):
+    """TRL casts trainable adapter weights of a quantized model to bf16 (grpo_trainer.py, "When
+    using QLoRA"); the 4-bit base itself needs a GPU, so the model is flagged the way
+    transformers flags a bitsandbytes model, and TRL's own code does the cast on PEFT's real
+    LoRA modules."""
+    recipe = _recipe()
+    flagged = _tiny_peft_model(recipe)
+    flagged.is_loaded_in_4bit = True
+    without = recipe.build_trainer(str(tmp_path / "plain"), 1, model=flagged)
+    lora = [p for n, p in without.model.named_parameters() if "lora_" in n]
+    assert lora and {p.dtype for p in lora} == {torch.bfloat16}  # TRL's cast really happened
+
+    pp.enable()
+    flagged = _tiny_peft_model(recipe)
+    flagged.is_loaded_in_4bit = True
+    trainer = recipe.build_trainer(str(tmp_path / "plugin"), 2, model=flagged)
+    trainer.train()
+    lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert {p.dtype for p in lora.values()} == {torch.float32}
+    assert all(e["precision/loss_scale"] > 0 for e in _train_logs(trainer))
