@@ -103,7 +103,16 @@ class HFRollout:
         learner = trainer.accelerator.unwrap_model(trainer.model)
         device = str(trainer.accelerator.device)
         if self.engine is None:
+            from precision_plugin.errors import PrecisionConfigError
             from precision_plugin.probe.engine import HFRolloutEngine
+
+            quantization = getattr(getattr(learner, "config", None), "quantization_config", None)
+            if quantization is not None:
+                raise PrecisionConfigError(
+                    f"HFRollout: the model is quantized ({type(quantization).__name__}), and a "
+                    f"quantized model cannot be copied into {self.dtype}. Fix: sample with vLLM "
+                    f"(use_vllm=True) or TRL's own generate (no rollout_func) for QLoRA."
+                )
 
             self.engine = HFRolloutEngine(_inference_copy(learner), self.dtype, device)
             self._sources = {**dict(learner.named_parameters()), **dict(learner.named_buffers())}
