@@ -18,11 +18,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from precision_plugin import trl_telemetry
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin import trl_telemetry
 from precision_plugin.trl_rollout import HFRollout as HFRollout  # precision_plugin.trl.HFRollout
 from precision_plugin.versions import installed_version
 
