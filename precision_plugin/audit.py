@@ -95,6 +95,8 @@ def rollout_side(trainer: Any) -> dict[str, Any]:
     """Which engine samples the rollouts, and in which dtype (``None`` when unknown)."""
     if trainer is None:
         return {"engine": "unknown (the callback does not know the trainer)", "dtype": None}
+    if not hasattr(trainer, "rollout_func") and not hasattr(trainer, "use_vllm"):
+        return {"engine": "none (this trainer samples no rollouts)", "dtype": None}
     rollout_func = getattr(trainer, "rollout_func", None)
     dtype = getattr(rollout_func, "dtype", None)
     if rollout_func is not None and isinstance(dtype, str):
