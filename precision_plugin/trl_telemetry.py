@@ -41,13 +41,17 @@ class MismatchAccumulator:
         self.maxima = torch.full((1,), -torch.inf, dtype=torch.float64)
         self.capturing = False
         self.captured: Any = None
-        self._counted: weakref.WeakSet[Any] = weakref.WeakSet()
+        # id -> weak reference: a WeakSet would compare tensors with == on a hash collision.
+        self._counted: dict[int, weakref.ref[Any]] = {}
 
     def counted(self, rollout_logps: Any) -> bool:
         """True when this rollout slice was already counted (TRL reuses it across iterations)."""
-        if rollout_logps in self._counted:
+        key = id(rollout_logps)
+        seen = self._counted.get(key)
+        if seen is not None and seen() is rollout_logps:
             return True
-        self._counted.add(rollout_logps)
+        self._counted = {k: r for k, r in self._counted.items() if r() is not None}
+        self._counted[key] = weakref.ref(rollout_logps)
         return False
 
     def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
