@@ -137,7 +137,8 @@ def test_grpo_with_detection_checks_generation_and_training_forwards(tmp_path):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     pp.enable(strictness="error", overflow={"detect": "always"})
-    trainer = recipe.build_trainer(str(tmp_path), max_steps=1)
+    # TRL's own generate: generation runs the training model (HFRollout samples from a copy).
+    trainer = recipe.build_trainer(str(tmp_path), max_steps=1, rollout="trl")
     hooked = []
     model = trainer.model
     original = model.forward
