@@ -116,11 +116,13 @@ def test_hfrollout_follows_the_learner_after_each_optimizer_step(tmp_path):
     trainer = _recipe().build_trainer(str(tmp_path), 3, rollout_func=rollout)
     trainer.train()
     assert rollout.dtype == "float16" and rollout.syncs == 3  # built once, refreshed twice
+    assert rollout.synced_step == 2 and trainer.state.global_step == 3
+    rollout._sync(trainer)  # what the next rollout would do: refresh from the stepped learner
+    assert rollout.synced_step == 3 and rollout.syncs == 4
     learner = trainer.accelerator.unwrap_model(trainer.model).state_dict()
     for name, tensor in rollout.engine.model.state_dict().items():
-        assert tensor.dtype == torch.float16
-        # one step after the last sync: the copy is the learner of the step before, not older
-        assert tensor.shape == learner[name].shape
+        # exactly the learner's fp32 master weights rounded by .to(float16), as vLLM loads them
+        assert torch.equal(tensor, learner[name].to(torch.float16)), name
 
 
 def test_audit_refuses_a_rollout_in_another_dtype_before_the_first_step(tmp_path):
