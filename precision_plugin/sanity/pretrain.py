@@ -105,7 +105,7 @@ def pretrain(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
             if progress is not None:
                 progress("pretraining (float32)", step, settings.max_steps)
             if step % settings.eval_every == 0:

@@ -205,7 +205,13 @@ def _build_trainer(
         model.save_pretrained(output_dir + "/model")
         tokenizer.save_pretrained(output_dir + "/model")
         model.name_or_path = model.config._name_or_path = output_dir + "/model"
-        extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
+        extra = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.3,
+            # plain GRPO, as with HFRollout (TRL corrects only vLLM rollouts) and the paper
+            "vllm_importance_sampling_correction": False,
+        }
         rollout_func = None
     progress(f"GRPO {dtype}", 0, config.steps)
     args = GRPOConfig(
