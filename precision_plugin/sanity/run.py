@@ -153,10 +153,27 @@ def _run_dtype(
             trainer = _build_trainer(config, dtype, pretrained, tokenizer, problems, out, progress)
             trainer.train()
             history = list(trainer.state.log_history)
+            audit = _audit(trainer)
     finally:
         pp.disable()
     steps = [_record(h) for h in history if "loss" in h and "step" in h]
-    return DtypeRun(dtype=dtype, steps=steps, seconds=time.perf_counter() - started)
+    return DtypeRun(dtype=dtype, steps=steps, seconds=time.perf_counter() - started, ran=audit)
+
+
+def _audit(trainer: Any) -> dict[str, Any]:
+    """What ran on each side, from ``PrecisionCallback``'s asked-vs-ran audit."""
+    from precision_plugin import PrecisionCallback
+
+    callback = next(
+        c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)
+    )
+    audit = callback.audit()
+    return {
+        "consistent": bool(audit.get("consistent")),
+        "learner_forward_dtype": (audit.get("learner") or {}).get("forward_dtype"),
+        "rollout_dtype": (audit.get("rollout") or {}).get("dtype"),
+        "rollout_engine": (audit.get("rollout") or {}).get("engine"),
+    }
 
 
 def _record(entry: dict[str, Any]) -> StepRecord:

@@ -99,6 +99,9 @@ class DtypeRun:
     steps: list[StepRecord]
     seconds: float
     summary: dict[str, Any] = field(default_factory=dict)
+    #: What ran, from ``PrecisionCallback.audit()``: ``consistent``, ``learner_forward_dtype``,
+    #: ``rollout_dtype``, ``rollout_engine``.
+    ran: dict[str, Any] = field(default_factory=dict)
 
     def summarize(self) -> dict[str, Any]:
         """Fill and return ``summary`` (means over logged steps; NaN/inf values counted)."""
@@ -154,6 +157,7 @@ class SanityResult:
             "runs": {
                 d: {
                     "dtype": r.dtype,
+                    "ran": r.ran,
                     "summary": r.summary or r.summarize(),
                     "steps": [asdict(s) for s in r.steps],
                 }
@@ -174,6 +178,7 @@ def missing_fields(data: dict[str, Any]) -> list[str]:
     ]
     missing += [] if "k3_ratio_bf16_over_fp16" in data else ["k3_ratio_bf16_over_fp16"]
     for dtype, run in data.get("runs", {}).items():
+        missing += [] if "ran" in run else [f"runs.{dtype}.ran"]
         missing += [f"runs.{dtype}.summary.{f}" for f in SUMMARY_FIELDS if f not in run["summary"]]
         if not run.get("steps"):
             missing.append(f"runs.{dtype}.steps")

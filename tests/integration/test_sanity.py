@@ -44,6 +44,15 @@ def test_every_dtype_completes_every_step(smoke):
         assert all(s["k3_kl"] is not None and s["accuracy"] is not None for s in run["steps"])
 
 
+def test_each_side_ran_the_dtype_asked(smoke):
+    for dtype, run in smoke["data"]["runs"].items():
+        ran = run["ran"]
+        assert ran["consistent"], ran
+        assert ran["rollout_dtype"] == dtype and ran["rollout_engine"] == "HFRollout"
+        # float32 runs without autocast: the learner's forward is its fp32 weights
+        assert ran["learner_forward_dtype"] == dtype, ran
+
+
 def test_json_has_every_field_and_no_nan(smoke):
     data = smoke["data"]
     assert missing_fields(data) == []
