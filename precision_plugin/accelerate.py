@@ -27,7 +27,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from precision_plugin.errors import settle_conflict
@@ -128,6 +128,24 @@ def accelerator_stats(accelerator: Any) -> Any:
     return scaler_stats(getattr(accelerator, "scaler", None))
 
 
+def _launcher_mixed_precision(arguments: Mapping[str, Any]) -> str | None:
+    """``ACCELERATE_MIXED_PRECISION``, or ``None`` when it is no request.
+
+    ``accelerate launch`` writes ``"no"`` when the config file has no ``mixed_precision`` key,
+    which a DeepSpeed config file must leave out (the precision comes from the DeepSpeed file):
+    under DeepSpeed that ``"no"`` is not a request for fp32.
+    """
+    value = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    deepspeed = (
+        arguments.get("deepspeed_plugin") is not None
+        or arguments.get("deepspeed_plugins") is not None
+        or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    )
+    if deepspeed and value is not None and value.lower() == "no":
+        return None
+    return value
+
+
 def _init(
     policy: PrecisionPolicy, original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
 ) -> None:
@@ -136,7 +154,7 @@ def _init(
     arguments = bound.arguments
     requested = arguments.get("mixed_precision")
     if requested is None:
-        requested = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        requested = _launcher_mixed_precision(arguments)
     arguments["mixed_precision"] = resolve_mixed_precision(requested, policy, where="Accelerator")
     if policy.uses_loss_scaler:
         from accelerate.utils import GradScalerKwargs

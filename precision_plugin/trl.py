@@ -108,7 +108,7 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
     version = installed_version("trl")
     if version is None:
         return None
-    return [
+    findings = [
         Finding("trl", "info", f"trl {version} installed"),
         Finding(
             "trl",
@@ -116,10 +116,14 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:
             f"TRL configs default to bf16=True; with enable() unset flags follow the "
             f"{policy.dtype} policy",
         ),
-        Finding(
-            "trl",
-            "warning" if policy.uses_loss_scaler else "info",
-            "GRPOTrainer casts QLoRA adapter weights to bf16, which breaks the fp16 loss scaler; "
-            "enable() (or PrecisionCallback) casts them back to fp32 master weights",
-        ),
     ]
+    if installed_version("peft") is not None:  # QLoRA adapters need PEFT
+        findings.append(
+            Finding(
+                "trl",
+                "warning" if policy.uses_loss_scaler else "info",
+                "GRPOTrainer casts QLoRA adapter weights to bf16, which breaks the fp16 loss "
+                "scaler; enable() (or PrecisionCallback) casts them back to fp32 master weights",
+            )
+        )
+    return findings

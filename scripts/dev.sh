@@ -2,70 +2,104 @@
 # One entry point for a fresh machine: sets up what it needs, then runs the job.
 #   bash scripts/dev.sh probe [probe options]   # the main job: the mismatch probe, embedded model
 #   bash scripts/dev.sh test  [pytest options]  # every test, vLLM/verl contract tests, docs build
-#   bash scripts/dev.sh setup                   # only the set-up
+#   bash scripts/dev.sh setup                   # only the set-up (everything `test` needs)
+# Paths you pass (--model ./ckpt, --json out.json, tests/unit/test_x.py) are relative to the
+# directory you run it from, wherever the repository is.
+# What each job installs into .venv: `probe` the package with its plot extra (torch, transformers,
+# matplotlib: what the probe needs); `test` adds the test and docs extras (Accelerate, DeepSpeed,
+# TRL, datasets, pytest, ruff, mkdocs) and the vLLM and verl contract environments.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-root=$(pwd)
-venv="${PRECISION_PLUGIN_VENV:-$root/.venv}"
-vllm_venv="${PRECISION_PLUGIN_VLLM_VENV:-$root/.venv-vllm}"
-vllm_old_venv="${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old}"
-verl_venv="${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}"
-verl_old_venv="${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}"
+caller=$(pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
+venv=$(absolute "${PRECISION_PLUGIN_VENV:-$root/.venv}")
+vllm_venv=$(absolute "${PRECISION_PLUGIN_VLLM_VENV:-$root/.venv-vllm}")
+vllm_old_venv=$(absolute "${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old}")
+verl_venv=$(absolute "${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}")
+verl_old_venv=$(absolute "${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}")
 py="${PYTHON:-python3}"
 
+# setup_main probe|test: the package with the extras that job needs (test is a superset of probe).
 setup_main() {
+  local need="$1" extras
+  case "$need" in
+    probe) extras="plot" ;;
+    test) extras="test,docs,plot" ;;
+  esac
   if [ ! -x "$venv/bin/python" ]; then
     echo ">> creating $venv"
     "$py" -m venv "$venv"
   fi
+  # A stamp per need: the hash of what the install read; a test set-up also covers the probe.
+  local want
+  want=$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.precision_plugin-setup-$need" 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo ">> installing precision_plugin[$extras] into $venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
   # -c constraints.txt pins the CPU torch wheel (a bare torch requirement pulls a CUDA build).
-  stamp="$venv/.precision_plugin-setup"
-  want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo ">> installing precision_plugin and its test/doc dependencies into $venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -c constraints.txt "torch==2.13.0"
-    "$venv/bin/python" -m pip install -q -c constraints.txt -e ".[test,docs,plot]"
-    echo "$want" > "$stamp"
+  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" "torch==2.13.0"
+  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[$extras]"
+  echo "$want" > "$venv/.precision_plugin-setup-$need"
+  if [ "$need" = test ]; then
+    echo "$want" > "$venv/.precision_plugin-setup-probe"
   fi
 }
 
 setup_vllm() {
   # vLLM's wheel is CUDA-only, but its config layer runs on CPU: a separate environment with the
   # CPU torch, vLLM without its deps, and vLLM's pure-Python requirements (tests/contract/).
-  bash scripts/setup_vllm_env.sh "$vllm_venv"
+  bash "$root/scripts/setup_vllm_env.sh" "$vllm_venv"
   # vLLM 0.10.1: the last line with the cascade-attention flag defaulting to off.
-  bash scripts/setup_vllm_env.sh "$vllm_old_venv" old
+  bash "$root/scripts/setup_vllm_env.sh" "$vllm_old_venv" old
 }
 
 setup_verl() {
   # verl's config layer on the CPU torch, verl without its heavy deps (tests/contract_verl/):
   # 0.9.1 (FSDP engine, verl.plugins) and 0.7.1 (legacy FSDP workers), either side of verl 0.8.
-  bash scripts/setup_verl_env.sh "$verl_venv"
-  bash scripts/setup_verl_env.sh "$verl_old_venv" old
+  bash "$root/scripts/setup_verl_env.sh" "$verl_venv"
+  bash "$root/scripts/setup_verl_env.sh" "$verl_old_venv" old
+}
+
+# pytest runs in the repository (its config and test paths live there): an argument naming a
+# file or folder that exists relative to the caller's directory becomes an absolute path.
+caller_paths() {
+  local arg path
+  for arg in "$@"; do
+    path="${arg%%::*}"
+    if [ "${arg#-}" = "$arg" ] && [ "${path#/}" = "$path" ] && [ -e "$caller/$path" ]; then
+      echo "$caller/$arg"
+    else
+      echo "$arg"
+    fi
+  done
 }
 
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   setup)
-    setup_main
+    setup_main test
     setup_vllm
     setup_verl
     ;;
   probe)
-    setup_main
-    exec "$venv/bin/precision-plugin" probe "$@"
+    setup_main probe
+    exec "$venv/bin/precision-plugin" probe "$@"   # from the caller's directory
     ;;
   test)
-    setup_main
+    setup_main test
     setup_vllm
     setup_verl
+    mapfile -t args < <(caller_paths "$@")
+    cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
     echo ">> ruff"
     "$venv/bin/ruff" check precision_plugin tests scripts integrations
     echo ">> pytest"
-    "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl "$@"
+    "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl \
+      ${args[@]+"${args[@]}"}
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
     echo ">> pytest (vLLM 0.10.1 contract tests, separate environment)"

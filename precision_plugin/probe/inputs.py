@@ -73,6 +73,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# The files a tokenizer is loaded from (fast, sentencepiece, BPE and WordPiece vocabularies);
+# without any of them transformers silently builds an empty tokenizer.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+
 def check_model_dir(path: str) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
     folder = Path(path).expanduser()
@@ -90,6 +102,12 @@ def check_model_dir(path: str) -> Path:
         raise PrecisionConfigError(
             f"model: {path!r} has no config.json, so it is not an HF checkpoint; save one with "
             f"model.save_pretrained(PATH) and tokenizer.save_pretrained(PATH)."
+        )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise PrecisionConfigError(
+            f"model: {path!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+            f"the probe tokenizes its prompts with the checkpoint's tokenizer: save it there with "
+            f"tokenizer.save_pretrained(PATH)."
         )
     return folder
 
