@@ -1,14 +1,15 @@
 """A tiny HF Trainer run under DeepSpeed with precision_plugin (in-code model, no downloads).
 
     python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_fp16.json
-    python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json \
-        --dtype bfloat16                      # the same recipe in bf16 on both sides
-    torchrun --nproc_per_node 2 integrations/deepspeed/train.py --deepspeed ...   # several ranks
+    python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json
+    python integrations/deepspeed/train.py --deepspeed FILE.json --dtype bfloat16
+    torchrun --nproc_per_node 2 integrations/deepspeed/train.py --deepspeed FILE.json
 
 The precision policy is the DeepSpeed file's ``"precision_plugin"`` section (or
-``PRECISION_PLUGIN`` when set), so one file decides the dtype of the whole run: the script enables
-that policy before the Trainer is built, and the plugin writes DeepSpeed's ``fp16``/``bf16``
-settings from it. ``--dtype`` sets the section's dtype, so both sides change together. Run with plain ``python``, it sets up a one-process world itself (DeepSpeed
+``PRECISION_PLUGIN`` when set), so one file decides the dtype of the whole run: the script
+enables that policy before the Trainer is built, and the plugin writes DeepSpeed's
+``fp16``/``bf16`` settings from it. ``--dtype`` sets the section's dtype, so both sides change
+together. Run with plain ``python``, the script sets up a one-process world itself (DeepSpeed
 would otherwise look for MPI). Prints one JSON line with what ran.
 """
 
@@ -50,7 +51,8 @@ class RandomTokens(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, self.vocab, (self.length,), generator=torch.Generator().manual_seed(i))
+        generator = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, self.vocab, (self.length,), generator=generator)
         return {"input_ids": ids, "labels": ids.clone()}
 
 

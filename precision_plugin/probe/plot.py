@@ -1,9 +1,11 @@
 """``precision-plugin probe --plot FILE.png``: the paper's offline-mismatch figure (Fig. 5).
 
-One row per dtype: left, the probability of every sampled token under the trainer (π) against
-the rollout engine (μ), on the diagonal when they agree; right, each sequence's log-ratio
-Σ(log π − log μ) against its length, with the least-squares slope per 1,000 tokens. The
-log-ratio axes are shared, so a wider spread in bfloat16 than in float16 is visible at a glance.
+One row per dtype, axes shared per column so the rows compare at a glance: left, each sampled
+token's probability gap |π − μ| between the trainer (π) and the rollout engine (μ) against π, on a
+log scale (the gap grows with the token's probability, and each dtype sits at its own height:
+float32 at the floor, bfloat16 about eight times above float16); right, each sequence's
+|Σ(log π − log μ)| against its length, with the least-squares slope per 1,000 tokens. The figures
+of each panel are in its title, off the data.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def plot_probe(result: Any, path: str | Path) -> Path:
     for row, name in enumerate(dtypes):
         r = result.results[name]
         color = _COLORS.get(name, "#8172b2")
-        _token_scatter(axes[row][0], r, name, color)
+        _token_gaps(axes[row][0], r, name, color)
         _length_fit(axes[row][1], r, name, color)
     title = f"train/rollout mismatch of {result.model} ({result.engine} engine, {result.device})"
     if not result.valid:
@@ -64,6 +66,10 @@ def plot_probe(result: Any, path: str | Path) -> Path:
     return out
 
 
+#: Where an exact agreement (|π − μ| = 0) is drawn on the log axis.
+_GAP_FLOOR = 1e-12
+
+
 def _valid_pairs(r: Any) -> tuple[list[float], list[float]]:
     pi, mu = [], []
     for train_row, roll_row in zip(r.train_logprobs, r.rollout_logprobs, strict=True):
@@ -74,54 +80,39 @@ def _valid_pairs(r: Any) -> tuple[list[float], list[float]]:
     return pi, mu
 
 
-def _token_scatter(ax: Any, r: Any, name: str, color: str) -> None:
+def _token_gaps(ax: Any, r: Any, name: str, color: str) -> None:
     pi, mu = _valid_pairs(r)
-    ax.scatter(mu, pi, s=5, alpha=0.5, color=color, linewidths=0)
-    if mu:
-        lo, hi = min(min(mu), min(pi)), max(max(mu), max(pi))
-        pad = (hi - lo) * 0.05 or hi * 0.05 or 1e-3
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", lw=0.8, ls="--")
-        ax.set_xlim(lo - pad, hi + pad)
-        ax.set_ylim(lo - pad, hi + pad)
+    gaps = [max(abs(a - b), _GAP_FLOOR) for a, b in zip(pi, mu, strict=True)]
+    ax.scatter(pi, gaps, s=5, alpha=0.5, color=color, linewidths=0)
+    ax.set_yscale("log")
+    ax.set_xlim(0.0, 1.0)
     m = r.metrics
-    ax.set_title(f"{name}: token probability, trainer vs rollout", fontsize=10)
-    ax.set_xlabel("rollout μ(token)")
-    ax.set_ylabel("trainer π(token)")
-    ax.text(
-        0.03,
-        0.97,
-        f"k3 KL {m.k3_kl:.2e}\nmean |π−μ| {m.prob_diff_mean:.2e}\nmax |π−μ| {m.prob_diff_max:.2e}"
-        f"\n{m.tokens} tokens · {r.verdict}",
-        transform=ax.transAxes,
-        va="top",
-        fontsize=8,
-        family="monospace",
-        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "#cccccc"},
+    ax.set_title(
+        f"{name}: token probability gap (k3 KL {m.k3_kl:.1e})\n"
+        f"mean |π−μ| {m.prob_diff_mean:.1e} · max {m.prob_diff_max:.1e} · {m.tokens} tokens",
+        fontsize=9,
     )
+    ax.set_xlabel("trainer probability π of the sampled token")
+    ax.set_ylabel("|π − μ|")
+    ax.grid(True, which="major", alpha=0.3)
 
 
 def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
     m = r.metrics
-    lengths, ratios = m.seq_lengths, m.seq_log_ratio
-    ax.axhline(0.0, color="black", lw=0.8, ls="--")
+    lengths, ratios = m.seq_lengths, [abs(v) for v in m.seq_log_ratio]
     ax.scatter(lengths, ratios, s=18, color=color, alpha=0.8)
-    slope = m.seq_log_ratio_slope_per_1k
+    slope = m.seq_abs_log_ratio_slope_per_1k
     if len(lengths) >= 2 and math.isfinite(slope):
         mean_x = sum(lengths) / len(lengths)
         mean_y = sum(ratios) / len(ratios)
         xs = [min(lengths), max(lengths)]
         ax.plot(xs, [mean_y + slope / 1000.0 * (x - mean_x) for x in xs], color=color, lw=1.5)
-    ax.set_title(f"{name}: sequence log-ratio vs length", fontsize=10)
-    ax.set_xlabel("completion length (tokens)")
-    ax.set_ylabel("Σ log π − log μ")
-    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
-    ax.text(
-        0.03,
-        0.97,
-        f"slope {slope:+.2e} per 1K tokens\nseq KL {m.seq_kl:.2e}",
-        transform=ax.transAxes,
-        va="top",
-        fontsize=8,
-        family="monospace",
-        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "edgecolor": "#cccccc"},
+    ax.set_title(
+        f"{name}: |sequence log-ratio| vs length\n"
+        f"slope {slope:+.2e} per 1K tokens · seq KL {m.seq_kl:.1e}",
+        fontsize=9,
     )
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("|Σ log π − log μ|")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    ax.grid(True, alpha=0.3)
