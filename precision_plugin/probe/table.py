@@ -22,7 +22,7 @@ _COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("k3 KL", "k3_kl", True),
     ("|Δp| mean", "prob_diff_mean", True),
     ("|Δp| max", "prob_diff_max", True),
-    ("|seq| slope/1K", "seq_abs_log_ratio_slope_per_1k", True),
+    ("|seq|/1K", "seq_abs_log_ratio_slope_per_1k", True),
     ("k1 KL", "k1_kl", False),  # signed: a ratio of two signed means says nothing
 )
 
@@ -41,6 +41,7 @@ def render_probe_table(result: ProbeResult) -> Any:
         caption=_caption(result),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     table.add_column("dtype", no_wrap=True)
     for header, _, _ in _COLUMNS:
@@ -116,8 +117,8 @@ def _caption(result: ProbeResult) -> str:
         "verdict: k3 KL against the lowest-mismatch dtype (float32 is the floor); bf16 ÷ fp16: "
         "theory ~64x for k3, ~8x for |Δp| (unit roundoff 2^-8 vs 2^-11).",
         "k1 KL = mean(log μ − log π) is signed: small negative values are noise, only its size "
-        "matters. |seq| slope/1K: growth of |Σ log π − log μ| per 1,000 tokens (signed slope in "
-        "--json).",
+        "matters. |seq|/1K: slope of |Σ log π − log μ| against length, per 1,000 tokens (the "
+        "signed slope is in --json).",
         f"verl: prob_diff_mean < {s.prob_diff_ok:g} ok, <= {s.prob_diff_bad:g} watch, > "
         f"{s.prob_diff_bad:g} problem (verl's absolute thresholds).",
     ]

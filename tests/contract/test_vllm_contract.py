@@ -140,12 +140,13 @@ def test_create_engine_config_on_cpu_and_server_info(llama_dir):
 
 
 @needs_cpu_platform
-def test_serve_recipe_parses_with_vllms_cli(llama_dir):
+@pytest.mark.parametrize("recipe", ["serve_vllm.sh", "serve_trl.sh"])
+def test_serve_recipe_parses_with_vllms_cli(llama_dir, recipe):
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     argv = script_command(
-        ROOT / "integrations/vllm/serve_vllm.sh", "vllm", {"MODEL": llama_dir, "PORT": "8123"}
+        ROOT / "integrations/vllm" / recipe, "vllm", {"MODEL": llama_dir, "PORT": "8123"}
     )
     assert argv[:2] == ["vllm", "serve"]
     parser = FlexibleArgumentParser()

@@ -1,5 +1,6 @@
-"""integrations/vllm: the files exist, reference only what exists, and ``trl vllm-serve``'s own
-parser reads the TRL recipe (vLLM's parser reads the plain recipe in tests/contract/)."""
+"""integrations/vllm: the files exist, reference only what exists, and the TRL recipe carries the
+flags TRL's own (deprecated) ``trl vllm-serve`` wrapper would add (vLLM's parser reads both recipes
+in tests/contract/)."""
 
 from __future__ import annotations
 
@@ -37,17 +38,17 @@ def test_readme_references_exist():
         assert (ROOT / target).exists(), target
 
 
-def test_trl_vllm_serve_parses_the_recipe(tmp_path):
+def test_trl_recipe_runs_what_trl_recommends_instead_of_trl_vllm_serve(tmp_path):
+    """serve_trl.sh runs `vllm serve` with every flag TRL's deprecated wrapper adds for a trainer
+    (vLLM's own parser reads it in tests/contract/)."""
     pytest.importorskip("trl")
-    from trl.scripts.vllm_serve import build_command, make_parser
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    argv = exec_line(RECIPES / "serve_trl.sh", "trl", {"MODEL": str(tmp_path), "PORT": "8123"})
-    assert argv[:2] == ["trl", "vllm-serve"]
-    script_args, extra = make_parser().parse_args_and_config(
-        args=argv[2:], return_remaining_strings=True
-    )
-    command = build_command(script_args, extra)
-    serve = command[command.index("serve") :]
-    assert serve[1] == str(tmp_path) and "8123" in serve
-    # TRL passes --dtype auto, which the plugin's general plugin turns into the policy dtype.
-    assert serve[serve.index("--dtype") + 1] == "auto"
+    argv = exec_line(RECIPES / "serve_trl.sh", "vllm", {"MODEL": str(tmp_path), "PORT": "8123"})
+    assert argv[:3] == ["vllm", "serve", str(tmp_path)]
+    assert "VLLM_SERVER_DEV_MODE=1" in (RECIPES / "serve_trl.sh").read_text()
+    trl = build_command(ScriptArguments(model=str(tmp_path)))
+    for flag in ("--weight-transfer-config", "--logprobs-mode", "--max-logprobs"):
+        assert argv[argv.index(flag) + 1] == trl[trl.index(flag) + 1], flag
+    # No --dtype: vLLM's default "auto", which the plugin's general plugin turns into the policy's.
+    assert "--dtype" not in argv and trl[trl.index("--dtype") + 1] == "auto"
