@@ -1,0 +1,261 @@
+"""Every shell command the README, docs/ and integrations/*/README.md show, run as written.
+
+The commands are extracted from the fenced ``bash`` blocks of the Markdown (continuation lines
+joined, comments dropped). Each one must be listed in :data:`COMMANDS` with how it is exercised:
+run here as written (in a folder that looks like the repository root, with the test's virtual
+environment first on ``PATH``), run where the hardware allows (fp16 DeepSpeed), or exercised
+elsewhere (CI, a GPU machine), with the reason. A command added to or changed in the docs fails
+:func:`test_every_documented_command_is_accounted_for` until it is classified here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "integrations").glob("*/README.md")),
+]
+
+
+def documented_commands() -> dict[str, list[str]]:
+    """``{command: [where it is documented, ...]}`` from every fenced bash block."""
+    found: dict[str, list[str]] = {}
+    for doc in DOCUMENTS:
+        text = doc.read_text()
+        for block in re.findall(r"^```(?:bash|sh|shell)[^\n]*\n(.*?)^```", text, re.M | re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                command = re.sub(r"\s+#\s.*$", "", line).strip()
+                if command and not command.startswith("#"):
+                    command = re.sub(r"\s+", " ", command)
+                    found.setdefault(command, []).append(str(doc.relative_to(ROOT)))
+    return found
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run as written here; ``expect`` checks the last JSON line the command prints (if any)."""
+
+    timeout: int = 300
+    expect: dict | None = None
+    ok_codes: tuple[int, ...] = (0,)
+    needs: str | None = None  # "fp16-deepspeed", "dev-venv", "accelerate", "deepspeed", "trl"
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Not run by this test; ``why`` says where it is exercised instead."""
+
+    why: str
+
+
+GPU_SERVER = (
+    "needs a GPU, vLLM and the model from the Hub; vLLM's own CLI parser reads the same flags "
+    "(integrations/vllm/serve_*.sh) in tests/contract/test_vllm_contract.py"
+)
+DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
+DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
+
+COMMANDS: dict[str, Run | Elsewhere] = {
+    # README.md
+    "bash scripts/dev.sh probe": Run(timeout=600, needs="dev-venv"),
+    "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command"),
+    # docs/benchmarks.md
+    ".venv/bin/python tests/benchmarks/bench_scaler_overhead.py --steps 400": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry": Run(
+        timeout=600, needs="deepspeed"
+    ),
+    # docs/cli.md, docs/concepts.md, docs/quickstart.md
+    "precision-plugin probe": Run(timeout=600),
+    "precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
+        timeout=600
+    ),
+    "precision-plugin probe --engine vllm --model ./my-checkpoint --dtypes fp16,bf16": Elsewhere(
+        "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)"
+    ),
+    # doctor exits 1 on a blocking finding (documented), e.g. DeepSpeed without fp16 on a CPU
+    "precision-plugin doctor": Run(ok_codes=(0, 1)),
+    "precision-plugin doctor --dtype bf16": Run(ok_codes=(0, 1)),
+    "precision-plugin doctor --json": Run(ok_codes=(0, 1)),
+    # docs/quickstart.md: installs (test_install_commands_name_real_extras checks the extras)
+    'pip install ".[plot]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
+    'pip install ".[trl]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
+    'pip install ".[deepspeed]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
+    # vLLM servers (docs/quickstart.md, docs/vllm.md, docs/policy.md, integrations/vllm)
+    "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-checkpoint "
+    "--weight-transfer-config '{\"backend\": \"nccl\"}' --logprobs-mode processed_logprobs "
+    "--max-logprobs -1": Elsewhere(GPU_SERVER),
+    "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-0.5B-Instruct "
+    "--weight-transfer-config '{\"backend\": \"nccl\"}' --logprobs-mode processed_logprobs "
+    "--max-logprobs -1": Elsewhere(GPU_SERVER),
+    "PRECISION_PLUGIN=float16 vllm serve ...": Elsewhere(GPU_SERVER),
+    "PRECISION_PLUGIN='{\"dtype\": \"float16\", \"vllm\": {\"cascade_guard\": \"force\"}}' "
+    "vllm serve ...": Elsewhere(GPU_SERVER),
+    "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=8000 bash integrations/vllm/serve_trl.sh": Elsewhere(
+        GPU_SERVER
+    ),
+    "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=8000 bash integrations/vllm/serve_vllm.sh": Elsewhere(
+        GPU_SERVER
+    ),
+    "curl -s 'http://localhost:8000/server_info?config_format=json' | python -c 'import json, "
+    'sys; c = json.load(sys.stdin)["vllm_config"]; print(c["model_config"]["dtype"], '
+    'c["cache_config"]["cache_dtype"])\'': Elsewhere(
+        "needs a running vLLM server; the JSON paths are the ones verify_server reads, checked "
+        "against vLLM's VllmConfig in tests/contract/test_vllm_contract.py"
+    ),
+    # docs/trl.md
+    "python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
+    # integrations/accelerate/README.md
+    "accelerate launch --config_file integrations/accelerate/fp16.yaml "
+    "integrations/accelerate/train_fp16.py --steps 20": Run(
+        expect={"mixed_precision": "fp16", "forward_dtype": "float16", "growth_interval": 400},
+        needs="accelerate",
+    ),
+    # integrations/deepspeed/README.md, docs/deepspeed.md: fp16 where the hardware allows...
+    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_fp16.json": Run(
+        expect={**DS_FP16, "zero_stage": 2}, needs="fp16-deepspeed"
+    ),
+    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json": Run(
+        expect={**DS_FP16, "zero_stage": 3}, needs="fp16-deepspeed"
+    ),
+    "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_fp16.yaml "
+    "integrations/accelerate/train_fp16.py --steps 20": Run(
+        expect={"mixed_precision": "fp16", "forward_dtype": "float16"}, needs="fp16-deepspeed"
+    ),
+    # ...and in bf16 on both sides on a CPU without fp16
+    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json": Run(
+        expect={**DS_BF16, "zero_stage": 2}, needs="deepspeed"
+    ),
+    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json "
+    "--dtype bfloat16": Run(expect={**DS_BF16, "zero_stage": 3}, needs="deepspeed"),
+    "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_bf16.yaml "
+    "integrations/accelerate/train_fp16.py --steps 20": Run(
+        expect={"mixed_precision": "bf16", "forward_dtype": "bfloat16"}, needs="deepspeed"
+    ),
+}
+
+RUNS = {command: how for command, how in COMMANDS.items() if isinstance(how, Run)}
+
+
+def test_every_documented_command_is_accounted_for():
+    documented = documented_commands()
+    unlisted = {c: where for c, where in documented.items() if c not in COMMANDS}
+    assert not unlisted, f"documented commands with no entry in COMMANDS: {unlisted}"
+    stale = sorted(set(COMMANDS) - set(documented))
+    assert not stale, f"COMMANDS entries no document shows any more: {stale}"
+
+
+def test_install_commands_name_real_extras():
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for command in COMMANDS:
+        for named in re.findall(r'pip install "\.\[([\w,]+)\]"', command):
+            assert set(named.split(",")) <= extras, command
+
+
+def _deepspeed_runs_fp16() -> bool:
+    probe = (
+        "from deepspeed.accelerator import get_accelerator; "
+        "print(bool(get_accelerator().is_fp16_supported()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    return out.stdout.strip().endswith("True")
+
+
+def _setup_stamp_matches(venv: Path) -> bool:
+    """Whether scripts/dev.sh would run the probe in ``venv`` without installing anything."""
+    want = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
+    ).hexdigest()
+    stamp = venv / ".precision_plugin-setup-probe"
+    return stamp.is_file() and stamp.read_text().strip() == want
+
+
+def _skip_unless_possible(how: Run) -> None:
+    if how.needs in ("accelerate", "deepspeed", "trl"):
+        pytest.importorskip(how.needs)
+    if how.needs == "fp16-deepspeed":
+        pytest.importorskip("deepspeed")
+        if not _deepspeed_runs_fp16():
+            pytest.skip(
+                "DeepSpeed's accelerator has no fp16 here (a CPU without AVX512-FP16/AMX-FP16); "
+                "the bf16 variant of this recipe runs instead"
+            )
+    if how.needs == "dev-venv" and not _setup_stamp_matches(ROOT / ".venv"):
+        pytest.skip(
+            "runs where scripts/dev.sh set up ROOT/.venv (CI); here it would install packages"
+        )
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    """A folder that looks like the repository root (its entries linked), with ``.venv`` the
+    test's own environment and ``./my-checkpoint`` a saved copy of the embedded model."""
+    from precision_plugin.probe.tiny_model import save_default_model
+
+    folder = tmp_path_factory.mktemp("as-written")
+    for entry in ROOT.iterdir():
+        if entry.name not in (".venv", ".git"):
+            (folder / entry.name).symlink_to(entry)
+    (folder / ".venv").symlink_to(ROOT / ".venv" if (ROOT / ".venv").exists() else Path(sys.prefix))
+    save_default_model(folder / "my-checkpoint")
+    return folder
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # left by in-process DeepSpeed tests; a launcher sets its own
+    env.pop("PRECISION_PLUGIN", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(RUNS))
+def test_documented_command_runs_as_written(command, sandbox):
+    how = RUNS[command]
+    _skip_unless_possible(how)
+    if "dev.sh" in command:  # the real repository: dev.sh finds its .venv next to itself
+        cwd = ROOT
+    else:
+        cwd = sandbox
+    proc = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=how.timeout,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode in how.ok_codes, f"{command}\nrc={proc.returncode}\n{output[-4000:]}"
+    # The Accelerate DeepSpeed YAMLs leave mixed_precision out on purpose: no warning about it.
+    assert "mixed_precision='no'" not in output, output[-4000:]
+    if how.expect is not None:
+        report = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+        assert {k: report[k] for k in how.expect} == how.expect, report
+        if "loss_scale" in report and report.get("forward_dtype") == "float16":
+            assert report["loss_scale"] > 1  # a real dynamic loss scale ran
+    if command.endswith("--json probe.json --plot probe.png"):
+        data = json.loads((cwd / "probe.json").read_text())
+        assert data["model"] == "./my-checkpoint" and data["self_check"]["passed"]
+        assert (cwd / "probe.png").stat().st_size > 10_000
+    if command == "precision-plugin doctor --json":
+        assert json.loads(proc.stdout)
