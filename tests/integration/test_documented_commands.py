@@ -16,8 +16,8 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -95,13 +95,13 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     'pip install ".[deepspeed]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
     # vLLM servers (docs/quickstart.md, docs/vllm.md, docs/policy.md, integrations/vllm)
     "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-checkpoint "
-    "--weight-transfer-config '{\"backend\": \"nccl\"}' --logprobs-mode processed_logprobs "
+    '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs '
     "--max-logprobs -1": Elsewhere(GPU_SERVER),
     "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-0.5B-Instruct "
-    "--weight-transfer-config '{\"backend\": \"nccl\"}' --logprobs-mode processed_logprobs "
+    '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs '
     "--max-logprobs -1": Elsewhere(GPU_SERVER),
     "PRECISION_PLUGIN=float16 vllm serve ...": Elsewhere(GPU_SERVER),
-    "PRECISION_PLUGIN='{\"dtype\": \"float16\", \"vllm\": {\"cascade_guard\": \"force\"}}' "
+    'PRECISION_PLUGIN=\'{"dtype": "float16", "vllm": {"cascade_guard": "force"}}\' '
     "vllm serve ...": Elsewhere(GPU_SERVER),
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=8000 bash integrations/vllm/serve_trl.sh": Elsewhere(
         GPU_SERVER
@@ -158,12 +158,16 @@ def test_every_documented_command_is_accounted_for():
 
 
 def test_install_commands_name_real_extras():
-    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
     for command in COMMANDS:
         for named in re.findall(r'pip install "\.\[([\w,]+)\]"', command):
             assert set(named.split(",")) <= extras, command
 
 
+@cache
 def _deepspeed_runs_fp16() -> bool:
     probe = (
         "from deepspeed.accelerator import get_accelerator; "
@@ -219,7 +223,14 @@ def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for key in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         env.pop(key, None)  # left by in-process DeepSpeed tests; a launcher sets its own
     env.pop("PRECISION_PLUGIN", None)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -231,10 +242,8 @@ def _environment() -> dict[str, str]:
 def test_documented_command_runs_as_written(command, sandbox):
     how = RUNS[command]
     _skip_unless_possible(how)
-    if "dev.sh" in command:  # the real repository: dev.sh finds its .venv next to itself
-        cwd = ROOT
-    else:
-        cwd = sandbox
+    # dev.sh runs in the real repository: it finds its .venv next to itself
+    cwd = ROOT if "dev.sh" in command else sandbox
     proc = subprocess.run(
         ["bash", "-c", command],
         cwd=cwd,

@@ -1,0 +1,117 @@
+"""What a new user meets first: only true warnings, a clear message for a checkpoint without
+tokenizer files, and scripts/dev.sh reading paths relative to the caller's directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precision_plugin import PrecisionPolicy
+from precision_plugin.errors import PrecisionConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- Accelerate: "no" from `accelerate launch` under DeepSpeed is no request --------------------
+@pytest.mark.parametrize(
+    ("env", "arguments", "expected"),
+    [
+        ({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_DEEPSPEED": "true"}, {}, None),
+        ({"ACCELERATE_MIXED_PRECISION": "no"}, {"deepspeed_plugin": object()}, None),
+        ({"ACCELERATE_MIXED_PRECISION": "no"}, {}, "no"),  # plain Accelerate: a real request
+        ({"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_DEEPSPEED": "true"}, {}, "bf16"),
+        ({}, {}, None),
+    ],
+)
+def test_launcher_mixed_precision(monkeypatch, env, arguments, expected):
+    from precision_plugin.accelerate import _launcher_mixed_precision
+
+    for key in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert _launcher_mixed_precision(arguments) == expected
+
+
+# -- doctor: the QLoRA finding only where QLoRA adapters can exist -----------------------------
+@pytest.mark.parametrize("peft", [None, "0.17.0"])
+def test_qlora_finding_needs_peft(monkeypatch, peft):
+    from precision_plugin import trl as trl_adapter
+
+    real = trl_adapter.installed_version
+    monkeypatch.setattr(
+        trl_adapter,
+        "installed_version",
+        lambda name: peft if name == "peft" else real(name) or "1.16.0",
+    )
+    findings = trl_adapter.precision_doctor(PrecisionPolicy())
+    assert any("QLoRA" in f.message for f in findings) == (peft is not None)
+
+
+# -- probe: a checkpoint folder without tokenizer files ------------------------------------------
+def test_checkpoint_without_tokenizer_files_says_so(tmp_path):
+    from precision_plugin.probe.inputs import check_model_dir
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(PrecisionConfigError, match="no tokenizer files"):
+        check_model_dir(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert check_model_dir(str(tmp_path)) == tmp_path
+
+
+# -- scripts/dev.sh: paths relative to the caller ------------------------------------------------
+def _fake_venv(folder: Path) -> Path:
+    """A venv dev.sh accepts as set up (its stamp matches): wrappers around this interpreter."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, module in (("python", ""), ("precision-plugin", "-m precision_plugin ")):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {module}"$@"\n')
+        script.chmod(0o755)
+    want = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
+    ).hexdigest()
+    (folder / ".precision_plugin-setup-probe").write_text(want + "\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_dev_sh_probe_resolves_paths_against_the_callers_directory(tmp_path):
+    from precision_plugin.probe.tiny_model import save_default_model
+
+    work = tmp_path / "work"
+    save_default_model(work / "ckpt")
+    env = {
+        **os.environ,
+        "PRECISION_PLUGIN_VENV": str(_fake_venv(tmp_path / "venv")),
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "dev.sh"),
+            "probe",
+            "--model",
+            "./ckpt",
+            "--json",
+            "probe.json",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "8",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (work / "probe.json").is_file()  # beside the caller, not in the repository
+    assert "installing" not in proc.stdout  # the probe's set-up was already done
