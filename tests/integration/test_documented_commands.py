@@ -65,6 +65,10 @@ GPU_SERVER = (
     "needs a GPU, vLLM and the model from the Hub; vLLM's own CLI parser reads the same flags "
     "(integrations/vllm/serve_*.sh) in tests/contract/test_vllm_contract.py"
 )
+VERL = (
+    "needs verl with Ray on a multi-GPU node and a model and data set; the overrides and the "
+    "composed config are checked against real verl in tests/contract_verl/"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -77,6 +81,26 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ".venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry": Run(
         timeout=600, needs="deepspeed"
     ),
+    ".venv/bin/python tests/benchmarks/bench_overflow_detection.py": Run(timeout=600),
+    ".venv/bin/python tests/benchmarks/bench_overflow_detection.py --layers 1 --hidden 32 "
+    "--seq 16 --pairs 300": Run(timeout=600),
+    # docs/verl.md, integrations/verl/README.md
+    "python3 -m verl.trainer.main_ppo <your overrides> $(precision-plugin verl-overrides)": (
+        Elsewhere(VERL)
+    ),
+    "MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k NGPUS=8 bash "
+    "integrations/verl/run_grpo.sh": Elsewhere(VERL),
+    "DTYPE=bfloat16 MODEL=... DATA=... bash integrations/verl/run_grpo.sh trainer.total_epochs=1": (
+        Elsewhere(VERL)
+    ),
+    "python3 examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k": Elsewhere(
+        "a script of verl's own repository; downloads GSM8K"
+    ),
+    "MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k bash integrations/verl/run_grpo.sh": (
+        Elsewhere(VERL)
+    ),
+    'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' MODEL=... DATA=... '
+    "bash integrations/verl/run_grpo.sh": Elsewhere(VERL),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
     "precision-plugin probe": Run(timeout=600),
     "precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
@@ -238,7 +262,7 @@ def _environment() -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", list(RUNS))
+@pytest.mark.parametrize("command", list(RUNS), ids=[re.sub(r"[^\w.]+", "-", c)[:90] for c in RUNS])
 def test_documented_command_runs_as_written(command, sandbox):
     how = RUNS[command]
     _skip_unless_possible(how)
