@@ -84,6 +84,11 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ".venv/bin/python tests/benchmarks/bench_overflow_detection.py": Run(timeout=600),
     ".venv/bin/python tests/benchmarks/bench_overflow_detection.py --layers 1 --hidden 32 "
     "--seq 16 --pairs 300": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_trl_telemetry --runs 4 --steps 6": Run(
+        timeout=900, needs="trl"
+    ),
+    ".venv/bin/python -m tests.benchmarks.bench_hf_rollout --runs 5 --new-tokens 32 "
+    "--dtype float32": Run(timeout=600),
     # docs/verl.md, integrations/verl/README.md
     "python3 -m verl.trainer.main_ppo <your overrides> $(precision-plugin verl-overrides)": (
         Elsewhere(VERL)
@@ -141,6 +146,9 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     # docs/trl.md
     "python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
+    "python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16": Run(
+        timeout=600, needs="trl"
+    ),
     # integrations/accelerate/README.md
     "accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
