@@ -69,6 +69,10 @@ VERL = (
     "needs verl with Ray on a multi-GPU node and a model and data set; the overrides and the "
     "composed config are checked against real verl in tests/contract_verl/"
 )
+SANITY = (
+    "the full sanity benchmark takes 4-10 minutes on 2 CPU cores; its --smoke mode, the same "
+    "code path, runs in CI (tests/integration/test_sanity.py)"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -89,7 +93,18 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     ".venv/bin/python -m tests.benchmarks.bench_hf_rollout --runs 5 --new-tokens 32 "
     "--dtype float32": Run(timeout=600),
-    # docs/verl.md, integrations/verl/README.md
+    # docs/sanity.md, docs/benchmarks.md: the sanity benchmark
+    ".venv/bin/precision-plugin sanity --json sanity.json --plot "
+    "docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
+    "precision-plugin sanity --json sanity.json --plot sanity.png": Elsewhere(SANITY),
+    "pip install vllm": Elsewhere("installs vLLM's CUDA wheel, for the GPU run below"),
+    "precision-plugin sanity --engine vllm --steps 200 --model-size base --json sanity-vllm.json "
+    "--plot sanity-vllm.png": Elsewhere("needs vLLM on a GPU"),
+    # docs/cli.md, docs/verl.md, integrations/verl/README.md
+    "precision-plugin verl-overrides --dtype bfloat16 --strategy megatron --verl-version 0.9.1": (
+        Run(timeout=120)
+    ),
+    "python -m verl.trainer.main_ppo ... $(precision-plugin verl-overrides)": Elsewhere(VERL),
     "python3 -m verl.trainer.main_ppo <your overrides> $(precision-plugin verl-overrides)": (
         Elsewhere(VERL)
     ),
