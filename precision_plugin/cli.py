@@ -121,11 +121,18 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         help="comma list of dtypes, aliases ok (default: float32,float16,bfloat16)",
     )
     probe.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="your prompts: one per line, or JSONL with a 'prompt' or chat 'messages' field "
+        "(default: built-in prompts)",
+    )
+    probe.add_argument(
         "--num-prompts",
         type=_positive_int,
-        default=DEFAULT_NUM_PROMPTS,
+        default=None,
         metavar="N",
-        help=f"completions per dtype (default: {DEFAULT_NUM_PROMPTS})",
+        help=f"completions per dtype, prompts cycled (default: every prompt of --prompts, "
+        f"else {DEFAULT_NUM_PROMPTS})",
     )
     probe.add_argument(
         "--max-new-tokens",
@@ -133,6 +140,14 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         default=DEFAULT_MAX_NEW_TOKENS,
         metavar="N",
         help=f"longest completion; lengths are spread up to it (default: {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    probe.add_argument(
+        "--min-new-tokens",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="suppress EOS until a completion has N tokens, so weak or random models produce "
+        "long sequences (default: 0)",
     )
     probe.add_argument(
         "--seed",
@@ -316,7 +331,8 @@ class _UsageError(PrecisionPluginError):
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.policy import OverflowSettings
-    from precision_plugin.probe import ProbeConfig, run_probe
+    from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
+    from precision_plugin.probe.inputs import read_prompts_file
     from precision_plugin.probe.table import render_headroom_table, render_probe_table
 
     _check_output_path(args.json, "--json")
@@ -324,15 +340,19 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         from precision_plugin.probe.plot import image_formats
 
         _check_output_path(args.plot, "--plot", image_formats())
+    prompts = read_prompts_file(args.prompts) if args.prompts else None
+    num_prompts = args.num_prompts or (len(prompts) if prompts else DEFAULT_NUM_PROMPTS)
     config = ProbeConfig(
         model=args.model,
         engine=args.engine,
         dtypes=args.dtypes,
-        num_prompts=args.num_prompts,
+        num_prompts=num_prompts,
         max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
         seed=args.seed,
         device=args.device,
         overflow=OverflowSettings(margin_bits=args.margin_bits),
+        prompts=tuple(prompts) if prompts else None,
     )
     err = _console(stderr=True)
     out = err if args.json == "-" else _console()

@@ -2,10 +2,10 @@
 
 By concern: ``schema`` (configuration and results), ``inputs`` (device, model folder, prompts),
 ``engine`` (the one HF rollout engine and the engine protocol), ``scoring`` (the trainer side
-and the self-check), ``run`` (the measurement itself), ``table`` and ``plot`` (rendering), and
-``tiny_model`` (the embedded default model). vLLM's engine lives in
-``precision_plugin.vllm.probe_engine`` and is offered through the ``precision_probe_engines``
-hook.
+and the self-check), ``length`` (the log-ratio against length), ``run`` (the measurement
+itself), ``table`` and ``plot`` (rendering), and ``tiny_model`` (the embedded default model).
+vLLM's engine lives in ``precision_plugin.vllm.probe_engine`` and is offered through the
+``precision_probe_engines`` hook.
 """
 
 from precision_plugin.probe.engine import (
@@ -21,8 +21,11 @@ from precision_plugin.probe.inputs import (
     build_prompts,
     check_model_dir,
     completion_budgets,
+    encode_prompts,
+    read_prompts_file,
     resolve_device,
 )
+from precision_plugin.probe.length import LengthBucket, LengthEffect, length_effect
 from precision_plugin.probe.run import available_engines, run_probe
 from precision_plugin.probe.schema import (
     DEFAULT_DTYPES,
@@ -46,6 +49,8 @@ __all__ = [
     "PROMPTS",
     "SELF_CHECK_DTYPE",
     "DtypeResult",
+    "LengthBucket",
+    "LengthEffect",
     "HFRolloutEngine",
     "ProbeConfig",
     "ProbeResult",
@@ -56,9 +61,12 @@ __all__ = [
     "build_prompts",
     "check_model_dir",
     "completion_budgets",
+    "encode_prompts",
     "hf_engine_factory",
+    "length_effect",
     "load_causal_lm",
     "measure",
+    "read_prompts_file",
     "resolve_device",
     "run_probe",
     "self_check",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +13,14 @@ from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
-#: Prompts longer than this (in tokens) are cut; all prompts are cut to one common length.
+#: The built-in prompts are cut to one common length of at most this many tokens (a user's
+#: ``--prompts`` file is used as written).
 MAX_PROMPT_TOKENS = 48
+
+#: One chat message: ``{"role": ..., "content": ...}``.
+Message = Mapping[str, Any]
+#: A prompt: plain text, or a chat (a sequence of messages) rendered by the chat template.
+Prompt = str | Sequence[Message]
 
 PROMPTS: tuple[str, ...] = (
     "The history of the printing press begins in the fifteenth century, when",
@@ -131,6 +139,97 @@ def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
             "tokenizer that encodes plain English text."
         )
     return [p[:length] for p in encoded]
+
+
+def read_prompts_file(path: str) -> list[Prompt]:
+    """Read a prompts file: JSONL or plain text, one prompt per line (blank lines skipped).
+
+    The file is JSONL when its first non-blank line starts with ``{``: every line is an object
+    with a ``prompt`` (text, or a list of chat messages as in TRL's conversational datasets) or
+    a ``messages`` list of ``{"role", "content"}`` dicts. Otherwise each line is one prompt.
+    """
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise PrecisionConfigError(
+            f"prompts: cannot read {path!r} ({reason}); pass a UTF-8 text or JSONL file."
+        ) from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise PrecisionConfigError(
+            f"prompts: {path!r} holds no prompt; write one prompt per line, or JSONL lines "
+            f'such as {{"prompt": "..."}} or '
+            f'{{"messages": [{{"role": "user", "content": "..."}}]}}.'
+        )
+    if not lines[0][1].lstrip().startswith("{"):
+        return [line for _, line in lines]
+    return [_jsonl_prompt(path, n, line) for n, line in lines]
+
+
+def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
+    where = f"prompts: {path!r} line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PrecisionConfigError(
+            f"{where} is not JSON ({exc.msg}); the file is read as JSONL because its first "
+            f"line starts with '{{', so every line must be one JSON object."
+        ) from None
+    value = record.get("messages", record.get("prompt")) if isinstance(record, dict) else None
+    if isinstance(value, str) and value.strip():
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
+    ):
+        return value
+    raise PrecisionConfigError(
+        f'{where} has no usable prompt; each line needs a non-empty "prompt" string, or a '
+        f'"prompt" or "messages" list of {{"role": ..., "content": "..."}} messages.'
+    )
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) -> list[list[int]]:
+    """Tokenize the user's prompts (cycled to ``num_prompts``), each at its own length.
+
+    Text is encoded as the tokenizer does by default (its BOS where it adds one). A chat is
+    rendered with the tokenizer's chat template and the generation prompt, then encoded without
+    adding special tokens again (the template writes them), as TRL does; without a chat
+    template the messages are joined as ``role: content`` lines and a warning is logged.
+    Prompts of different lengths are batched with left padding by the engines.
+    """
+    encoded = []
+    warned = False
+    for i in range(num_prompts):
+        prompt = prompts[i % len(prompts)]
+        if isinstance(prompt, str):
+            ids = list(tokenizer(prompt).input_ids)
+        else:
+            messages = [dict(m) for m in prompt]
+            if getattr(tokenizer, "chat_template", None):
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            else:
+                if not warned:
+                    log.warning(
+                        "probe: the tokenizer has no chat template; chat prompts are written as "
+                        "'role: content' lines"
+                    )
+                    warned = True
+                text = "".join(f"{m.get('role', 'user')}: {m['content']}\n" for m in messages)
+                text += "assistant:"
+            ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+        if not ids:
+            raise PrecisionConfigError(
+                f"prompts: prompt {i % len(prompts) + 1} encodes to no tokens with this "
+                f"model's tokenizer; remove it or check the tokenizer files."
+            )
+        encoded.append(ids)
+    return encoded
 
 
 def completion_budgets(num_prompts: int, max_new_tokens: int) -> list[int]:

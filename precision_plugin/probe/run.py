@@ -3,10 +3,13 @@
 For each dtype a rollout engine samples completions and returns the log-prob it assigned to
 each sampled token (μ); then the same tokens are scored "the way a trainer does" (π): the HF
 model with float32 master weights, one full-sequence forward under ``torch.autocast(dtype)``
-(no autocast for float32). Both paths see the same prompts, no padding, an all-ones attention
-mask, position ids ``0..T-1`` and temperature 1, so in float32 they must agree to rounding
-noise: the float32 run is the probe's self-check. If it fails, the two paths differ for a
-reason other than precision and every other number is invalid.
+(no autocast for float32). Both paths see the same tokens, position ids ``0..T-1`` counted
+from each sequence's first real token, an attention mask that hides any padding, and
+temperature 1, so in float32 they must agree to rounding noise: the float32 run is the probe's
+self-check. If it fails, the two paths differ for a reason other than precision and every other
+number is invalid. The built-in prompts are cut to one common length; a user's prompts
+(``ProbeConfig.prompts``) keep their own lengths. The trainer side computes its log-probs a few
+positions at a time, so no ``[T, vocab]`` tensor is built at any length.
 
 Completion ``i`` of ``n`` is cut at ``ceil(max_new_tokens * (i + 1) / n)`` tokens (or ends at
 EOS), so the sequence log-ratio can be fitted against length (the paper's Fig. 5).
@@ -15,6 +18,7 @@ EOS), so the sequence log-ratio can be fitted against length (the paper's Fig. 5
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import tempfile
 import time
@@ -28,6 +32,7 @@ from precision_plugin.probe.inputs import (
     build_prompts,
     check_model_dir,
     completion_budgets,
+    encode_prompts,
     resolve_device,
 )
 from precision_plugin.probe.overflow import OverflowCheck, check_overflow
@@ -130,7 +135,13 @@ def _measure_dtype(
     tick(f"{dtype}: rollout ({config.engine})", 0)
     engine = factory(path, dtype, device, config.seed)
     try:
-        samples = engine.generate(prompts, config.max_new_tokens, config.seed)
+        extra = {"min_new_tokens": config.min_new_tokens} if config.min_new_tokens else {}
+        if extra and not _accepts(engine.generate, "min_new_tokens"):
+            raise PrecisionConfigError(
+                f"min-new-tokens: the {config.engine!r} engine cannot suppress EOS (its "
+                f"generate() takes no min_new_tokens); drop --min-new-tokens or use --engine hf."
+            )
+        samples = engine.generate(prompts, config.max_new_tokens, config.seed, **extra)
     finally:
         engine.close()
     samples = [
@@ -158,6 +169,21 @@ def _overflowed(overflow: OverflowCheck, n: int, tick: Callable[[str, int], None
     )
     tick("float16: skipped (overflow)", 2 * n)
     return DtypeResult("float16", measure([], []), "invalid", reason, [], [], 0.0)
+
+
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    """Whether ``function`` takes the keyword argument ``name`` (or any keyword)."""
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
+    if config.prompts is None:
+        return build_prompts(tokenizer, config.num_prompts)
+    return encode_prompts(tokenizer, config.prompts, config.num_prompts)
 
 
 def run_probe(
@@ -195,13 +221,14 @@ def run_probe(
     with _model_dir(config) as (path, name):
         tick("loading the trainer model", 0)
         model, tokenizer = _load_trainer(path, device)
-        prompts = build_prompts(tokenizer, n)
+        prompts = _prompts(config, tokenizer)
+        longest = max(len(p) for p in prompts)
         limit = getattr(model.config, "max_position_embeddings", None)
-        if limit and len(prompts[0]) + config.max_new_tokens > limit:
+        if limit and longest + config.max_new_tokens > limit:
             raise PrecisionConfigError(
-                f"max-new-tokens: {config.max_new_tokens} plus the {len(prompts[0])}-token prompt "
-                f"exceeds the model's max_position_embeddings={limit}; pass --max-new-tokens "
-                f"{limit - len(prompts[0])} or less."
+                f"max-new-tokens: {config.max_new_tokens} plus the longest prompt's {longest} "
+                f"tokens exceeds the model's max_position_embeddings={limit}; pass "
+                f"--max-new-tokens {max(1, limit - longest)} or less, or shorter prompts."
             )
         budgets = completion_budgets(n, config.max_new_tokens)
         results: dict[str, DtypeResult] = {}

@@ -14,6 +14,8 @@ from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
 from precision_plugin.probe.engine import RolloutEngine
+from precision_plugin.probe.inputs import Prompt
+from precision_plugin.probe.length import LengthEffect, length_effect
 
 log = logging.getLogger("precision_plugin")
 
@@ -41,6 +43,11 @@ class ProbeConfig:
 
     ``model`` is a local HF checkpoint folder, or ``None`` for the embedded default model.
     ``device`` is a torch device string or ``"auto"`` (CUDA when available, else CPU).
+    ``prompts`` are the user's prompts (text, or chat message lists rendered with the
+    tokenizer's chat template), each used at its own length; ``None`` uses the built-in prompts,
+    cut to one common length. Either way they are cycled to ``num_prompts`` completions.
+    ``min_new_tokens`` suppresses EOS until a completion has that many tokens, so random or weak
+    models still produce long sequences for the length fit.
     """
 
     model: str | None = None
@@ -52,6 +59,8 @@ class ProbeConfig:
     device: str = "auto"
     metrics: MetricSettings = field(default_factory=MetricSettings)
     overflow: OverflowSettings = field(default_factory=OverflowSettings)
+    prompts: tuple[Prompt, ...] | None = None
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.dtypes, str):
@@ -87,6 +96,20 @@ class ProbeConfig:
                 f"num-prompts: {self.num_prompts} is out of range; pass 1 .. {MAX_NUM_PROMPTS} "
                 f"(each prompt is a full rollout and trainer forward per dtype)."
             )
+        low = self.min_new_tokens
+        if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= self.max_new_tokens:
+            raise PrecisionConfigError(
+                f"min-new-tokens: {low!r} is not a whole number between 0 and max-new-tokens "
+                f"({self.max_new_tokens}); pass e.g. {self.max_new_tokens} to suppress EOS for the "
+                f"whole generation, or 0 (default) to let completions end at EOS."
+            )
+        if self.prompts is not None:
+            if isinstance(self.prompts, str) or not self.prompts:
+                raise PrecisionConfigError(
+                    f"prompts: expected a non-empty sequence of prompts, got {self.prompts!r}; "
+                    f"pass e.g. ('Hello',) or None for the built-in prompts."
+                )
+            object.__setattr__(self, "prompts", tuple(self.prompts))
 
 
 @dataclass
@@ -101,12 +124,18 @@ class DtypeResult:
     rollout_logprobs: list[list[float]]
     seconds: float
 
+    def length_effect(self) -> LengthEffect:
+        """The sequence log-ratio against completion length, by bucket, with fitted slopes."""
+        return length_effect(self.train_logprobs, self.rollout_logprobs)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: every scalar metric, the verdict and the per-sequence sums."""
+        """JSON-ready dict: every scalar metric, the verdict, the per-sequence sums and the
+        length effect (``length_effect``: buckets and slopes)."""
         out: dict[str, Any] = dict(self.metrics.to_dict())
         out["seq_kl"] = self.metrics.seq_kl
         out["seq_log_ratio"] = list(self.metrics.seq_log_ratio)
         out["seq_lengths"] = list(self.metrics.seq_lengths)
+        out["length_effect"] = self.length_effect().to_dict()
         out["verdict"] = self.verdict
         out["verdict_reason"] = self.reason
         out["seconds"] = round(self.seconds, 3)
@@ -174,6 +203,8 @@ class ProbeResult:
                 "dtypes": list(self.config.dtypes),
                 "num_prompts": self.config.num_prompts,
                 "max_new_tokens": self.config.max_new_tokens,
+                "min_new_tokens": self.config.min_new_tokens,
+                "prompts": "built-in" if self.config.prompts is None else "user",
                 "seed": self.config.seed,
             },
             "seconds": round(self.seconds, 3),

@@ -1,0 +1,133 @@
+"""The length effect: how the sequence log-ratio grows with the completion length (the paper's
+Fig. 5), by length bucket, with least-squares slopes and their standard errors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
+MIN_PER_BUCKET = 4
+#: At most this many buckets, however many sequences there are.
+MAX_BUCKETS = 8
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """The sequences whose completion length lies in ``[min_length, max_length]``.
+
+    ``mean_log_ratio``/``std_log_ratio``: mean and sample spread of Σ(log π − log μ) per
+    sequence; ``mean_abs_log_ratio``: mean of its absolute value; ``k3_kl``: token-mean k3 over
+    the bucket's tokens (the per-token mismatch at that length).
+    """
+
+    min_length: int
+    max_length: int
+    sequences: int
+    tokens: int
+    mean_length: float
+    mean_log_ratio: float
+    std_log_ratio: float
+    mean_abs_log_ratio: float
+    k3_kl: float
+
+
+@dataclass(frozen=True)
+class LengthEffect:
+    """Sequence log-ratio against length: the buckets and the fitted slopes per 1,000 tokens.
+
+    ``slope_per_1k`` fits the signed log-ratio, ``abs_slope_per_1k`` its absolute value (how
+    fast the two policies drift apart, whatever the sign); ``*_stderr_per_1k`` are the slopes'
+    standard errors (NaN below 3 sequences or 2 distinct lengths).
+    """
+
+    sequences: int
+    buckets: list[LengthBucket] = field(default_factory=list)
+    slope_per_1k: float = math.nan
+    slope_stderr_per_1k: float = math.nan
+    abs_slope_per_1k: float = math.nan
+    abs_slope_stderr_per_1k: float = math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (buckets as a list of dicts)."""
+        out = asdict(self)
+        out["buckets"] = [asdict(b) for b in self.buckets]
+        return out
+
+
+def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope of ``ys`` against ``xs`` and its standard error (NaN if undefined)."""
+    n = len(xs)
+    if n < 2:
+        return math.nan, math.nan
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return math.nan, math.nan
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if n < 3:
+        return slope, math.nan
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope, math.sqrt(residual / (n - 2) / sxx)
+
+
+def length_effect(
+    train: Sequence[Sequence[float]],
+    rollout: Sequence[Sequence[float]],
+    num_buckets: int | None = None,
+) -> LengthEffect:
+    """Bucket the sequences by completion length and fit the log-ratio against length.
+
+    Lengths and sums count only tokens where both log-probs are finite (as the metrics do).
+    Buckets hold equal numbers of sequences (sorted by length), ``len // MIN_PER_BUCKET`` of
+    them up to ``MAX_BUCKETS`` unless ``num_buckets`` is given, so each has a mean and a spread
+    even when a weak model ends most completions early.
+    """
+    seqs = []  # (length, Σ log-ratio, Σ k3)
+    for train_row, roll_row in zip(train, rollout, strict=True):
+        d = [a - b for a, b in zip(train_row, roll_row, strict=True) if math.isfinite(a - b)]
+        if d:
+            seqs.append((len(d), sum(d), sum(math.expm1(v) - v for v in d)))
+    if not seqs:
+        return LengthEffect(sequences=0)
+    seqs.sort(key=lambda s: s[0])
+    n = len(seqs)
+    k = num_buckets or min(MAX_BUCKETS, max(1, n // MIN_PER_BUCKET))
+    k = max(1, min(k, n))
+    buckets = []
+    for b in range(k):
+        group = seqs[b * n // k : (b + 1) * n // k]
+        ratios = [s[1] for s in group]
+        tokens = sum(s[0] for s in group)
+        mean = sum(ratios) / len(ratios)
+        spread = (
+            math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1))
+            if len(ratios) > 1
+            else math.nan
+        )
+        buckets.append(
+            LengthBucket(
+                min_length=group[0][0],
+                max_length=group[-1][0],
+                sequences=len(group),
+                tokens=tokens,
+                mean_length=tokens / len(group),
+                mean_log_ratio=mean,
+                std_log_ratio=spread,
+                mean_abs_log_ratio=sum(abs(r) for r in ratios) / len(ratios),
+                k3_kl=sum(s[2] for s in group) / tokens,
+            )
+        )
+    lengths = [float(s[0]) for s in seqs]
+    slope, slope_se = fit_slope(lengths, [s[1] for s in seqs])
+    abs_slope, abs_se = fit_slope(lengths, [abs(s[1]) for s in seqs])
+    return LengthEffect(
+        sequences=n,
+        buckets=buckets,
+        slope_per_1k=slope * 1000.0,
+        slope_stderr_per_1k=slope_se * 1000.0,
+        abs_slope_per_1k=abs_slope * 1000.0,
+        abs_slope_stderr_per_1k=abs_se * 1000.0,
+    )
