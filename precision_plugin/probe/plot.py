@@ -4,7 +4,8 @@ One row per dtype, axes shared per column so the rows compare at a glance: left,
 token's probability gap |π − μ| between the trainer (π) and the rollout engine (μ) against π, on a
 log scale (the gap grows with the token's probability, and each dtype sits at its own height:
 float32 at the floor, bfloat16 about eight times above float16); right, each sequence's
-|Σ(log π − log μ)| against its length, with the least-squares slope per 1,000 tokens. The figures
+|Σ(log π − log μ)| against its length, with the least-squares slope per 1,000 tokens (± its
+standard error) and each length bucket's mean. The figures
 of each panel are in its title, off the data.
 """
 
@@ -100,7 +101,21 @@ def _token_gaps(ax: Any, r: Any, name: str, color: str) -> None:
 def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
     m = r.metrics
     lengths, ratios = m.seq_lengths, [abs(v) for v in m.seq_log_ratio]
-    ax.scatter(lengths, ratios, s=18, color=color, alpha=0.8)
+    effect = r.length_effect()
+    ax.scatter(lengths, ratios, s=18, color=color, alpha=0.6 if effect.buckets else 0.8)
+    # Each length bucket's mean |log-ratio| (>= 4 sequences each): the paper's Fig. 5 at length.
+    full = [b for b in effect.buckets if b.sequences > 1]
+    if full:
+        ax.plot(
+            [b.mean_length for b in full],
+            [b.mean_abs_log_ratio for b in full],
+            "D-",
+            color="black",
+            ms=4,
+            lw=0.8,
+            label="length-bucket mean",
+        )
+        ax.legend(loc="upper left", fontsize=7, frameon=False)
     slope = m.seq_abs_log_ratio_slope_per_1k
     if len(lengths) >= 2 and math.isfinite(slope):
         mean_x = sum(lengths) / len(lengths)
@@ -109,7 +124,8 @@ def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
         ax.plot(xs, [mean_y + slope / 1000.0 * (x - mean_x) for x in xs], color=color, lw=1.5)
     ax.set_title(
         f"{name}: |sequence log-ratio| vs length\n"
-        f"slope {slope:+.2e} per 1K tokens · seq KL {m.seq_kl:.1e}",
+        f"slope {slope:+.2e} ± {effect.abs_slope_stderr_per_1k:.1e} per 1K tokens · "
+        f"seq KL {m.seq_kl:.1e}",
         fontsize=9,
     )
     ax.set_xlabel("completion length (tokens)")
