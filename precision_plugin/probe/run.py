@@ -180,6 +180,18 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def model_notes(overflow: OverflowCheck, config: ProbeConfig) -> list[str]:
+    """Say where a float16 row stands in for what vLLM would refuse to run (gemma2 and the
+    other families of ``check_model_config``'s refusal table, found by the headroom check)."""
+    if "float16" not in config.dtypes or config.engine == "vllm":
+        return []
+    return [
+        f"{risk.message} The float16 row is measured with the {config.engine} engine."
+        for risk in overflow.risks
+        if risk.status == "error"
+    ]
+
+
 def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
     if config.prompts is None:
         return build_prompts(tokenizer, config.num_prompts)
@@ -235,6 +247,9 @@ def run_probe(
         with _single_thread_if_tiny(model, device):
             tick("float16 headroom", 0)
             overflow = check_overflow(model, prompts, path, config.overflow.margin_bits)
+            notes = model_notes(overflow, config)
+            for note in notes:
+                log.warning("probe: %s", note)
             for dtype in config.dtypes:
                 if dtype == "float16" and overflow.report.overflowing:
                     results[dtype] = _overflowed(overflow, n, tick)
@@ -261,4 +276,5 @@ def run_probe(
         self_check=check,
         seconds=time.perf_counter() - started,
         overflow=overflow,
+        notes=notes,
     )

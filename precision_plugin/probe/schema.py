@@ -177,6 +177,8 @@ class ProbeResult:
     #: float16 headroom on the probe prompts and the model_type findings
     #: (:class:`precision_plugin.probe.overflow.OverflowCheck`); ``None`` when not measured.
     overflow: Any = None
+    #: Facts about the model worth knowing next to the numbers (e.g. vLLM refuses its float16).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -208,6 +210,7 @@ class ProbeResult:
                 "seed": self.config.seed,
             },
             "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
         }
         if self.overflow is not None:
             data["headroom"] = self.overflow.to_dict()

@@ -128,7 +128,11 @@ def run_case(model: Path, tokens: int, options: argparse.Namespace) -> dict[str,
         _, stderr = proc.communicate()
         wall = time.perf_counter() - t0
         if killed:
-            return {"status": f"killed > {options.rss_cap_gb:g} GB", "peak_mib": seen, "wall_s": wall}
+            return {
+                "status": f"killed > {options.rss_cap_gb:g} GB",
+                "peak_mib": seen,
+                "wall_s": wall,
+            }
         if not report.is_file():
             tail = stderr.decode(errors="replace").strip().splitlines()[-1:]
             return {"status": f"failed: {' '.join(tail)}", "peak_mib": seen, "wall_s": wall}

@@ -69,8 +69,13 @@ def test_json_schema_is_stable(default_run: ProbeResult) -> None:
         "dtypes": ["float32", "float16", "bfloat16"],
         "num_prompts": 8,
         "max_new_tokens": 96,
+        "min_new_tokens": 0,
+        "prompts": "built-in",
         "seed": 0,
     }
+    assert data["notes"] == []
+    effect = data["results"]["bfloat16"]["length_effect"]
+    assert effect["sequences"] == 8 and sum(b["sequences"] for b in effect["buckets"]) == 8
 
 
 @pytest.mark.slow
