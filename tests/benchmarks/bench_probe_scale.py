@@ -178,8 +178,7 @@ def main() -> dict[str, Any]:
             for tokens in (int(t) for t in options.tokens.split(",")):
                 case = run_case(Path(tmp), tokens, options)
                 rows.append({"vocab": vocab, "params": params, "max_new_tokens": tokens, **case})
-                if not options.json:
-                    print(_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                print(_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     result = {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),

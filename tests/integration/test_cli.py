@@ -94,6 +94,29 @@ def test_failed_self_check_exits_1_and_says_so(capsys: pytest.CaptureFixture[str
     assert data["results"]["float16"]["verdict"] == "invalid"
 
 
+@pytest.mark.slow
+def test_probe_with_a_prompts_file_of_mixed_lengths(
+    qwen_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": "Hi"},
+        {"prompt": "A considerably longer prompt, to be batched with the short ones"},
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
+    ]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    out_json = tmp_path / "probe.json"
+    args = ["probe", "--model", str(qwen_checkpoint), "--prompts", str(prompts)]
+    args += ["--max-new-tokens", "24", "--device", "cpu", "--json", str(out_json)]
+    rc = main(args)
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(out_json.read_text())
+    assert data["self_check"]["passed"] is True
+    assert data["settings"]["prompts"] == "user"
+    assert data["settings"]["num_prompts"] == 3  # one completion per prompt of the file
+    assert data["results"]["bfloat16"]["sequences"] == 3
+
+
 def _no_config_dir(tmp_path: Path) -> str:
     folder = tmp_path / "empty"
     folder.mkdir()
@@ -123,6 +146,14 @@ BAD_ARGS = {
     "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the probe runs on"),
     "absent gpu index": (lambda tmp: ["probe", "--device", "cuda:99"], "device: 'cuda:99'"),
     "too many tokens": (lambda tmp: ["probe", "--max-new-tokens", "5000"], "max_position"),
+    "missing prompts file": (
+        lambda tmp: ["probe", "--prompts", str(tmp / "none.txt")],
+        "prompts: cannot read",
+    ),
+    "min above max": (
+        lambda tmp: ["probe", "--max-new-tokens", "8", "--min-new-tokens", "9"],
+        "min-new-tokens: 9",
+    ),
     "unknown command": (lambda tmp: ["train"], "invalid choice"),
     "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
 }
