@@ -133,7 +133,10 @@ def _measure_dtype(
     n = len(prompts)
     t0 = time.perf_counter()
     tick(f"{dtype}: rollout ({config.engine})", 0)
-    engine = factory(path, dtype, device, config.seed)
+    # Engines that size a context up front (vLLM) learn the longest sequence the run needs.
+    context = max(len(p) for p in prompts) + config.max_new_tokens
+    sizing = {"max_model_len": context} if _accepts(factory, "max_model_len") else {}
+    engine = factory(path, dtype, device, config.seed, **sizing)
     try:
         extra = {"min_new_tokens": config.min_new_tokens} if config.min_new_tokens else {}
         if extra and not _accepts(engine.generate, "min_new_tokens"):

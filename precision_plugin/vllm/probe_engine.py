@@ -60,9 +60,13 @@ def llm_kwargs(
     return engine_kwargs(asked, policy, fields=fields)
 
 
-def sampling_kwargs(max_new_tokens: int, seed: int, *, detokenize: bool = True) -> dict[str, Any]:
+def sampling_kwargs(
+    max_new_tokens: int, seed: int, *, detokenize: bool = True, min_tokens: int = 0
+) -> dict[str, Any]:
     """``SamplingParams`` kwargs for one rollout: temperature 1, full vocabulary, one sample,
-    the sampled token's log-prob only (``logprobs=0``)."""
+    the sampled token's log-prob only (``logprobs=0``). ``min_tokens`` > 0 suppresses EOS and
+    stop tokens until then; vLLM does it with a logits processor, so the raw log-probs are
+    those of the unmasked distribution, as the trainer scores them."""
     kwargs: dict[str, Any] = {
         "n": 1,
         "temperature": 1.0,
@@ -75,6 +79,8 @@ def sampling_kwargs(max_new_tokens: int, seed: int, *, detokenize: bool = True) 
     }
     if not detokenize:
         kwargs["detokenize"] = False
+    if min_tokens > 0:
+        kwargs["min_tokens"] = min_tokens
     return kwargs
 
 
@@ -95,7 +101,15 @@ class VLLMRolloutEngine:
 
     name = "vllm"
 
-    def __init__(self, model_path: str, dtype: str, device: str = "cuda", seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        device: str = "cuda",
+        seed: int = 0,
+        *,
+        max_model_len: int | None = None,
+    ) -> None:
         if versions.package_info("vllm") is None:
             raise PrecisionConfigError(
                 "probe --engine vllm: vLLM is not installed. Fix: pip install vllm (on a CUDA "
@@ -110,18 +124,40 @@ class VLLMRolloutEngine:
 
         self.dtype = dtype
         self._tokenizer = has_tokenizer(model_path)
-        kwargs = llm_kwargs(model_path, dtype, seed, engine_arg_fields(), tokenizer=self._tokenizer)
+        # The probe passes prompt + max_new_tokens; 4096 otherwise (a 128K context's KV cache
+        # would not fit next to the weights on a small GPU).
+        kwargs = llm_kwargs(
+            model_path,
+            dtype,
+            seed,
+            engine_arg_fields(),
+            max_model_len=max(max_model_len or 0, 4096),
+            tokenizer=self._tokenizer,
+        )
         self.llm: Any = LLM(**kwargs)
         self.meta = {"engine": self.name, "dtype": dtype, "llm_kwargs": kwargs}
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, seed: int
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        seed: int,
+        *,
+        min_new_tokens: int = 0,
     ) -> list[RolloutSample]:
-        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs."""
+        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs;
+        no EOS before ``min_new_tokens`` tokens."""
         from vllm import SamplingParams
 
         params = [
-            SamplingParams(**sampling_kwargs(max_new_tokens, seed + i, detokenize=self._tokenizer))
+            SamplingParams(
+                **sampling_kwargs(
+                    max_new_tokens,
+                    seed + i,
+                    detokenize=self._tokenizer,
+                    min_tokens=min_new_tokens,
+                )
+            )
             for i in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
