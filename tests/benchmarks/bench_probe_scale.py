@@ -1,7 +1,8 @@
 """Peak memory and wall time of ``precision-plugin probe`` against generation length and vocabulary.
 
     .venv/bin/python tests/benchmarks/bench_probe_scale.py [--tokens 256,1024,4096]
-        [--vocabs 32000,151936] [--num-prompts 8] [--dtypes float32] [--rss-cap-gb 8] [--json]
+        [--vocabs 32000,151936] [--num-prompts 8] [--dtypes float32] [--rss-cap-gb 8]
+        [--case-timeout S] [--json] [-- further probe options]
 
 For each vocabulary a random-init Qwen2-shaped checkpoint is built in code and saved to a
 temporary folder (hidden 192, 2 layers, GQA 4/2, untied head: about 59 M parameters at Qwen2.5's
@@ -168,6 +169,9 @@ def main() -> dict[str, Any]:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--dtypes", default="float32", help="probe --dtypes (float32 always runs)")
     parser.add_argument("--rss-cap-gb", type=float, default=8.0, help="kill a case above this")
+    parser.add_argument(
+        "--case-timeout", type=float, default=0, help="stop a case after this many s (0: never)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("extra", nargs="*", help="further probe options, after --")
     options = parser.parse_args()
