@@ -92,8 +92,9 @@ class HFRolloutEngine:
     log-prob of each sampled token is ``log_softmax`` in float32 of the engine's own ``dtype``
     logits divided by the temperature, as vLLM computes it, recorded as the token is sampled:
     only the current step's logits are alive, so memory does not grow with the generation
-    length beyond the KV cache. Prompts of equal length are batched without padding and with an
-    all-ones attention mask; position ids are ``0..T-1`` exactly as in a trainer's full forward.
+    length beyond the KV cache. Prompts of any lengths are batched with left padding, an
+    attention mask that hides the pads and position ids ``0..T-1`` counted from each row's first
+    real token, exactly as in a trainer's unpadded full forward.
     Used by the probe and by TRL's [`HFRollout`][precision_plugin.trl_rollout.HFRollout].
     """
 
@@ -135,32 +136,47 @@ class HFRolloutEngine:
         seed: int,
         *,
         temperature: float = 1.0,
+        min_new_tokens: int = 0,
     ) -> list[RolloutSample]:
         """Sample one completion per prompt; a completion stops after its first EOS token.
 
-        ``seed`` seeds a private generator (the global RNG is left alone), so equal seeds give
-        equal samples. Extra settings are keyword-only.
+        Prompts of any lengths are batched together, LEFT padded: the attention mask hides the
+        pads and position ids count from each row's first real token, so a row sees exactly
+        what it sees alone (and what the trainer's unpadded forward sees). Prompt ``i`` samples
+        from its own generator seeded with ``seed + i``, so its completion does not depend on
+        which other prompts share the batch (the global RNG is left alone).
+
+        ``min_new_tokens``: no EOS is sampled before that many tokens (EOS is removed from the
+        sampling distribution); the recorded log-prob is still that of the unmasked
+        distribution, which is what the trainer scores, so both paths compare the same
+        quantity. Extra settings are keyword-only.
         """
         torch = self._torch
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-        groups: dict[int, list[int]] = {}
-        for i, prompt in enumerate(prompts):
-            groups.setdefault(len(prompt), []).append(i)
-        out: list[RolloutSample | None] = [None] * len(prompts)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        if not prompts:
+            return []
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor(
+            [[self._pad] * (width - len(p)) + list(p) for p in prompts], device=self.device
+        )
+        real = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
+        )
+        generators = [
+            torch.Generator(device=self.device).manual_seed(seed + i) for i in range(len(prompts))
+        ]
         with torch.inference_mode():
-            for length in sorted(groups):
-                rows = groups[length]
-                ids = torch.tensor([prompts[i] for i in rows], device=self.device)
-                samples = self._generate_batch(ids, max_new_tokens, generator, temperature)
-                for row, sample in zip(rows, samples, strict=True):
-                    out[row] = sample
-        return [s for s in out if s is not None]
+            return self._generate_batch(
+                ids, real, max_new_tokens, generators, temperature, min_new_tokens
+            )
 
-    def _attention_mask(self, ids: Any) -> Any:
-        """All ones: the prompts are not padded."""
-        return self._torch.ones_like(ids)
+    def _attention_mask(self, ids: Any, real: Any) -> Any:
+        """The prompt's attention mask: its real tokens (``real``: 1, left padding: 0)."""
+        del ids
+        return real
 
     def _forward(self, ids: Any, mask: Any, positions: Any, past: Any) -> tuple[Any, Any]:
         """One forward; returns the last position's logits and the KV cache."""
@@ -173,11 +189,17 @@ class HFRolloutEngine:
         return out.logits[:, -1], out[self._cache_arg]
 
     def _generate_batch(
-        self, ids: Any, max_new_tokens: int, generator: Any, temperature: float
+        self,
+        ids: Any,
+        real: Any,
+        max_new_tokens: int,
+        generators: list[Any],
+        temperature: float,
+        min_new_tokens: int,
     ) -> list[RolloutSample]:
         torch = self._torch
         batch = ids.shape[0]
-        mask = self._attention_mask(ids)
+        mask = self._attention_mask(ids, real)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         tokens = torch.full((batch, max_new_tokens), self._pad, dtype=torch.long, device=ids.device)
         token_logp = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=ids.device)
@@ -188,7 +210,12 @@ class HFRolloutEngine:
         next_position = positions[:, -1:] + 1
         for t in range(max_new_tokens):
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [batch, vocab]
-            token = torch.multinomial(logp.exp(), 1, generator=generator)  # [batch, 1]
+            probs = logp.exp()
+            if t < min_new_tokens and eos.numel():
+                probs[:, eos] = 0.0  # sample without EOS; logp stays the unmasked one
+            token = torch.cat(
+                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)]
+            )[:, None]  # [batch, 1]
             tokens[:, t : t + 1] = token
             token_logp[:, t : t + 1] = logp.gather(-1, token)
             ended = ~done & torch.isin(token.squeeze(-1), eos)
@@ -203,9 +230,10 @@ class HFRolloutEngine:
         samples = []
         for b in range(batch):
             end = int(lengths[b])
+            pads = ids.shape[1] - int(real[b].sum())
             samples.append(
                 RolloutSample(
-                    prompt_ids=ids[b].tolist(),
+                    prompt_ids=ids[b, pads:].tolist(),
                     completion_ids=tokens[b, :end].tolist(),
                     logprobs=token_logp[b, :end].tolist(),
                     meta={"engine": self.name, "dtype": self.dtype},

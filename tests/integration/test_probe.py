@@ -93,8 +93,8 @@ class _PadMaskingEngine(HFRolloutEngine):
 
     name = "pad-masking"
 
-    def _attention_mask(self, ids: Any) -> Any:
-        mask = torch.ones_like(ids)
+    def _attention_mask(self, ids: Any, real: Any) -> Any:
+        mask = real.clone()
         mask[:, 0] = 0
         return mask
 
