@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 import pytest
-import torch
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe import (
