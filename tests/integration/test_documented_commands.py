@@ -93,6 +93,12 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     ".venv/bin/python -m tests.benchmarks.bench_hf_rollout --runs 5 --new-tokens 32 "
     "--dtype float32": Run(timeout=600),
+    ".venv/bin/python tests/benchmarks/bench_probe_scale.py --tokens 256,1024,4096 --vocabs "
+    "32000,151936 --num-prompts 8 --dtypes float32 --rss-cap-gb 8": Elsewhere(
+        "six probe runs up to 4,096 tokens on a 59 M-parameter model: about half an hour on 2 "
+        "CPU cores; the memory claim it measures is tested in tests/integration/"
+        "test_probe_memory.py and test_probe_scoring.py"
+    ),
     # docs/sanity.md, docs/benchmarks.md: the sanity benchmark
     ".venv/bin/precision-plugin sanity --json sanity.json --plot "
     "docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
@@ -128,6 +134,12 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     "precision-plugin probe --engine vllm --model ./my-checkpoint --dtypes fp16,bf16": Elsewhere(
         "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)"
+    ),
+    "precision-plugin probe --model ./my-checkpoint --prompts prompts.jsonl --max-new-tokens 4096 "
+    "--min-new-tokens 4096 --num-prompts 32 --json long.json --plot long.png": Elsewhere(
+        "3 x 32 rollouts of 4,096 tokens take hours on 2 CPU cores; scripts/gpu_check.sh runs "
+        "the probe at 4,096 tokens on a GPU, and the same options at small sizes run in "
+        "tests/integration/test_cli.py and test_probe_batching.py"
     ),
     # doctor exits 1 on a blocking finding (documented), e.g. DeepSpeed without fp16 on a CPU
     "precision-plugin doctor": Run(ok_codes=(0, 1)),
