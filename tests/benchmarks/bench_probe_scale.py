@@ -112,10 +112,11 @@ def run_case(model: Path, tokens: int, options: argparse.Namespace) -> dict[str,
         code += f"_child({argv!r}, {str(report)!r})"
         cap_mib = options.rss_cap_gb * 1024
         t0 = time.perf_counter()
+        log = (Path(tmp) / "stderr.txt").open("wb")  # a file: a full pipe would stall the child
         proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=log,
             cwd=str(Path(__file__).resolve().parents[2]),
         )
         seen, killed = 0.0, False
@@ -126,7 +127,9 @@ def run_case(model: Path, tokens: int, options: argparse.Namespace) -> dict[str,
                 killed = True
                 break
             time.sleep(0.2)
-        _, stderr = proc.communicate()
+        proc.wait()
+        log.close()
+        stderr = (Path(tmp) / "stderr.txt").read_bytes()
         wall = time.perf_counter() - t0
         if killed:
             return {
