@@ -150,3 +150,19 @@ def launcher_env(root: os.PathLike[str] | str) -> dict[str, str]:
     ):
         env.pop(key, None)
     return env
+
+
+def exit_rank(code: int = 0) -> None:
+    """End a launched rank once its results are written: barrier, tear the process group down,
+    then leave without interpreter shutdown, where a native thread a framework left behind can
+    abort the process ("terminate called without an active exception") after the work is done."""
+    import sys
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -62,3 +62,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    ds_cpu.exit_rank()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+from tests.integration import ds_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS, WIDTH = 8, 12
@@ -58,19 +59,8 @@ def main(out: Path) -> None:
     pp.disable()
     result = {"rank": rank, "world": world, "logs": logs, "fixed": fixed}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
-    # Tear the gloo group down before exit: left to interpreter shutdown, its threads can abort
-    # a rank ("terminate called without an active exception") after the work is done.
-    trainer.accelerator.wait_for_everyone()
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    # The results are written: skip interpreter shutdown, where a native thread left by a
-    # framework can still abort the process (seen once in CI after every result was written).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    ds_cpu.exit_rank()
