@@ -52,12 +52,17 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """Import framework-dependent names on first use: ``import precision_plugin`` stays light."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'precision_plugin' has no attribute {name!r}")
+    """Import framework-dependent names and subpackages (``precision_plugin.trl``, ``.vllm``,
+    ...) on first use: ``import precision_plugin`` stays light and imports no framework."""
     import importlib
+    import importlib.util
 
-    value = getattr(importlib.import_module(module), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'precision_plugin' has no attribute {name!r}")
     globals()[name] = value
     return value

@@ -29,7 +29,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "transformers": "precision_plugin.transformers",
     "accelerate": "precision_plugin.accelerate",
     "deepspeed": "precision_plugin.deepspeed.adapter",
-    "trl": "precision_plugin.trl",
+    "trl": "precision_plugin.trl.adapter",
     "vllm": "precision_plugin.vllm.adapter",
     "verl": "precision_plugin.verl.adapter",
 }

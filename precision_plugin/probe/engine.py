@@ -8,47 +8,17 @@ no top-k/top-p), so it can be compared with the trainer's full-sequence log-soft
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from precision_plugin.rollout import RolloutEngine, RolloutSample
 
-@dataclass
-class RolloutSample:
-    """One sampled completion: prompt and completion token ids, and the engine's log-probs.
-
-    ``logprobs[i]`` is the engine's log-probability of ``completion_ids[i]``; ``nan`` where the
-    engine did not return one (such tokens are excluded and counted by the metrics).
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    meta: dict[str, object] = field(default_factory=dict)
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the probe needs from a rollout engine.
-
-    Engines are built by a factory ``factory(model_path, dtype, device, seed) -> RolloutEngine``
-    (returned by the ``precision_probe_engines`` hook); ``model_path`` is a local HF checkpoint
-    directory, ``dtype`` a canonical name (``float16``/``bfloat16``/``float32``).
-    """
-
-    name: str
-
-    def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, seed: int
-    ) -> list[RolloutSample]:
-        """Sample one completion per prompt (temperature 1) with the sampled tokens' log-probs.
-
-        Engines may accept further keyword-only settings (the HF engine takes ``temperature``).
-        """
-        ...
-
-    def close(self) -> None:
-        """Release the engine's memory (weights, KV cache, worker processes)."""
-        ...
+__all__ = [
+    "HFRolloutEngine",
+    "RolloutEngine",
+    "RolloutSample",
+    "hf_engine_factory",
+    "load_causal_lm",
+]
 
 
 def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
@@ -95,7 +65,7 @@ class HFRolloutEngine:
     length beyond the KV cache. Prompts of any lengths are batched with left padding, an
     attention mask that hides the pads and position ids ``0..T-1`` counted from each row's first
     real token, exactly as in a trainer's unpadded full forward.
-    Used by the probe and by TRL's [`HFRollout`][precision_plugin.trl_rollout.HFRollout].
+    Used by the probe and by TRL's [`HFRollout`][precision_plugin.trl.HFRollout].
     """
 
     name = "hf"

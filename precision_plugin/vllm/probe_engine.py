@@ -17,7 +17,7 @@ from typing import Any
 from precision_plugin import versions
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.probe.engine import RolloutSample
+from precision_plugin.rollout import RolloutSample
 from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

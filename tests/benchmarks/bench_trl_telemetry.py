@@ -47,7 +47,7 @@ def _timed(cls: Any, name: str, sink: list[float]) -> Any:
 
 def _run(recipe: Any, enabled: bool, steps: int, seed: int) -> tuple[list[float], float]:
     import precision_plugin as pp
-    from precision_plugin.trl_telemetry import MismatchAccumulator
+    from precision_plugin.trl.telemetry import MismatchAccumulator
 
     spent: list[float] = []
     add = _timed(MismatchAccumulator, "add", spent)

@@ -32,7 +32,7 @@ def fixed_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def main(out: Path) -> None:
     import precision_plugin as pp
-    from precision_plugin import trl_telemetry
+    from precision_plugin.trl import telemetry as trl_telemetry
 
     spec = importlib.util.spec_from_file_location("recipe", ROOT / "integrations/trl/grpo_fp16.py")
     recipe = importlib.util.module_from_spec(spec)

@@ -406,7 +406,7 @@ def test_nan_tokens_under_the_mask(metric: str, alias: Alias):
 
 
 def test_the_trl_adapter_reads_the_one_table():
-    from precision_plugin import trl as trl_adapter
+    from precision_plugin.trl import adapter as trl_adapter
 
     assert aliases_for("TRL") == trl_adapter.TRL_METRIC_ALIASES
     m = compute_mismatch(*ragged())

@@ -41,7 +41,7 @@ def test_launcher_mixed_precision(monkeypatch, env, arguments, expected):
 # -- doctor: the QLoRA finding only where QLoRA adapters can exist -----------------------------
 @pytest.mark.parametrize("peft", [None, "0.17.0"])
 def test_qlora_finding_needs_peft(monkeypatch, peft):
-    from precision_plugin import trl as trl_adapter
+    from precision_plugin.trl import adapter as trl_adapter
 
     real = trl_adapter.installed_version
     monkeypatch.setattr(
@@ -115,3 +115,23 @@ def test_dev_sh_probe_resolves_paths_against_the_callers_directory(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (work / "probe.json").is_file()  # beside the caller, not in the repository
     assert "installing" not in proc.stdout  # the probe's set-up was already done
+
+
+# -- subpackages are attributes of the package without enable() ----------------------------------
+def test_subpackages_are_reachable_as_attributes_without_enable():
+    import subprocess
+    import sys
+
+    code = (
+        "import precision_plugin as pp, sys\n"
+        "assert pp.current_policy() is None\n"
+        "print(pp.trl.HFRollout.__module__, pp.vllm.engine_kwargs.__name__)\n"
+        "try:\n    pp.no_such_thing\nexcept AttributeError as e:\n    print('AttributeError', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "precision_plugin.trl.rollout engine_kwargs",
+        "AttributeError module 'precision_plugin' has no attribute 'no_such_thing'",
+    ]

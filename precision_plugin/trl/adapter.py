@@ -1,4 +1,4 @@
-"""TRL adapter: TRL configs follow the policy's precision, and TRL's metric names get aliases.
+"""TRL adapter hooks: TRL configs follow the policy's precision, and TRL's metric names get aliases.
 
 With ``enable()``, a TRL config (``GRPOConfig``, ``RLOOConfig``, ``SFTConfig``, ...) built without
 ``fp16``/``bf16`` takes the policy's flags instead of TRL's default ``bf16=True``; an explicit
@@ -7,7 +7,7 @@ contradiction is coerced or refused by the HF-Trainer adapter (TRL configs are
 where the HF-Trainer adapter casts them back to fp32 master weights.
 
 GRPO runs also get the train/rollout mismatch as ``precision/*`` metrics
-(:mod:`precision_plugin.trl_telemetry`), and ``HFRollout`` (:mod:`precision_plugin.trl_rollout`)
+(``precision_plugin.trl.telemetry``), and ``HFRollout`` (``precision_plugin.trl.rollout``)
 is a ``rollout_func`` that samples in the policy dtype without vLLM.
 """
 
@@ -18,12 +18,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from precision_plugin import trl_telemetry
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin.trl_rollout import HFRollout as HFRollout  # precision_plugin.trl.HFRollout
+from precision_plugin.trl import telemetry as trl_telemetry
 from precision_plugin.versions import installed_version
 
 log = logging.getLogger("precision_plugin")

@@ -37,8 +37,10 @@ class MismatchAccumulator:
         from precision_plugin.mismatch import SUM_FIELDS
 
         self._torch = torch
-        self.sums = torch.zeros(len(SUM_FIELDS), dtype=torch.float64)
-        self.maxima = torch.full((1,), -torch.inf, dtype=torch.float64)
+        # Created on the first micro-batch's device: no host copy (a device sync) per batch.
+        self._size = len(SUM_FIELDS)
+        self.sums: Any = None
+        self.maxima: Any = None
         self.capturing = False
         self.captured: Any = None
         # id -> weak reference: a WeakSet would compare tensors with == on a hash collision.
@@ -59,8 +61,18 @@ class MismatchAccumulator:
         from precision_plugin.mismatch import mismatch_sums
 
         sums, top = mismatch_sums(train_logps.detach(), rollout_logps.detach(), mask)
-        self.sums += sums.cpu()
-        self.maxima = self._torch.maximum(self.maxima, top.cpu())
+        if self.sums is None:
+            self.sums, self.maxima = self._empty(sums.device)
+        self.sums += sums.to(self.sums.device)  # no-op copies: both on the training device
+        self.maxima = self._torch.maximum(self.maxima, top.to(self.maxima.device))
+
+    def _empty(self, device: Any) -> tuple[Any, Any]:
+        """Zero sums and a ``-inf`` maximum on ``device``."""
+        torch = self._torch
+        return (
+            torch.zeros(self._size, dtype=torch.float64, device=device),
+            torch.full((1,), -torch.inf, dtype=torch.float64, device=device),
+        )
 
     def flush(self, gather: Callable[[Any], Any] | None = None) -> dict[str, float]:
         """The metrics since the last flush (over every process with ``gather``), and reset.
@@ -71,12 +83,13 @@ class MismatchAccumulator:
         from precision_plugin.mismatch import metrics_from_sums
 
         sums, maxima = self.sums, self.maxima
+        if sums is None:
+            sums, maxima = self._empty("cpu")
         if gather is not None:
             sums = gather(sums).reshape(-1, sums.numel()).sum(dim=0)
             maxima = gather(maxima)
-        self.sums = self._torch.zeros_like(self.sums)
-        self.maxima = self._torch.full_like(self.maxima, -self._torch.inf)
-        return metrics_from_sums(sums, maxima)
+        self.sums, self.maxima = None, None
+        return metrics_from_sums(sums.cpu(), maxima.cpu())
 
 
 def accumulator(trainer: Any) -> MismatchAccumulator | None:
@@ -98,7 +111,7 @@ def flush(trainer: Any) -> dict[str, float]:
         device = accelerator.device
 
         def gather(t: Any) -> Any:
-            return accelerator.gather(t.to(device)).cpu()
+            return accelerator.gather(t.to(device))
 
     metrics = acc.flush(gather)
     return metrics if metrics["tokens"] > 0 or metrics["nan_tokens"] > 0 else {}
