@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -364,12 +365,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     headroom = render_headroom_table(result)
     if headroom is not None:
         out.print(headroom)
-    if args.json == "-":
-        sys.stdout.write(result.to_json() + "\n")
-    elif args.json:
-        text = result.to_json() + "\n"
-        _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
-        err.print(f"wrote {args.json}")
+    _emit_json(args, result.to_json(), err)
     if args.plot:
         from precision_plugin.probe.plot import plot_probe
 
@@ -399,18 +395,29 @@ def _cmd_sanity(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         result = _with_progress(err, lambda progress: run_sanity(config, progress=progress))
     out.print(render_sanity_table(result))
-    if args.json == "-":
-        sys.stdout.write(result.to_json() + "\n")
-    elif args.json:
-        text = result.to_json() + "\n"
-        _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
-        err.print(f"wrote {args.json}")
+    _emit_json(args, result.to_json(), err)
     if args.plot:
         from precision_plugin.sanity.plot import plot_sanity
 
         _write(args.plot, "--plot", lambda path: plot_sanity(result, path))
         err.print(f"wrote {args.plot}")
     return EXIT_OK
+
+
+def _emit_json(args: argparse.Namespace, text: str, err: Any) -> None:
+    """Write a command's JSON results (``--json FILE`` or ``-``) with their provenance: the
+    command line that produced them, the date, the versions and the machine."""
+    if not args.json:
+        return
+    from precision_plugin.provenance import cli_command, with_provenance
+
+    data = with_provenance(json.loads(text), cli_command(args.argv))
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    if args.json == "-":
+        sys.stdout.write(text)
+        return
+    _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
+    err.print(f"wrote {args.json}")
 
 
 def _console(stderr: bool = False) -> Any:
@@ -467,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Asking plugins for engines can be slow (vLLM); only the probe needs them.
         parser = build_parser(_engine_names() if "probe" in argv else ("hf",))
         args = parser.parse_args(argv)
+        args.argv = argv  # the command line, for the provenance of results files
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(name)s: %(levelname)s: %(message)s",

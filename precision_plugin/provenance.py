@@ -1,0 +1,71 @@
+"""Where a published figure came from: the command, the date, the versions and the machine.
+
+Every results file the project publishes (``docs/results/<name>.json``) carries a
+``"provenance"`` section written by the command that produced it, so a reader can rerun it and
+the docs tables rendered from the file (``scripts/render_docs.py``) can say what ran where.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.versions import FRAMEWORKS, installed_version
+
+#: The key results files keep their provenance under.
+KEY = "provenance"
+
+
+def provenance(command: str | Sequence[str]) -> dict[str, Any]:
+    """The provenance of a result produced now by ``command`` (a string, or argv words).
+
+    ``{"command", "date" (UTC, ISO 8601), "versions" (precision_plugin and every installed
+    framework it knows), "machine" (platform, Python, CPU count, load average)}``.
+    """
+    if not isinstance(command, str):
+        command = shlex.join(str(word) for word in command)
+    versions = {"precision_plugin": installed_version("precision_plugin")}
+    versions |= {name: installed_version(name) for name in FRAMEWORKS}
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        load = None
+    return {
+        "command": command,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {k: str(v) for k, v in versions.items() if v is not None},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average": load,
+        },
+    }
+
+
+def cli_command(argv: Sequence[str], program: str = "precision-plugin") -> str:
+    """The command line a user typed to run ``program`` with ``argv`` (its arguments)."""
+    return shlex.join([program, *map(str, argv)])
+
+
+def with_provenance(data: Mapping[str, Any], command: str | Sequence[str]) -> dict[str, Any]:
+    """``data`` with its ``"provenance"`` section for ``command`` (added last)."""
+    return {**data, KEY: provenance(command)}
+
+
+def write_results(
+    path: str | os.PathLike[str], data: Mapping[str, Any], command: str | Sequence[str]
+) -> Path:
+    """Write ``data`` with its provenance as indented JSON to ``path``; returns the path."""
+    path = Path(path)
+    path.write_text(
+        json.dumps(with_provenance(data, command), indent=2, allow_nan=False) + "\n",
+        encoding="utf-8",
+    )
+    return path

@@ -1,0 +1,142 @@
+"""Render the figures published in README.md, docs/ and integrations/*/README.md from results files.
+
+    .venv/bin/python scripts/render_docs.py           # rewrite every results block in place
+    .venv/bin/python scripts/render_docs.py --check   # exit 1, listing the blocks that differ
+
+A results block is an HTML comment pair around the rendered text, on one line or several:
+
+    <!-- results: NAME VIEW -->...<!-- /results -->
+
+``NAME`` is ``docs/results/NAME.json``, a file written by the command its ``provenance``
+section names (``precision_plugin.provenance``); ``VIEW`` says what to show of it:
+
+- ``value:PATH`` or ``value:PATH:FORMAT``: one number or string, ``PATH`` a dotted path into
+  the JSON (list items by index), ``FORMAT`` a Python format spec (``.2e``, ``.0f``, ``,``);
+- ``command``: the command line, as inline code;
+- ``provenance``: one sentence: the command, the date, the versions and the machine;
+- a name in ``VIEWS``: a renderer of a whole table or block, registered below.
+
+``tests/unit/test_published_figures.py`` fails when a block differs from its rendering, when a
+results file lacks its provenance, or when a results file is published nowhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+BLOCK = re.compile(
+    r"<!-- results: (?P<name>[\w.-]+) (?P<view>\S+) -->(?P<body>.*?)<!-- /results -->", re.S
+)
+
+#: Renderers of whole blocks: view name -> function(results) -> text.
+VIEWS: dict[str, Callable[[dict[str, Any]], str]] = {}
+
+
+def view(name: str) -> Callable[[Callable[[dict[str, Any]], str]], Callable[[dict[str, Any]], str]]:
+    """Register a renderer under ``name``."""
+
+    def register(fn: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
+        VIEWS[name] = fn
+        return fn
+
+    return register
+
+
+def lookup(data: Any, path: str) -> Any:
+    """The value at dotted ``path`` in ``data`` (``a.b.0.c``)."""
+    for part in path.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+@view("command")
+def _command(data: dict[str, Any]) -> str:
+    return f"`{data['provenance']['command']}`"
+
+
+@view("provenance")
+def _provenance(data: dict[str, Any]) -> str:
+    p = data["provenance"]
+    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
+    machine = p["machine"]
+    load = machine.get("load_average")
+    load_text = f", load average {load[0]:g}" if load else ""
+    return (
+        f"Produced by `{p['command']}` on {p['date'][:10]} ({versions}; "
+        f"{machine['cpus']} CPUs{load_text})."
+    )
+
+
+def render(name: str, view_name: str) -> str:
+    """The text of block ``NAME VIEW``."""
+    data = load(name)
+    if view_name.startswith("value:"):
+        _, path, *spec = view_name.split(":", 2)
+        value = lookup(data, path)
+        return format(value, spec[0]) if spec else str(value)
+    if view_name not in VIEWS:
+        raise KeyError(f"unknown view {view_name!r} (known: value:PATH[:FORMAT], {sorted(VIEWS)})")
+    return VIEWS[view_name](data)
+
+
+def load(name: str) -> dict[str, Any]:
+    """``docs/results/NAME.json``."""
+    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def published_files() -> list[Path]:
+    """Every file whose figures are published: README.md, docs/**/*.md, integrations/*/README.md."""
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "integrations").glob("*/README.md")),
+    ]
+
+
+def blocks(text: str) -> Iterator[re.Match[str]]:
+    """The results blocks in ``text``."""
+    return BLOCK.finditer(text)
+
+
+def rendered(text: str) -> str:
+    """``text`` with every results block rendered afresh."""
+
+    def one(match: re.Match[str]) -> str:
+        body = render(match["name"], match["view"])
+        # A block on several lines keeps its rendering on lines of its own.
+        if "\n" in match["body"] or "\n" in body:
+            body = f"\n{body.strip(chr(10))}\n"
+        return f"<!-- results: {match['name']} {match['view']} -->{body}<!-- /results -->"
+
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or ``--check``) every results block."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report blocks that differ")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in published_files():
+        text = path.read_text(encoding="utf-8")
+        new = rendered(text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    verb = "differ from their results files" if args.check else "re-rendered"
+    for path in stale:
+        print(f"{path}: results blocks {verb}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
