@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from precision_plugin.errors import PrecisionPluginError
+from precision_plugin.progress import ProgressFn
 
 PROG = "precision-plugin"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -428,23 +429,12 @@ def _console(stderr: bool = False) -> Any:
     return console if console.is_terminal else Console(stderr=stderr, width=100)
 
 
-def _with_progress(console: Any, work: Callable[[Callable[[str, int, int], None]], Any]) -> Any:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+def _with_progress(console: Any, work: Callable[[ProgressFn], Any]) -> Any:
+    """Run ``work(progress)`` with a bar in a terminal, plain progress lines elsewhere."""
+    from precision_plugin.progress import progress_reporter
 
-    with Progress(
-        TextColumn("{task.description:<28}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def update(description: str, completed: int, total: int) -> None:
-            bar.update(task, description=description, completed=completed, total=total)
-
-        return work(update)
+    with progress_reporter(console, prefix=f"{PROG}: ") as progress:
+        return work(progress)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

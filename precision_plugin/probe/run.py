@@ -42,9 +42,9 @@ from precision_plugin.probe.schema import (
     EngineFactory,
     ProbeConfig,
     ProbeResult,
-    ProgressFn,
 )
 from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs
+from precision_plugin.progress import ProgressFn
 
 log = logging.getLogger("precision_plugin")
 

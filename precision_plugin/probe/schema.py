@@ -27,8 +27,6 @@ DEFAULT_SEED = 0
 SELF_CHECK_DTYPE = "float32"
 
 EngineFactory = Callable[[str, str, str, int], RolloutEngine]
-#: ``progress(description, completed, total)``, called as the probe advances.
-ProgressFn = Callable[[str, int, int], None]
 
 
 #: Largest seed every rollout engine accepts (vLLM seeds numpy: 32 bits).

@@ -52,6 +52,7 @@ class Run:
     expect: dict | None = None
     ok_codes: tuple[int, ...] = (0,)
     needs: str | None = None  # "fp16-deepspeed", "dev-venv", "accelerate", "deepspeed", "trl"
+    progress: bool = False  # a long command: plain progress lines when output is not a terminal
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "
 
 COMMANDS: dict[str, Run | Elsewhere] = {
     # README.md
-    "bash scripts/dev.sh probe": Run(timeout=600, needs="dev-venv"),
+    "bash scripts/dev.sh probe": Run(timeout=600, needs="dev-venv", progress=True),
     "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command"),
     # docs/benchmarks.md
     ".venv/bin/python tests/benchmarks/bench_scaler_overhead.py --steps 400": Run(timeout=600),
@@ -128,9 +129,9 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' MODEL=... DATA=... '
     "bash integrations/verl/run_grpo.sh": Elsewhere(VERL),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
-    "precision-plugin probe": Run(timeout=600),
+    "precision-plugin probe": Run(timeout=600, progress=True),
     "precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
-        timeout=600
+        timeout=600, progress=True
     ),
     "precision-plugin probe --engine vllm --model ./my-checkpoint --dtypes fp16,bf16": Elsewhere(
         "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)"
@@ -316,6 +317,10 @@ def test_documented_command_runs_as_written(command, sandbox):
     assert proc.returncode in how.ok_codes, f"{command}\nrc={proc.returncode}\n{output[-4000:]}"
     # The Accelerate DeepSpeed YAMLs leave mixed_precision out on purpose: no warning about it.
     assert "mixed_precision='no'" not in output, output[-4000:]
+    if how.progress:  # run with pipes, as in CI or under nohup: plain lines, not a silent bar
+        phases = re.findall(r"^precision-plugin: \[\d+:\d\d:\d\d\] (.+?)(?: \d+/\d+)?$", proc.stderr, re.M)
+        assert phases[0] == "loading the trainer model", proc.stderr[-4000:]
+        assert "float16: rollout (hf)" in phases and "float16: trainer forward" in phases
     if how.expect is not None:
         report = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
         assert {k: report[k] for k in how.expect} == how.expect, report

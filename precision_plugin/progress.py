@@ -1,0 +1,109 @@
+"""Progress of long commands: a live bar in a terminal, plain lines anywhere else.
+
+In a terminal the CLI shows a rich progress bar. When its output is a CI log, a pipe or a file
+under ``nohup``, a bar would print nothing until the end, so progress becomes plain lines: one
+when a phase starts, one each time a phase passes another tenth of its work, and a heartbeat
+every ``interval`` seconds while nothing changes, so a quiet log always says where a run is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+#: ``progress(description, completed, total)``: what long-running functions call.
+ProgressFn = Callable[[str, int, int], None]
+
+#: Seconds between heartbeat lines when nothing changed (plain lines only).
+HEARTBEAT_SECONDS = 60.0
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class PlainProgress:
+    """Progress as plain lines on ``stream`` (see the module docstring)."""
+
+    def __init__(
+        self, stream: TextIO, *, prefix: str = "", interval: float = HEARTBEAT_SECONDS
+    ) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._interval = interval
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self._state: tuple[str, int, int] | None = None
+        self._tenth = -1
+        self._last_line = self._started
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+
+    def __call__(self, description: str, completed: int, total: int) -> None:
+        """Record the current phase and its progress; print a line when it is news."""
+        with self._lock:
+            phase_changed = self._state is None or self._state[0] != description
+            tenth = int(10 * completed / total) if total else -1
+            self._state = (description, completed, total)
+            if phase_changed or tenth > self._tenth:
+                self._tenth = tenth
+                self._line("")
+
+    def _line(self, suffix: str) -> None:
+        assert self._state is not None
+        description, completed, total = self._state
+        now = time.monotonic()
+        count = f" {completed}/{total}" if total else ""
+        self._stream.write(
+            f"{self._prefix}[{_clock(now - self._started)}] {description}{count}{suffix}\n"
+        )
+        self._stream.flush()
+        self._last_line = now
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(self._interval, 5.0)):
+            with self._lock:
+                quiet = time.monotonic() - self._last_line
+                if self._state is not None and quiet >= self._interval:
+                    self._line(" (still running)")
+
+    def __enter__(self) -> PlainProgress:
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._beat.join()
+
+
+@contextlib.contextmanager
+def progress_reporter(
+    console: Any, *, prefix: str = "", interval: float = HEARTBEAT_SECONDS
+) -> Iterator[ProgressFn]:
+    """A progress function for the duration of the block: a transient rich bar when
+    ``console`` (a ``rich.console.Console``) is a terminal, else plain lines on its file."""
+    if not console.is_terminal:
+        with PlainProgress(console.file, prefix=prefix, interval=interval) as plain:
+            yield plain
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(description: str, completed: int, total: int) -> None:
+            bar.update(task, description=description, completed=completed, total=total)
+
+        yield update
