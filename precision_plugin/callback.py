@@ -10,6 +10,7 @@ automatically (see ``precision_plugin.transformers``).
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,6 +56,22 @@ class _ForwardProbe:
 
 
 def _no_trainer() -> None:
+    return None
+
+
+def _calling_trainer(callback: TrainerCallback) -> Any:
+    """The trainer whose callback handler is calling ``callback`` now, or ``None``.
+
+    Transformers passes callbacks no trainer; the training loop that calls them is a method of
+    the trainer, a few frames up, and its callback handler holds ``callback``.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        handler = getattr(candidate, "callback_handler", None)
+        if any(cb is callback for cb in getattr(handler, "callbacks", ())):
+            return candidate
+        frame = frame.f_back
     return None
 
 
@@ -116,6 +133,10 @@ class PrecisionCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
+        if self.trainer is None:  # without enable(): the trainer calling this callback
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.bind(trainer)
         call_each_reported(
             "precision_train_begin",
             policy=self.policy,
@@ -136,6 +157,7 @@ class PrecisionCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._overflow.stop()
+        call_each_reported("precision_train_end", policy=self.policy, trainer=self.trainer)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The first forward has run and nothing has been stepped yet: check what it ran in.

@@ -81,6 +81,12 @@ def precision_train_begin(
 
 
 @hookspec
+def precision_train_end(policy: PrecisionPolicy, trainer: Any) -> None:
+    """Undo what ``precision_train_begin`` attached to this run (called by ``PrecisionCallback``
+    when training ends). ``trainer`` is the trainer when the callback knows it, else ``None``."""
+
+
+@hookspec
 def precision_collect_metrics(  # type: ignore[empty-body]
     policy: PrecisionPolicy, trainer: Any, logs: Any, optimizer: Any, mismatch_due: bool
 ) -> dict[str, float] | None:

@@ -75,6 +75,34 @@ def _provenance(data: dict[str, Any]) -> str:
     )
 
 
+def _recipe(relative: str) -> Any:
+    """An integration recipe (``integrations/...py``) as a module, for its own formatting."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@view("trl-recipe")
+def _trl_recipe(data: dict[str, Any]) -> str:
+    """What ``integrations/trl/grpo_fp16.py`` prints per step, and its JSON line."""
+    recipe = _recipe("integrations/trl/grpo_fp16.py")
+    lines = [recipe.step_line(row) for row in data["steps"]]
+    return "```text\n" + "\n".join([*lines, json.dumps(data["report"])]) + "\n```"
+
+
+@view("trl-audit")
+def _trl_audit(data: dict[str, Any]) -> str:
+    """The recipe's asked-vs-ran table."""
+    from precision_plugin.audit import render as render_audit
+
+    lines = render_audit(data["audit"], "asked vs ran").splitlines()
+    table = "\n".join(line.rstrip() for line in lines)
+    return f"```text\n{table}\n```"
+
+
 def render(name: str, view_name: str) -> str:
     """The text of block ``NAME VIEW``."""
     data = load(name)

@@ -2,16 +2,20 @@
 
     python integrations/trl/grpo_fp16.py --max-steps 3
     python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16   # same seed, bf16
+    python integrations/trl/grpo_fp16.py --max-steps 3 --entry callback   # PrecisionCallback alone
 
 By default everything is built in code (a tiny Llama, a character tokenizer, a toy prompt set
 and reward), so nothing is downloaded, and rollouts come from ``HFRollout`` (the plugin's HF
 engine, an inference copy of the policy in the policy dtype). Each step prints the
-train/rollout mismatch the plugin logs (``precision/k3_kl``, ...), then one JSON line with the
-loss scale, what ran and the mean mismatch. ``--model PATH`` trains a local checkpoint (loaded
-in float32: the plugin keeps master weights fp32 and autocast computes in the policy dtype);
-``--rollout vllm-colocate`` / ``--rollout vllm-server`` sample with vLLM instead (GPU; the
-plugin starts a colocated engine in the policy dtype; a server must run with
-``PRECISION_PLUGIN=<dtype>``).
+train/rollout mismatch the plugin logs (``precision/k3_kl``, ...), then the asked-vs-ran table
+and one JSON line with the loss scale, what ran and the mean mismatch (``--json FILE`` also
+writes all of it, with the command that produced it). ``--entry callback`` uses
+``PrecisionCallback(dtype)`` without ``enable()``: the flags are set by hand, and on a CPU the
+learner then runs float32 (Accelerate has no fp16 there), which the callback reports.
+``--model PATH`` trains a local checkpoint (loaded in float32: the plugin keeps master weights
+fp32 and autocast computes in the policy dtype); ``--rollout vllm-colocate`` / ``--rollout
+vllm-server`` sample with vLLM instead (GPU; the plugin starts a colocated engine in the policy
+dtype; a server must run with ``PRECISION_PLUGIN=<dtype>``).
 """
 
 from __future__ import annotations
@@ -84,9 +88,11 @@ def build_trainer(
     rollout_func: Any = None,
     peft_config: Any = None,
     seed: int = 0,
+    callback: Any = None,
     **config: Any,
 ) -> Any:
-    """A ``GRPOTrainer`` on the toy task with ``PrecisionCallback`` (call after ``enable()``).
+    """A ``GRPOTrainer`` on the toy task with ``callback`` (default ``PrecisionCallback()``,
+    whose policy comes from ``enable()``).
 
     ``rollout`` is ``hf`` (``HFRollout``), ``trl`` (TRL's own generate: no rollout log-probs,
     so no mismatch metrics), ``vllm-colocate`` or ``vllm-server``; ``rollout_func`` replaces
@@ -128,7 +134,7 @@ def build_trainer(
         args=args,
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
-        callbacks=[PrecisionCallback()],
+        callbacks=[callback or PrecisionCallback()],
         rollout_func=rollout_func,
         peft_config=peft_config,
     )
@@ -146,8 +152,22 @@ def mismatch_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
     ]
 
 
+def step_line(row: dict[str, float]) -> str:
+    """One printed line of per-step mismatch."""
+    return (
+        f"step {row['step']:>3}  k3_kl {row['k3_kl']:.3e}  k1_kl {row['k1_kl']:+.3e}  "
+        f"prob_diff_mean {row['prob_diff_mean']:.3e}  tokens {row['tokens']:.0f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train a few GRPO steps in the policy dtype and return (and print) what ran."""
+    import sys
+
+    from precision_plugin.audit import render
+    from precision_plugin.provenance import write_results
+    from precision_plugin.trl import HFRollout
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--output-dir", default=None)
@@ -157,8 +177,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--rollout", choices=["hf", "trl", "vllm-colocate", "vllm-server"], default="hf"
     )
+    parser.add_argument(
+        "--entry",
+        choices=["enable", "callback"],
+        default="enable",
+        help="enable(): the one line; callback: PrecisionCallback(dtype) alone, flags by hand",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     options = parser.parse_args(argv)
-    pp.enable(dtype=options.dtype)  # one dtype on both sides, loss scaler for float16
+    entry: dict[str, Any] = {}
+    if options.entry == "enable":
+        pp.enable(dtype=options.dtype)  # one dtype on both sides, loss scaler for float16
+    else:  # without enable(): the callback and the rollout get the dtype, the flags by hand
+        entry = {
+            "callback": PrecisionCallback(options.dtype),
+            "fp16": options.dtype == "float16",
+            "bf16": options.dtype == "bfloat16",
+        }
+        if options.rollout == "hf":
+            entry["rollout_func"] = HFRollout(options.dtype)
     try:
         trainer = build_trainer(
             options.output_dir or tempfile.mkdtemp(),
@@ -166,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rollout=options.rollout,
             model_path=options.model,
             seed=options.seed,
+            **entry,
         )
         trainer.train()
         history = trainer.state.log_history
@@ -174,25 +212,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)
         )
         rows = mismatch_rows(history)
-        for row in rows:
-            print(
-                f"step {row['step']:>3}  k3_kl {row['k3_kl']:.3e}  k1_kl {row['k1_kl']:+.3e}  "
-                f"prob_diff_mean {row['prob_diff_mean']:.3e}  tokens {row['tokens']:.0f}"
-            )
+        audit = callback.audit()
         report = {
+            "entry": options.entry,
             "dtype": options.dtype,
             "fp16": trainer.args.fp16,
             "bf16": trainer.args.bf16,
             "forward_dtype": str(callback.forward_dtype).removeprefix("torch."),
-            "rollout_dtype": callback.audit()["rollout"]["dtype"],
+            "rollout_dtype": audit["rollout"]["dtype"],
             "loss_scale": last.get("precision/loss_scale"),
             "skipped_steps": last.get("precision/skipped_steps"),
             "steps": trainer.state.global_step,
+            "mismatch_steps": len(rows),
             "mean_k3_kl": sum(r["k3_kl"] for r in rows) / len(rows) if rows else None,
         }
     finally:
         pp.disable()
+    for row in rows:
+        print(step_line(row))
+    print(render(audit, "asked vs ran"), end="")
     print(json.dumps(report))
+    if options.json:
+        words = sys.argv[1:] if argv is None else argv
+        command = ["python", "integrations/trl/grpo_fp16.py", *words]
+        write_results(options.json, {"report": report, "steps": rows, "audit": audit}, command)
     return report
 
 

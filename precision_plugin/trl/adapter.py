@@ -91,7 +91,10 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
 def precision_train_begin(
     policy: PrecisionPolicy, args: Any, state: Any, model: Any, trainer: Any
 ) -> None:
-    """Warn about TRL options that change parameter dtypes after the first step."""
+    """Warn about TRL options that change parameter dtypes after the first step; without
+    ``enable()``, measure this GRPO trainer's mismatch (the callback's own trainer)."""
+    if trainer is not None and policy.metrics.enabled:
+        trl_telemetry.attach(trainer, policy)
     if policy.uses_loss_scaler and getattr(args, "use_transformers_continuous_batching", False):
         log.warning(
             "precision_plugin: use_transformers_continuous_batching=True makes TRL cast the "
@@ -99,6 +102,12 @@ def precision_train_begin(
             "parameters ('Attempting to unscale FP16 gradients'). Fix: turn it off, or use vLLM "
             "for generation (use_vllm=True)."
         )
+
+
+@hookimpl
+def precision_train_end(trainer: Any) -> None:
+    """Remove the per-trainer telemetry ``precision_train_begin`` attached."""
+    trl_telemetry.detach(trainer)
 
 
 @hookimpl

@@ -7,9 +7,11 @@ side is what TRL itself treats as π_old: ``inputs["old_per_token_logps"]`` when
 (at generation time, with the weights the rollout used), else the per-token log-probs of the
 loss computation (TRL skips the old forward exactly when that one is on-policy). No forward is
 added: two wrappers read what ``_compute_loss`` receives and what
-``_get_per_token_logps_and_entropies`` returns inside it. The mask is TRL's
-``completion_mask`` (times ``tool_mask``). Each rollout slice is counted once even when TRL
-reuses it (``num_iterations > 1``); evaluation batches are not counted.
+``_get_per_token_logps_and_entropies`` returns inside it. ``enable()`` installs them on
+``GRPOTrainer`` itself; a ``PrecisionCallback`` without ``enable()`` installs them on its own
+trainer for the length of ``train()`` (``attach``). The mask is TRL's ``completion_mask``
+(times ``tool_mask``). Each rollout slice is counted once even when TRL reuses it
+(``num_iterations > 1``); evaluation batches are not counted.
 
 Per process the wrappers add [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums]; at a
 due log every process gathers them, so the figures are token-weighted over the whole batch and
@@ -20,12 +22,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
 
 #: Attribute holding a trainer's accumulator (an attribute of the trainer itself: no module state).
 ATTR = "_precision_plugin_mismatch"
+#: Attribute holding the patcher of a trainer measured on its own (``attach``).
+PATCHER_ATTR = "_precision_plugin_telemetry"
 
 
 class MismatchAccumulator:
@@ -160,3 +165,44 @@ def per_token_logps(original: Callable[..., Any], self: Any, *args: Any, **kwarg
     if acc is not None and acc.capturing and acc.captured is None:
         acc.captured = result[0].detach()
     return result
+
+
+def attach(trainer: Any, policy: PrecisionPolicy) -> bool:
+    """Measure the mismatch on ``trainer`` alone, until ``detach(trainer)``.
+
+    For a ``PrecisionCallback`` used without ``enable()``: the same two wrappers, installed on
+    this trainer instance instead of on ``GRPOTrainer``. Returns ``False`` (and does nothing)
+    when ``trainer`` is not a GRPO trainer, or when ``enable()`` already measures every one.
+    """
+    from precision_plugin.patching import Patcher, is_patched
+
+    cls = type(trainer)
+    compute = getattr(cls, "_compute_loss", None)
+    logps = getattr(cls, "_get_per_token_logps_and_entropies", None)
+    if compute is None or logps is None or is_patched(compute) or PATCHER_ATTR in vars(trainer):
+        return False
+
+    def on_instance(advice: Callable[..., Any]) -> Callable[..., Any]:
+        # The wrappers take the class's calling convention (original, self, *args).
+        def instance_advice(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return advice(lambda _self, *a, **k: original(*a, **k), trainer, *args, **kwargs)
+
+        return instance_advice
+
+    reason = "PrecisionCallback without enable(): the mismatch of this trainer only"
+    patcher = Patcher("precision_plugin.PrecisionCallback")
+    advice = on_instance(partial(compute_loss, policy))
+    patcher.around(trainer, "_compute_loss", advice, reason=reason)
+    patcher.around(
+        trainer, "_get_per_token_logps_and_entropies", on_instance(per_token_logps), reason=reason
+    )
+    patcher.setattr(trainer, PATCHER_ATTR, patcher, reason=reason)
+    return True
+
+
+def detach(trainer: Any) -> None:
+    """Remove what [`attach`][precision_plugin.trl.telemetry.attach] installed on ``trainer``
+    (the accumulator stays, so metrics not yet logged can still be flushed)."""
+    patcher = vars(trainer).get(PATCHER_ATTR) if trainer is not None else None
+    if patcher is not None:
+        patcher.restore()

@@ -177,6 +177,12 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16": Run(
         timeout=600, needs="trl"
     ),
+    # the callback without enable(): the mismatch metrics at every step all the same
+    "python integrations/trl/grpo_fp16.py --max-steps 3 --entry callback": Run(
+        timeout=600,
+        needs="trl",
+        expect={"entry": "callback", "rollout_dtype": "float16", "mismatch_steps": 3},
+    ),
     # integrations/accelerate/README.md
     "accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(

@@ -230,3 +230,31 @@ def test_trl_qlora_adapter_cast_is_undone_on_peft_modules(tmp_path):
     lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
     assert {p.dtype for p in lora.values()} == {torch.float32}
     assert all(e["precision/loss_scale"] > 0 for e in _train_logs(trainer))
+
+
+def _mismatch_logs(trainer) -> list[dict]:
+    return [{k: v for k, v in e.items() if k.removeprefix("precision/") in CORE} for e in _train_logs(trainer)]
+
+
+def test_the_callback_alone_measures_what_enable_measures(tmp_path, monkeypatch):
+    """callbacks=[PrecisionCallback()] without enable(): the same precision/* metrics, step by
+    step, as enable() on the same seed and settings; nothing left on the trainer after train()."""
+    from trl import GRPOTrainer
+
+    monkeypatch.setenv("PRECISION_PLUGIN", "bfloat16")  # the callback's and HFRollout's policy
+    before = dict(vars(GRPOTrainer))
+    alone = _recipe().build_trainer(str(tmp_path / "alone"), 3, seed=2, bf16=True)
+    alone.train()
+    assert dict(vars(GRPOTrainer)) == before  # nothing patched on the class
+    assert not {"_compute_loss", "_get_per_token_logps_and_entropies"} & set(vars(alone))
+    assert _callback(alone).trainer is alone  # found without enable()'s binding
+    pp.enable(dtype="bfloat16")
+    try:
+        enabled = _recipe().build_trainer(str(tmp_path / "enabled"), 3, seed=2, bf16=True)
+        enabled.train()
+    finally:
+        pp.disable()
+    measured = _mismatch_logs(alone)
+    assert len(measured) == 3 and all(set(m) == {f"precision/{k}" for k in CORE} for m in measured)
+    assert measured == _mismatch_logs(enabled)
+    assert all(m["precision/k3_kl"] > 0 for m in measured)

@@ -195,6 +195,10 @@ class _Raises:
         self._maybe("precision_train_begin")
 
     @hookimpl
+    def precision_train_end(self, policy: Any) -> None:
+        self._maybe("precision_train_end")
+
+    @hookimpl
     def precision_collect_metrics(self, policy: Any) -> dict[str, float]:
         self._maybe("precision_collect_metrics")
         return {"raises_metric": 1.0}
@@ -205,10 +209,15 @@ class _Healthy:
 
     def __init__(self) -> None:
         self.train_begin = 0
+        self.train_end = 0
 
     @hookimpl
     def precision_train_begin(self, policy: Any) -> None:
         self.train_begin += 1
+
+    @hookimpl
+    def precision_train_end(self, policy: Any) -> None:
+        self.train_end += 1
 
     @hookimpl
     def precision_collect_metrics(self, policy: Any) -> dict[str, float]:
@@ -246,6 +255,12 @@ def _exercise(hook: str, healthy: _Healthy, caplog: pytest.LogCaptureFixture) ->
             assert metrics["precision/healthy_metric"] == 2.0
             assert ("precision/raises_metric" in metrics) == (hook != "precision_collect_metrics")
             assert f"broken {hook}" in caplog.text and "'raises'" in caplog.text
+        elif hook == "precision_train_end":
+            callback = pp.PrecisionCallback()
+            callback.on_train_begin(_args(), types.SimpleNamespace(), None)
+            callback.on_train_end(_args(), types.SimpleNamespace(), None)
+            assert healthy.train_end == 1
+            assert "broken precision_train_end" in caplog.text and "'raises'" in caplog.text
     finally:
         assert pp.disable() is True  # never raises, even when an uninstall hook does
     if hook == "precision_uninstall":
@@ -258,6 +273,7 @@ HOOKS = [
     "precision_doctor",
     "precision_probe_engines",
     "precision_train_begin",
+    "precision_train_end",
     "precision_collect_metrics",
 ]
 
