@@ -177,8 +177,19 @@ class PrecisionCallback(TrainerCallback):
         probe.remove()
         self.forward_dtype = probe.dtype
         wanted = self.policy.torch_dtype
-        if probe.dtype is not None and probe.dtype != wanted:
+        if probe.dtype is not None and probe.dtype not in (wanted, self._engine_fallback()):
             _report_forward(self.policy, probe.dtype, args)
+
+    def _engine_fallback(self) -> Any:
+        """The dtype a DeepSpeed engine of this run was set to instead of the policy's, because
+        its accelerator refuses the policy dtype (reported when it was decided), or ``None``."""
+        if not getattr(self.trainer, "is_deepspeed_enabled", False):
+            return None
+        from precision_plugin.deepspeed import engine_dtype
+        from precision_plugin.policy import torch_dtype
+
+        runs = engine_dtype(getattr(self.trainer, "model_wrapped", None))
+        return None if runs in (None, self.policy.dtype) else torch_dtype(runs)
 
     def audit(self) -> dict[str, Any]:
         """What each side was asked to run and what runs: the learner (flags, Accelerate's

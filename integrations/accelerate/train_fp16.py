@@ -23,7 +23,7 @@ from accelerate import Accelerator
 
 import precision_plugin as pp
 from precision_plugin.accelerate import accelerator_stats
-from precision_plugin.deepspeed import config_policy, engine_scaler_stats
+from precision_plugin.deepspeed import config_policy, engine_dtype, engine_scaler_stats
 
 
 def the_policy(dtype: str | None, growth_interval: int | None) -> pp.PrecisionPolicy:
@@ -70,10 +70,13 @@ def main() -> None:
     engine = getattr(accelerator, "deepspeed_engine_wrapped", None)
     if engine is not None:
         stats = engine_scaler_stats(engine.engine)
+        runs = engine_dtype(engine.engine)  # float32 where DeepSpeed refuses the policy's
     else:
         stats = accelerator_stats(accelerator)
+        runs = pp.current_policy().dtype
     report = {
         "mixed_precision": accelerator.mixed_precision,
+        "engine_dtype": runs,
         "forward_dtype": str(seen[-1]).removeprefix("torch."),
         "loss_scale": stats.scale if stats else None,
         "growth_interval": accelerator.scaler.get_growth_interval() if accelerator.scaler else None,

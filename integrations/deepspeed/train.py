@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import precision_plugin as pp
-from precision_plugin.deepspeed import config_policy, engine_scaler_stats
+from precision_plugin.deepspeed import config_policy, engine_dtype, engine_scaler_stats
 
 
 def one_process_world() -> None:
@@ -122,6 +122,7 @@ def main() -> None:
     ds = engine.config if isinstance(engine.config, dict) else {}
     report = {
         "policy_dtype": policy.dtype,
+        "engine_dtype": engine_dtype(engine),  # float32 where DeepSpeed refuses the policy's
         "deepspeed_fp16": bool(ds.get("fp16", {}).get("enabled")),
         "deepspeed_bf16": bool(ds.get("bf16", {}).get("enabled")),
         "forward_dtype": str(seen[-1]).removeprefix("torch."),

@@ -7,6 +7,8 @@ Public API:
 - [`engine_scaler_stats`][precision_plugin.deepspeed.engine_scaler_stats]: the engine's loss scale
   and skipped steps as a [`ScalerStats`][precision_plugin.scaler.ScalerStats], whatever the ZeRO
   stage.
+- [`engine_dtype`][precision_plugin.deepspeed.engine_dtype]: the dtype the plugin runs an engine
+  in (the policy's, or float32 where DeepSpeed's accelerator refuses it).
 - [`track_engine`][precision_plugin.deepspeed.track_engine]: per-step telemetry and the
   loss-scale-floor check for one engine (``enable()`` does it for every engine
   ``deepspeed.initialize`` builds).
@@ -28,12 +30,13 @@ from precision_plugin.deepspeed.config import (
     load_config,
     translate,
 )
-from precision_plugin.deepspeed.telemetry import engine_scaler_stats, track_engine
+from precision_plugin.deepspeed.telemetry import engine_dtype, engine_scaler_stats, track_engine
 
 __all__ = [
     "SECTION",
     "apply_config",
     "config_policy",
+    "engine_dtype",
     "engine_scaler_stats",
     "load_config",
     "track_engine",

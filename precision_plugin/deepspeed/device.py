@@ -152,3 +152,30 @@ def check_engine_dtype(policy: PrecisionPolicy) -> str:
         f"{ways_out(policy, support)}",
     )
     return "float32"
+
+
+#: DeepSpeed's CPU communication op, compiled on first use where no prebuilt one ships.
+_CPU_COMM_OP = "deepspeed_shm_comm"
+
+
+def pending_cpu_build() -> str | None:
+    """The folder DeepSpeed will compile its CPU communication op into on the first run here
+    (a few minutes on a small CPU, once: later runs load it from there), or ``None`` when no
+    build is due (another accelerator, a prebuilt op, or one compiled already)."""
+    if deepspeed_support().accelerator != "cpu":
+        return None
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = _get_build_directory(_CPU_COMM_OP, verbose=False)
+    except Exception:  # torch's private helper moved: say nothing rather than guess
+        return None
+    return None if os.path.isfile(os.path.join(folder, f"{_CPU_COMM_OP}.so")) else folder
+
+
+def build_notice(folder: str) -> str:
+    """One sentence for a user about to wait for DeepSpeed's first CPU build."""
+    return (
+        f"DeepSpeed compiles its CPU communication op ({_CPU_COMM_OP}) on this first run: "
+        f"expect 2-5 minutes of silence on a small CPU; it is cached in {folder} for later runs"
+    )

@@ -4,7 +4,13 @@ whether DeepSpeed's accelerator can run fp16."""
 from __future__ import annotations
 
 from precision_plugin.deepspeed.config import SECTION, apply_config
-from precision_plugin.deepspeed.device import deepspeed_support, unsupported_message, ways_out
+from precision_plugin.deepspeed.device import (
+    build_notice,
+    deepspeed_support,
+    pending_cpu_build,
+    unsupported_message,
+    ways_out,
+)
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -51,6 +57,9 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
         )
     if policy.dtype != "float32":
         findings.extend(_device_findings(policy))
+    pending = pending_cpu_build()
+    if pending is not None:
+        findings.append(Finding("deepspeed", "info", build_notice(pending)))
     return findings
 
 

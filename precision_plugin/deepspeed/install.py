@@ -13,7 +13,7 @@ from typing import Any
 
 from precision_plugin import frameworks
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
-from precision_plugin.deepspeed.device import check_engine_dtype
+from precision_plugin.deepspeed.device import build_notice, check_engine_dtype, pending_cpu_build
 from precision_plugin.deepspeed.telemetry import track_engine
 from precision_plugin.errors import settle_conflict
 from precision_plugin.patching import Patcher
@@ -52,6 +52,9 @@ def _initialize(
         if runs != resolved.dtype:
             resolved = resolved.replace(dtype=runs)
             arguments[key] = _precision_off(arguments[key])
+    pending = pending_cpu_build()
+    if pending is not None:
+        log.warning("precision_plugin: %s.", build_notice(pending))
     result = original(*bound.args, **bound.kwargs)
     track_engine(result[0], resolved)
     return result

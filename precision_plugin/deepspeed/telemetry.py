@@ -139,6 +139,13 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     )
 
 
+def engine_dtype(engine: Any) -> str | None:
+    """The dtype the plugin runs ``engine`` in: the policy's, or float32 where DeepSpeed's
+    accelerator refuses the policy dtype (``None`` for an engine the plugin does not track)."""
+    tracker = tracker_of(engine)
+    return tracker.policy.dtype if tracker is not None else None
+
+
 def tracker_of(engine: Any) -> _EngineTracker | None:
     """The tracker [`track_engine`][precision_plugin.deepspeed.track_engine] gave ``engine``."""
     try:

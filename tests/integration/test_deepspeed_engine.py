@@ -15,7 +15,7 @@ pytest.importorskip("deepspeed")
 import torch
 
 import precision_plugin as pp
-from precision_plugin.deepspeed import apply_config, engine_scaler_stats, track_engine
+from precision_plugin.deepspeed import apply_config, engine_dtype, engine_scaler_stats, track_engine
 from precision_plugin.manager import get_plugin_manager
 from tests.integration import ds_cpu
 
@@ -203,6 +203,7 @@ def test_fp16_on_an_accelerator_without_it_is_refused_before_deepspeed(
         engine = _init(deepspeed, ds_cpu.ds_config(2, section={}))
     assert "this engine runs float32 instead" in caplog.text
     assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert engine_dtype(engine) == "float32"
     assert {p.dtype for p in engine.module.parameters()} == {torch.float32}
 
 

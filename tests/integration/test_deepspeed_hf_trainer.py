@@ -102,6 +102,31 @@ def test_hf_trainer_trains_fp16_from_recipe(ds_env, tmp_path, recipe, flags):
 
 
 @pytest.mark.slow
+def test_an_accelerator_without_fp16_gets_one_consistent_answer(ds_env, tmp_path, monkeypatch, caplog):
+    """DeepSpeed refuses fp16 here: the plugin runs the engine in float32 and says so once;
+    the callback does not then advise enable() (which ran) about the float32 forward."""
+    import logging
+
+    from deepspeed.accelerator import get_accelerator
+
+    from precision_plugin.deepspeed import engine_dtype
+
+    acc = get_accelerator()
+    if type(acc).is_fp16_supported(acc):
+        pytest.skip("DeepSpeed's accelerator runs fp16 here")
+    monkeypatch.delattr(acc, "is_fp16_supported")  # lift the seam for this test
+    pp.enable()
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        trainer, _ = _train(tmp_path, "zero2_fp16.json")
+    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, pp.PrecisionCallback))
+    assert engine_dtype(trainer.model_wrapped) == "float32"
+    assert callback.forward_dtype == torch.float32
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("this engine runs float32 instead" in w for w in warnings) == 1
+    assert not any("call precision_plugin.enable()" in w for w in warnings), warnings
+
+
+@pytest.mark.slow
 def test_deepspeed_adapter_alone_settles_hf_flags(ds_env, tmp_path, caplog):
     """Only the DeepSpeed adapter on: it alone reconciles TrainingArguments(bf16=True)."""
     import logging

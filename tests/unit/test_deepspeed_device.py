@@ -135,3 +135,33 @@ def test_the_engine_check_refuses_or_says_what_runs(monkeypatch, caplog) -> None
         assert device.check_engine_dtype(PrecisionPolicy()) == "float32"
     assert "runs float32 instead" in caplog.text
     assert device.check_engine_dtype(PrecisionPolicy(dtype="bfloat16")) == "bfloat16"
+
+
+# -- the first run's build of DeepSpeed's CPU communication op -----------------------------------
+def _cpu_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        device, "deepspeed_support", lambda: device.DeviceSupport("cpu", False, True, "predicted")
+    )
+
+
+def test_a_pending_cpu_build_is_announced_with_its_cache_folder(monkeypatch, tmp_path) -> None:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    _cpu_support(monkeypatch)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = _get_build_directory("deepspeed_shm_comm", verbose=False)
+    assert folder.startswith(str(tmp_path))
+    assert device.pending_cpu_build() == folder
+    finding = next(f for f in precision_doctor(PrecisionPolicy()) if "compiles" in f.message)
+    assert finding.status == "info" and folder in finding.message and "2-5 minutes" in finding.message
+    (tmp_path / folder / "deepspeed_shm_comm.so").write_bytes(b"")  # built once: no more notice
+    assert device.pending_cpu_build() is None
+    assert not any("compiles" in f.message for f in precision_doctor(PrecisionPolicy()))
+
+
+def test_no_cpu_build_on_another_accelerator(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(
+        device, "deepspeed_support", lambda: device.DeviceSupport("cuda", True, True, "predicted")
+    )
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert device.pending_cpu_build() is None
