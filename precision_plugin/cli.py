@@ -190,6 +190,13 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         default=None,
         help="policy dtype to check (default: $PRECISION_PLUGIN, else float16)",
     )
+    doctor.add_argument(
+        "--frameworks",
+        metavar="NAMES",
+        default=None,
+        help="the frameworks your run uses, comma-separated (e.g. trl,vllm): only their "
+        "problems block (default: every installed framework)",
+    )
     _add_verl_overrides(sub)
     return parser
 
@@ -440,7 +447,8 @@ def _with_progress(console: Any, work: Callable[[ProgressFn], Any]) -> Any:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from precision_plugin.doctor import doctor_policy, render_report, run_doctor
 
-    report = run_doctor(doctor_policy(args.dtype))
+    frameworks = args.frameworks.split(",") if args.frameworks is not None else None
+    report = run_doctor(doctor_policy(args.dtype), frameworks)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:

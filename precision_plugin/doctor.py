@@ -3,14 +3,17 @@
 The core reports framework versions, the accelerator and whether it supports the policy dtype;
 every adapter adds its own findings through the ``precision_doctor`` hook (cascade-attention
 verdict, TRL ↔ vLLM range, what ``enable()`` would patch). A framework that is not installed is
-"not used", never an error. Any finding with status ``error`` makes the command exit 1.
+"not used", never an error. Any finding with status ``error`` makes the command exit 1, for the
+frameworks the user runs: ``--frameworks trl,vllm`` says which (default: every installed one);
+an error of a framework outside them is shown as a warning that does not block.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from precision_plugin.manager import resolve_policy
@@ -37,6 +40,8 @@ class DoctorReport:
     versions: dict[str, dict[str, str] | None]
     accelerator: AcceleratorInfo
     findings: list[Finding] = field(default_factory=list)
+    #: The frameworks whose errors block (``None``: every installed one).
+    frameworks: tuple[str, ...] | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -57,6 +62,7 @@ class DoctorReport:
                 "supports_bf16": acc.supports_bf16,
             },
             "findings": [f.to_dict() for f in self.findings],
+            "frameworks": list(self.frameworks) if self.frameworks is not None else None,
             "errors": len(self.errors),
         }
 
@@ -144,13 +150,67 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
     return findings
 
 
-def run_doctor(policy: PrecisionPolicy | None = None) -> DoctorReport:
-    """Collect everything ``doctor`` reports for ``policy`` (default: ``doctor_policy``)."""
+#: What running a framework also runs: its findings block too.
+_RUNS_ALSO: dict[str, tuple[str, ...]] = {
+    "trl": ("transformers", "accelerate"),
+    "transformers": ("accelerate",),
+}
+
+
+def known_frameworks(findings: Iterable[Finding] = ()) -> list[str]:
+    """The names ``--frameworks`` accepts: the frameworks the plugin knows, every registered
+    adapter's name, and every framework a finding names."""
+    from precision_plugin.manager import get_plugin_manager
+
+    names = {name for name, _ in get_plugin_manager().list_name_plugin() if name}
+    names |= set(FRAMEWORKS) | {f.framework for f in findings}
+    return sorted(n for n in names - {"accelerator"} if not n.startswith("_") and "." not in n)
+
+
+def frameworks_in_use(names: Iterable[str], findings: Iterable[Finding] = ()) -> tuple[str, ...]:
+    """``names`` (e.g. ``["trl", "vllm"]``) checked against
+    [`known_frameworks`][precision_plugin.doctor.known_frameworks], with what each also runs
+    (TRL runs on transformers and Accelerate). Unknown names are one
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] naming the known."""
+    from precision_plugin.errors import PrecisionConfigError
+
+    asked = [n.strip().lower() for n in names if n.strip()]
+    known = known_frameworks(findings)
+    unknown = [n for n in asked if n not in known]
+    if unknown or not asked:
+        found = ", ".join(map(repr, unknown)) if unknown else "nothing"
+        raise PrecisionConfigError(
+            f"frameworks: got {found}; name the frameworks your run uses, comma-separated, "
+            f"from: {', '.join(known)} (e.g. --frameworks trl,vllm)"
+        )
+    used = {n for name in asked for n in (name, *_RUNS_ALSO.get(name, ()))}
+    return tuple(sorted(used))
+
+
+def run_doctor(
+    policy: PrecisionPolicy | None = None, frameworks: Iterable[str] | None = None
+) -> DoctorReport:
+    """Collect everything ``doctor`` reports for ``policy`` (default: ``doctor_policy``).
+
+    ``frameworks``: the frameworks the run uses (see
+    [`frameworks_in_use`][precision_plugin.doctor.frameworks_in_use]); an error of any other
+    installed framework becomes a warning saying it does not block. Default: all of them.
+    """
     policy = policy or doctor_policy()
     acc = accelerator()
-    report = DoctorReport(policy, installed_versions(), acc)
+    found = adapter_findings(policy)
+    scope = frameworks_in_use(frameworks, found) if frameworks is not None else None
+    report = DoctorReport(policy, installed_versions(), acc, frameworks=scope)
     report.findings.extend(core_findings(policy, acc))
-    report.findings.extend(adapter_findings(policy))
+    for finding in found:
+        if scope is not None and finding.status == "error" and finding.framework not in scope:
+            finding = replace(
+                finding,
+                status="warning",
+                message=f"{finding.message} (not blocking: your run does not use "
+                f"{finding.framework}, by --frameworks)",
+            )
+        report.findings.append(finding)
     return report
 
 
@@ -182,5 +242,12 @@ def render_report(report: DoctorReport, console: Any) -> None:
     n = len(report.errors)
     if n:
         console.print(f"[bold red]{n} blocking problem(s)[/]: fix the 'error' rows above.")
+        outside = {f.framework for f in report.errors} - {"accelerator"}
+        if report.frameworks is None and outside:
+            console.print(
+                f"Not running {', '.join(sorted(outside))}? Say what your run uses, e.g. "
+                f"[bold]precision-plugin doctor --frameworks trl,vllm[/]: only their problems "
+                f"block."
+            )
     else:
         console.print("[green]no blocking problem[/]")

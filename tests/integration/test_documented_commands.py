@@ -146,7 +146,13 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "precision-plugin doctor": Run(ok_codes=(0, 1)),
     "precision-plugin doctor --dtype bf16": Run(ok_codes=(0, 1)),
     "precision-plugin doctor --json": Run(ok_codes=(0, 1)),
+    # only what the run uses blocks: TRL and vLLM have no blocking problem on this machine
+    "precision-plugin doctor --frameworks trl,vllm": Run(),
     # docs/quickstart.md: installs (test_install_commands_name_real_extras checks the extras)
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": Elsewhere(
+        "downloads PyTorch's CPU build from its own index; CI installs the same CPU build from "
+        "this machine's local wheel through constraints.txt (scripts/dev.sh)"
+    ),
     'pip install ".[plot]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
     'pip install ".[trl]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
     'pip install ".[deepspeed]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),

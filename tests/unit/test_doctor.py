@@ -143,3 +143,32 @@ def test_accelerator_row_says_what_it_supports(capsys: pytest.CaptureFixture[str
     first = data["findings"][0]
     assert first["framework"] == "accelerator"
     assert "fp16 " in first["message"] and "bf16 " in first["message"]
+
+
+def test_only_the_frameworks_a_run_uses_block(register, capsys: pytest.CaptureFixture[str]) -> None:
+    register(_Plugin([Finding("fakefw", "error", "blocked", fix="do X")]), "test-error")
+    rc, data = _doctor_json(capsys, "--dtype", "bf16", "--frameworks", "trl")
+    assert data["frameworks"] == ["accelerate", "transformers", "trl"]  # what TRL runs on
+    found = [f for f in data["findings"] if f["framework"] == "fakefw"]
+    assert [(f["status"], f["message"]) for f in found] == [
+        ("warning", "blocked (bfloat16) (not blocking: your run does not use fakefw, by --frameworks)")
+    ]
+    assert rc == (1 if data["errors"] else 0)
+    assert all(f["framework"] in data["frameworks"] + ["accelerator"] for f in data["findings"] if f["status"] == "error")
+    rc, data = _doctor_json(capsys, "--dtype", "bf16", "--frameworks", "TRL, fakefw")
+    assert rc == 1 and "fakefw" in data["frameworks"]
+    assert [f["status"] for f in data["findings"] if f["framework"] == "fakefw"] == ["error"]
+
+
+def test_a_blocking_problem_of_an_unnamed_framework_suggests_frameworks(register, capsys) -> None:
+    register(_Plugin([Finding("fakefw", "error", "blocked", fix="do X")]), "test-error")
+    assert main(["doctor", "--dtype", "bf16"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Not running fakefw? Say what your run uses, e.g. precision-plugin doctor --frameworks trl,vllm" in out
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "trl,,nope"])
+def test_unknown_frameworks_are_one_line_naming_the_known(value, capsys) -> None:
+    assert main(["doctor", "--frameworks", value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "frameworks: got" in err and "deepspeed, " in err
