@@ -1,4 +1,5 @@
-"""The ``precision-plugin`` command line: ``probe``, ``sanity``, ``doctor`` and ``verl-overrides``.
+"""The ``precision-plugin`` command line: ``probe``, ``sanity``, ``doctor``, ``verl-overrides`` and
+``openrlhf-args``.
 
 Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
 ``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback).
@@ -198,6 +199,7 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         "problems block (default: every installed framework)",
     )
     _add_verl_overrides(sub)
+    _add_openrlhf_args(sub)
     return parser
 
 
@@ -218,7 +220,7 @@ def _add_verl_overrides(sub: Any) -> None:
     )
     verl.add_argument(
         "--strategy",
-        choices=("fsdp", "fsdp2", "megatron"),
+        choices=("fsdp", "fsdp2", "fsdp_turbo", "megatron"),
         default="fsdp",
         help="verl learner strategy (default: fsdp)",
     )
@@ -237,6 +239,70 @@ def _cmd_verl_overrides(args: argparse.Namespace) -> int:
     lines = overrides(policy, verl_version=args.verl_version, strategy=args.strategy)
     sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
+
+
+def _add_openrlhf_args(sub: Any) -> None:
+    orl = sub.add_parser(
+        "openrlhf-args",
+        help="the train_ppo_ray arguments and Ray runtime env that make OpenRLHF follow the policy",
+        description=(
+            "Print the arguments for `python -m openrlhf.cli.train_ppo_ray ... "
+            "$(precision-plugin openrlhf-args)`, one per line; --runtime-env prints the Ray "
+            "runtime env (PRECISION_PLUGIN for the vLLM engine actors) as JSON; --check parses "
+            "the train_ppo_ray arguments after it with the installed OpenRLHF's parser and "
+            "checks them (exit 1 on a contradiction)."
+        ),
+    )
+    orl.add_argument(
+        "--dtype",
+        type=_single_dtype,
+        default=None,
+        help="policy dtype (default: $PRECISION_PLUGIN, else float16)",
+    )
+    orl.add_argument(
+        "--openrlhf-version",
+        default=None,
+        help="OpenRLHF version to target (default: the installed one)",
+    )
+    mode = orl.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--runtime-env", action="store_true", help="print the Ray runtime env as JSON"
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="check the train_ppo_ray arguments that follow (after --)",
+    )
+    orl.add_argument("openrlhf_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _cmd_openrlhf_args(args: argparse.Namespace) -> int:
+    import json
+
+    from precision_plugin import openrlhf
+    from precision_plugin.manager import resolve_policy
+
+    policy = resolve_policy()
+    if args.dtype:
+        policy = policy.replace(dtype=args.dtype)
+    argv = list(args.openrlhf_argv)
+    argv = argv[1:] if argv[:1] == ["--"] else argv
+    if argv and not args.check:
+        raise _UsageError(f"unexpected arguments {argv!r}; to check them pass --check -- ARGS")
+    if args.runtime_env:
+        sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
+        return EXIT_OK
+    if not args.check:
+        lines = openrlhf.args(policy, openrlhf_version=args.openrlhf_version)
+        sys.stdout.write("\n".join(lines) + "\n")
+        return EXIT_OK
+    parsed = openrlhf.parse_args(argv)
+    findings = openrlhf.find_problems(parsed, policy, openrlhf_version=args.openrlhf_version)
+    for f in findings:
+        sys.stdout.write(f"{f.status}: {f.message}\n" + (f"  fix: {f.fix}\n" if f.fix else ""))
+    errors = sum(f.status == "error" for f in findings)
+    sys.stdout.write(f"{errors} contradiction(s) with the {policy.dtype} policy\n")
+    return EXIT_FAILED if errors else EXIT_OK
 
 
 def _add_sanity_parser(sub: Any) -> None:
@@ -482,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_probe(args)
         if args.command == "verl-overrides":
             return _cmd_verl_overrides(args)
+        if args.command == "openrlhf-args":
+            return _cmd_openrlhf_args(args)
         if args.command == "sanity":
             _quiet_transformers()
             return _cmd_sanity(args)

@@ -198,6 +198,19 @@ def vllm_dtype(policy: PrecisionPolicy) -> str:
     return policy.dtype
 
 
+# -- OpenRLHF --------------------------------------------------------------------------------
+def openrlhf_param_dtype(policy: PrecisionPolicy) -> str | None:
+    """OpenRLHF's ``--ds.param_dtype`` for ``policy``: ``fp16`` or ``bf16`` (Accelerate's
+    spelling); ``None`` for float32, which OpenRLHF's learner cannot run (choices bf16, fp16)."""
+    return None if policy.dtype == "float32" else _MIXED_PRECISION[policy.dtype]
+
+
+def openrlhf_learner_dtype(param_dtype: str) -> str | None:
+    """The policy dtype an OpenRLHF ``--ds.param_dtype`` value trains in, or ``None``."""
+    found = [d for d, name in _MIXED_PRECISION.items() if name == param_dtype and d != "float32"]
+    return found[0] if found else None
+
+
 # -- one decision per object -----------------------------------------------------------------
 _SETTLED = "__precision_plugin_settled__"
 

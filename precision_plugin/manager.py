@@ -32,6 +32,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "trl": "precision_plugin.trl.adapter",
     "vllm": "precision_plugin.vllm.adapter",
     "verl": "precision_plugin.verl.adapter",
+    "openrlhf": "precision_plugin.openrlhf.adapter",
 }
 
 _lock = threading.RLock()

@@ -21,6 +21,8 @@ from precision_plugin.verl.layout import (
     NEW_ENGINE_SINCE,
     ROLLOUT,
     SHORT_NAME,
+    TURBO_AUTOCAST,
+    TURBO_PARAM_DTYPE,
     VERL_FSDP_SCALER,
     Layout,
     canonical_dtype,
@@ -147,6 +149,42 @@ def _fsdp_findings(
     return out
 
 
+def _turbo_findings(
+    role: str, path: str, section: Any, policy: PrecisionPolicy, lay: Layout
+) -> list[Contradiction]:
+    name = _ROLE_NAMES[role]
+    strategy_key = "critic.strategy" if role == "critic" else "actor_rollout_ref.actor.strategy"
+    if policy.dtype != TURBO_AUTOCAST:
+        return [
+            Contradiction(
+                strategy_key,
+                f"the {name} uses strategy=fsdp_turbo, whose engine (verl {lay.version}) replaces "
+                f"_build_fsdp_module, where the FSDP engine sets its autocast dtype and float16 "
+                f"loss scaler: it autocasts in {TURBO_AUTOCAST} with no loss scaler whatever "
+                f"mixed_precision or turbo_config say, so it cannot run the {policy.dtype} policy",
+                f"set {strategy_key}=fsdp (or fsdp2), or use dtype='bfloat16'",
+            )
+        ]
+    param = canonical_dtype(lookup(section, TURBO_PARAM_DTYPE, "bf16"))
+    if param == TURBO_AUTOCAST:
+        return []
+    return [
+        Contradiction(
+            f"{path}.{TURBO_PARAM_DTYPE}",
+            f"the {name} (fsdp_turbo) keeps its parameters in {param} but autocasts in "
+            f"{TURBO_AUTOCAST}",
+            f"set ++{path}.{TURBO_PARAM_DTYPE}={SHORT_NAME[TURBO_AUTOCAST]}, or {_FIX}",
+        )
+    ]
+
+
+def _turbo_role(cfg: Any, role: str, lay: Layout) -> bool:
+    """True when ``role`` trains with FSDP-Turbo (the critic has its own ``critic.strategy``)."""
+    if role == "critic":
+        return lookup(cfg, "critic.strategy", lay.strategy) == "fsdp_turbo"
+    return lay.turbo
+
+
 def _megatron_findings(
     role: str, path: str, section: Any, policy: PrecisionPolicy
 ) -> list[Contradiction]:
@@ -217,6 +255,8 @@ def find_contradictions(
             continue
         if lay.megatron:
             out.extend(_megatron_findings(role, path, section, policy))
+        elif _turbo_role(cfg, role, lay):
+            out.extend(_turbo_findings(role, path, section, policy, lay))
         else:
             out.extend(_fsdp_findings(role, path, section, policy, lay))
 
@@ -246,7 +286,7 @@ def find_contradictions(
             k: getattr(scaler, k) for k, v in VERL_FSDP_SCALER.items() if getattr(scaler, k) != v
         }
         has_actor = lookup(cfg, "actor_rollout_ref.actor") is not None
-        if policy.uses_loss_scaler and not lay.megatron and has_actor and differs:
+        if policy.uses_loss_scaler and not lay.megatron and not lay.turbo and has_actor and differs:
             asked = ", ".join(f"{k}={v}" for k, v in differs.items())
             out.append(
                 Contradiction(
@@ -316,7 +356,9 @@ def check_config(
     Reports every contradiction: rollout and learner dtypes that differ (including
     ``fsdp_config.dtype`` set where verl >= 0.8 ignores it), a reference model in another dtype,
     a LoRA-merge or delta-shard weight sync that casts to bf16 under a float16 rollout, a
-    float16 learner without a loss scaler, and mismatch metrics switched off. Under
+    float16 learner without a loss scaler, an FSDP-Turbo learner (``strategy=fsdp_turbo``,
+    verl >= 0.9.1), which computes in bf16 without a scaler whatever the config says, under a
+    float16 or float32 policy, and mismatch metrics switched off. Under
     ``strictness="error"`` they are raised together as one :class:`PrecisionMismatchError`,
     else logged as one warning. ``policy`` goes through
     :func:`precision_plugin.manager.resolve_policy`; ``verl_version`` defaults to the installed

@@ -14,6 +14,10 @@ worker code of the PyPI releases 0.7.1, 0.8.0 and 0.9.1:
   ``fsdp_config.mixed_precision.param_dtype`` (default bf16) for parameters, autocast and the
   scaler; ``fsdp_config.dtype`` still validates but only Megatron reads it. Critic section:
   ``critic.fsdp``.
+- FSDP-Turbo, verl >= 0.9.1 (``actor_rollout_ref.actor.strategy=fsdp_turbo``): parameters in
+  ``fsdp_config.turbo_config.distributed.fsdp_plan.param_dtype`` (default bf16); its engine
+  replaces ``_build_fsdp_module``, where the FSDP engine sets its autocast dtype and float16
+  loss scaler, so it autocasts in bf16 with no scaler whatever ``mixed_precision`` says.
 - Megatron (``ppo_megatron_trainer``): ``<role>.megatron.dtype`` (``bfloat16`` or ``float16``
   only), every version.
 - vLLM engine kwargs: ``actor_rollout_ref.rollout.engine_kwargs.vllm.<name>``.
@@ -35,10 +39,16 @@ from precision_plugin.errors import PrecisionConfigError
 NEW_ENGINE_SINCE = Version("0.8.0")
 #: First release whose ``import verl`` loads the ``verl.plugins`` entry-point group.
 PLUGINS_SINCE = Version("0.9.0")
+#: First release with the FSDP-Turbo engine (``strategy: fsdp_turbo``).
+TURBO_SINCE = Version("0.9.1")
+#: Where FSDP-Turbo keeps its parameter dtype, under an FSDP learner section.
+TURBO_PARAM_DTYPE = "turbo_config.distributed.fsdp_plan.param_dtype"
+#: What FSDP-Turbo computes in: ``FSDPEngine.__init__``'s defaults, which it never overrides.
+TURBO_AUTOCAST = "bfloat16"
 #: The layout assumed when no verl is installed and no version is given.
 ASSUMED_VERSION = Version("0.9.1")
 
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
+STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo", "megatron")
 
 #: verl's FSDP loss scaler: ``ShardedGradScaler(growth_interval=400)`` with torch's other
 #: defaults, hard-coded in the legacy actor (verl#4036) and the FSDP engine (verl#6150).
@@ -101,6 +111,11 @@ class Layout:
         """True for the Megatron learner."""
         return self.strategy == "megatron"
 
+    @property
+    def turbo(self) -> bool:
+        """True for the FSDP-Turbo learner (verl >= 0.9.1)."""
+        return self.strategy == "fsdp_turbo"
+
 
 def verl_version(version: str | Version | None = None) -> Version:
     """``version`` when given, else the installed verl's, else :data:`ASSUMED_VERSION`."""
@@ -120,9 +135,15 @@ def layout(version: str | Version | None = None, strategy: str = "fsdp") -> Layo
     if strategy not in STRATEGIES:
         raise PrecisionConfigError(
             f"verl strategy {strategy!r} was asked for; precision_plugin knows "
-            f"{', '.join(STRATEGIES)}. Pass strategy='fsdp' (also for fsdp2) or 'megatron'."
+            f"{', '.join(STRATEGIES)}. Pass strategy='fsdp' (also for fsdp2), 'fsdp_turbo' or "
+            f"'megatron'."
         )
     v = verl_version(version)
+    if strategy == "fsdp_turbo" and v < TURBO_SINCE:
+        raise PrecisionConfigError(
+            f"verl strategy 'fsdp_turbo' was asked for with verl {v}; the FSDP-Turbo engine "
+            f"exists from verl {TURBO_SINCE}. Use strategy='fsdp', or upgrade verl."
+        )
     legacy = v < NEW_ENGINE_SINCE
     if strategy == "megatron":
         learners = {

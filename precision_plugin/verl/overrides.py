@@ -17,6 +17,8 @@ from precision_plugin.verl.layout import (
     RAY_ENV_VARS,
     ROLLOUT,
     SHORT_NAME,
+    TURBO_AUTOCAST,
+    TURBO_PARAM_DTYPE,
     VLLM_ENGINE_KWARGS,
     Layout,
     layout,
@@ -71,9 +73,19 @@ def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
         for section in lay.learners.values():
             out.append(f"{section}.dtype={LONG_NAME[policy.dtype]}")
         return out
+    if lay.turbo and policy.dtype != TURBO_AUTOCAST:
+        raise PrecisionConfigError(
+            f"verl's FSDP-Turbo learner (strategy=fsdp_turbo, verl {lay.version}) was asked to "
+            f"run {policy.dtype}; its engine replaces _build_fsdp_module, where the FSDP engine "
+            f"sets its autocast dtype and float16 loss scaler, so it always computes in "
+            f"{TURBO_AUTOCAST} without a scaler and no override changes that. Use "
+            f"strategy='fsdp' (or fsdp2), or dtype='bfloat16'."
+        )
     for section in lay.learners.values():
         out.append(f"{section}.dtype={LONG_NAME[policy.dtype]}")
         out.append(f"++{section}.mixed_precision.param_dtype={SHORT_NAME[policy.dtype]}")
+        if lay.turbo:
+            out.append(f"++{section}.{TURBO_PARAM_DTYPE}={SHORT_NAME[policy.dtype]}")
     return out
 
 
@@ -112,8 +124,10 @@ def overrides(
     ``policy`` is resolved by :func:`precision_plugin.manager.resolve_policy` (argument, active
     ``enable()`` policy, ``PRECISION_PLUGIN``, defaults). ``verl_version`` defaults to the
     installed verl (else the current layout, >= 0.8); ``strategy`` is the learner: ``fsdp``
-    (also for fsdp2) or ``megatron``. ``vllm_version``/``gpu_capability`` default to the
-    installed vLLM and the visible GPU (for the cascade-attention guard). Append the result to
+    (also for fsdp2), ``fsdp_turbo`` (bfloat16 only: verl 0.9.1's FSDP-Turbo engine ignores a
+    float16 setting, so a float16 policy is refused) or ``megatron``.
+    ``vllm_version``/``gpu_capability`` default to the installed vLLM and the visible GPU (for
+    the cascade-attention guard). Append the result to
     ``python -m verl.trainer.main_ppo ...``: the rollout dtype, every learner's dtype,
     ``calculate_log_probs`` (so verl logs its mismatch metrics), the cascade guard where the
     vLLM needs it, and ``PRECISION_PLUGIN`` in the Ray workers' environment (so every vLLM

@@ -18,13 +18,10 @@ ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_NAME = "precision_plugin"
 
 
-def trl_vllm_range() -> SpecifierSet | None:
-    """The vLLM range the installed TRL declares (its ``trl[vllm]`` extra), or ``None``.
-
-    TRL 1.16 states it twice, identically: ``Requires-Dist: vllm<=0.31.0,>=0.22.0; extra ==
-    "vllm"`` and the warning in ``trl.import_utils.is_vllm_available``.
-    """
-    info = versions.package_info("trl")
+def declared_vllm_range(module: str) -> SpecifierSet | None:
+    """The vLLM range the installed package ``module`` declares (the first ``vllm``
+    requirement with a version, e.g. of its ``[vllm]`` extra), or ``None``."""
+    info = versions.package_info(module)
     if info is None:
         return None
     for line in metadata.requires(info.distribution) or []:
@@ -35,6 +32,15 @@ def trl_vllm_range() -> SpecifierSet | None:
         if req.name.lower() == "vllm" and req.specifier:
             return req.specifier
     return None
+
+
+def trl_vllm_range() -> SpecifierSet | None:
+    """The vLLM range the installed TRL declares (its ``trl[vllm]`` extra), or ``None``.
+
+    TRL 1.16 states it twice, identically: ``Requires-Dist: vllm<=0.31.0,>=0.22.0; extra ==
+    "vllm"`` and the warning in ``trl.import_utils.is_vllm_available``.
+    """
+    return declared_vllm_range("trl")
 
 
 def _entry_point_registered() -> bool:

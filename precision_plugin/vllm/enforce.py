@@ -13,6 +13,7 @@ from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import adapter_patcher, requested_policy, resolve_policy
+from precision_plugin.openrlhf.layout import built_by_openrlhf
 from precision_plugin.patching import Patcher, is_patched
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
@@ -65,9 +66,23 @@ def enforce_on_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineS
         for name in MANAGED
         if name in fields and getattr(engine_args, name) != fields[name]
     }
+    # A framework's hard-coded dtype is no request of the user: not a conflict, even strict.
+    hard_coded = explicit.pop("dtype", None) if built_by_openrlhf(engine_args) else None
     decision = cascade_guard(policy)
     settings = resolve_engine_kwargs(explicit, policy, decision, fields)
     report_settings(settings, policy, f"vLLM engine for {engine_args.model!r}")
+    if hard_coded is not None and policy.vllm.enforce_dtype:
+        runs = settings.kwargs["dtype"]
+        if canonical_dtype(hard_coded) != runs:
+            log.warning(
+                "precision_plugin: OpenRLHF hard-codes dtype=%r for its vLLM engines; this "
+                "engine for %r runs %s, the precision policy's dtype.",
+                hard_coded,
+                engine_args.model,
+                runs,
+            )
+    elif hard_coded is not None:
+        settings.kwargs["dtype"] = hard_coded
     for name in MANAGED:
         if name not in fields:
             continue

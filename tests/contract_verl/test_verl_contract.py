@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -218,3 +219,84 @@ def test_without_the_env_var_the_plugin_changes_nothing(tmp_path):
     off = run_installed(_PROBE, tmp_path, VERL_USE_EXTERNAL_MODULES="precision_plugin.verl.plugin")
     assert off["LOADED"] == "True" and off["WRAPPED"] == "False"
     assert off["RAISED"] == "no"
+
+
+# -- FSDP-Turbo (verl >= 0.9.1): its engine ignores the float16 setting ---------------------------
+needs_turbo = pytest.mark.skipif(
+    VERL_VERSION.release < (0, 9, 1), reason="the FSDP-Turbo engine exists from verl 0.9.1"
+)
+
+
+ENGINE_DIR = Path(verl.__file__).parent / "workers" / "engine" / "fsdp"
+
+
+def _classes(filename: str) -> dict[str, ast.ClassDef]:
+    """The classes of one file of the installed verl's FSDP engine, by name (read, not imported:
+    importing the engine needs peft, datasets and more of verl's training stack)."""
+    tree = ast.parse((ENGINE_DIR / filename).read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _assigned(function: ast.FunctionDef) -> set[str]:
+    """The ``self.<name>`` attributes ``function`` assigns."""
+    return {
+        target.attr
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and getattr(target.value, "id", None) == "self"
+    }
+
+
+@needs_turbo
+def test_fsdp_turbo_engine_never_sets_the_autocast_dtype_or_the_scaler():
+    base = _classes("transformer_impl.py")
+    turbo = _classes("fsdp_turbo_impl.py")["FSDPTurboEngineWithLMHead"]
+    # registered as verl's engine for strategy fsdp_turbo, on top of the FSDP engine
+    decorators = [ast.unparse(d) for d in turbo.decorator_list]
+    assert any("backend='fsdp_turbo'" in d for d in decorators), decorators
+    assert [ast.unparse(b) for b in turbo.bases] == ["FSDPEngineWithLMHead"]
+    assert base["FSDPEngineWithLMHead"].bases[0].id == "FSDPEngine"
+    fsdp = base["FSDPEngine"]
+    # FSDPEngine.__init__ defaults to bf16 autocast and no scaler ...
+    init = ast.unparse(_method(fsdp, "__init__"))
+    assert "self._autocast_dtype = torch.bfloat16" in init and "self.scaler = None" in init
+    # ... and its _build_fsdp_module sets both from mixed_precision (fp16 -> ShardedGradScaler)
+    build = _method(fsdp, "_build_fsdp_module")
+    assert {"_autocast_dtype", "scaler"} <= _assigned(build)
+    assert "ShardedGradScaler" in ast.unparse(build)
+    assert _method(base["FSDPEngineWithLMHead"], "_build_fsdp_module") is None
+    # FSDP-Turbo replaces that method, sets neither, and never calls the original
+    replaced = _method(turbo, "_build_fsdp_module")
+    assert replaced is not None
+    assert not {"_autocast_dtype", "scaler"} & _assigned(replaced)
+    assert "super()._build_fsdp_module" not in ast.unparse(replaced)
+
+
+@needs_turbo
+def test_fsdp_turbo_with_every_float16_key_is_refused():
+    turbo = [
+        "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.fsdp_plan.param_dtype=fp16"
+    ]
+    cfg = compose_verl([*overrides("float16", **NO_VLLM), *turbo], "fsdp_turbo")
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    # verl accepts it: the engine gets strategy fsdp_turbo and the float16 keys it will ignore
+    assert actor.fsdp_config.strategy == "fsdp_turbo"
+    assert actor.fsdp_config.mixed_precision["param_dtype"] == "fp16"
+    with pytest.raises(PrecisionMismatchError) as err:
+        check_config(cfg, PrecisionPolicy(strictness="error"))
+    assert "[actor_rollout_ref.actor.strategy]" in str(err.value)
+    assert "autocasts in bfloat16 with no loss scaler" in str(err.value)
+
+
+@needs_turbo
+def test_fsdp_turbo_bfloat16_overrides_compose_and_check_clean():
+    cfg = compose_verl(overrides("bfloat16", strategy="fsdp_turbo", **NO_VLLM), "fsdp_turbo")
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.fsdp_config.turbo_config["distributed"]["fsdp_plan"]["param_dtype"] == "bf16"
+    assert rollout_dtype(cfg) == torch.bfloat16
+    assert check_config(cfg, PrecisionPolicy(dtype="bfloat16", strictness="error")) == []

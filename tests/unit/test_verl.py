@@ -338,3 +338,79 @@ def test_a_loss_scaler_verl_cannot_run_is_named():
     )
     assert check_config(megatron, policy, verl_version=NEW, strategy="megatron") == []
     assert check_section(_Rollout(), policy.replace(strictness="error")) == []  # no learner here
+
+
+# -- FSDP-Turbo (verl >= 0.9.1) ------------------------------------------------------------------
+TURBO_KEY = "turbo_config.distributed.fsdp_plan.param_dtype"
+
+
+def test_fsdp_turbo_is_refused_for_float16_and_float32():
+    for dtype in ("float16", "float32"):
+        with pytest.raises(PrecisionConfigError, match=r"FSDP-Turbo.*always computes in bfloat16"):
+            overrides(dtype, verl_version=NEW, strategy="fsdp_turbo", **NO_VLLM)
+
+
+def test_fsdp_turbo_overrides_for_bfloat16_set_its_parameter_dtype_and_check_clean():
+    got = overrides("bfloat16", verl_version=NEW, strategy="fsdp_turbo", **NO_VLLM)
+    for section in (
+        "actor_rollout_ref.actor.fsdp_config",
+        "actor_rollout_ref.ref.fsdp_config",
+        "critic.fsdp",
+    ):
+        assert f"++{section}.{TURBO_KEY}=bf16" in got
+    cfg = verl_defaults(NEW, "fsdp_turbo")
+    cfg["algorithm"]["adv_estimator"] = "gae"  # the critic too
+    set_path(cfg, f"actor_rollout_ref.actor.fsdp_config.{TURBO_KEY}", "fp16")
+    set_path(cfg, f"critic.fsdp.{TURBO_KEY}", "fp16")
+    problems = check_config(cfg, "bfloat16", verl_version=NEW)
+    assert [p.key for p in problems] == [
+        f"actor_rollout_ref.actor.fsdp_config.{TURBO_KEY}",
+        f"critic.fsdp.{TURBO_KEY}",
+    ]
+    assert "keeps its parameters in float16 but autocasts in bfloat16" in problems[0].message
+    assert check_config(apply(cfg, got), "bfloat16", verl_version=NEW) == []
+
+
+def test_fsdp_turbo_ignores_every_float16_key_and_is_named_per_learner():
+    fp16 = overrides("float16", verl_version=NEW, **NO_VLLM)  # every FSDP float16 key set
+    cfg = apply(verl_defaults(NEW, "fsdp_turbo"), fp16)
+    cfg["actor_rollout_ref"]["actor"]["use_kl_loss"] = True  # the reference model is in use
+    for path in layout(NEW).learners.values():
+        set_path(cfg, f"{path}.{TURBO_KEY}", "fp16")
+    problems = check_config(cfg, "float16", verl_version=NEW)
+    assert [p.key for p in problems] == ["actor_rollout_ref.actor.strategy"] * 2
+    assert "the actor (learner) uses strategy=fsdp_turbo" in problems[0].message
+    assert "the reference model uses strategy=fsdp_turbo" in problems[1].message
+    assert "autocasts in bfloat16 with no loss scaler" in problems[0].message
+    with pytest.raises(PrecisionMismatchError, match=r"2 place\(s\).*fsdp_turbo"):
+        check_config(cfg, PrecisionPolicy(strictness="error"), verl_version=NEW)
+    # the critic has a strategy of its own
+    cfg["algorithm"]["adv_estimator"] = "gae"
+    cfg["critic"]["strategy"] = "fsdp"
+    keys = [p.key for p in check_config(cfg, "float16", verl_version=NEW)]
+    assert keys == ["actor_rollout_ref.actor.strategy"] * 2  # the FSDP critic follows its keys
+    cfg["actor_rollout_ref"]["actor"]["strategy"] = "fsdp"
+    cfg["critic"]["strategy"] = "fsdp_turbo"
+    assert [p.key for p in check_config(cfg, "float16", verl_version=NEW)] == ["critic.strategy"]
+
+
+def test_fsdp_turbo_exists_from_verl_091():
+    with pytest.raises(PrecisionConfigError, match=r"exists from verl 0\.9\.1"):
+        overrides("bfloat16", verl_version="0.9.0", strategy="fsdp_turbo", **NO_VLLM)
+    assert layout("0.9.1", "fsdp_turbo").turbo
+
+
+def test_a_worker_built_with_fsdp_turbo_is_refused_under_float16():
+    turbo = _Actor(
+        strategy="fsdp_turbo", fsdp_config=_Engine(mixed_precision={"param_dtype": "fp16"})
+    )
+    with pytest.raises(PrecisionMismatchError, match="strategy=fsdp_turbo"):
+        check_section(turbo, PrecisionPolicy(strictness="error"))
+
+
+def test_cli_refuses_fsdp_turbo_overrides_for_float16(capsys, monkeypatch):
+    monkeypatch.delenv("PRECISION_PLUGIN", raising=False)
+    args = ["verl-overrides", "--strategy", "fsdp_turbo", "--verl-version", NEW]
+    assert main(args) == 2
+    assert "FSDP-Turbo" in capsys.readouterr().err
+    assert main([*args, "--dtype", "bf16"]) == 0

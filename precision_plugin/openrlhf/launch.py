@@ -1,0 +1,87 @@
+"""What an OpenRLHF run needs to follow the policy: learner arguments and the Ray runtime env.
+
+Pure: OpenRLHF is never imported (only its installed parser's flags are read, to
+feature-detect them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from packaging.version import Version
+
+from precision_plugin import frameworks
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.manager import resolve_policy
+from precision_plugin.openrlhf.installed import installed
+from precision_plugin.openrlhf.layout import (
+    PARAM_DTYPE,
+    RAY_ENV_VARS,
+    SUPPORTED_SINCE,
+    flag,
+    layout,
+)
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
+
+
+def env_value(policy: PrecisionPolicy) -> str:
+    """The ``PRECISION_PLUGIN`` value that carries ``policy`` into OpenRLHF's Ray actors: the
+    dtype name when the rest of the policy is the defaults, else its compact JSON."""
+    return policy.dtype if policy == PrecisionPolicy(dtype=policy.dtype) else policy.to_json()
+
+
+def args(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    *,
+    openrlhf_version: str | Version | None = None,
+) -> list[str]:
+    """The ``train_ppo_ray`` arguments that make OpenRLHF's learner run ``policy``.
+
+    ``policy`` is resolved by [`resolve_policy`][precision_plugin.manager.resolve_policy]
+    (argument, active ``enable()`` policy, ``PRECISION_PLUGIN``, defaults);
+    ``openrlhf_version`` defaults to the installed OpenRLHF (else 0.11.2). Today that is
+    ``--ds.param_dtype fp16`` (or ``bf16``) on every supported version (>= 0.10.2): OpenRLHF has
+    no flag for its vLLM engines' dtype, which ``PRECISION_PLUGIN`` in the actors' environment
+    sets instead (see [`runtime_env`][precision_plugin.openrlhf.runtime_env]). A float32 policy
+    is refused (OpenRLHF's learner runs bf16 or fp16 only), and so is a flag the installed
+    OpenRLHF's parser does not declare.
+    """
+    pol = resolve_policy(policy, what="precision_plugin.openrlhf.args()")
+    lay = layout(openrlhf_version)
+    spelled = frameworks.openrlhf_param_dtype(pol)
+    if spelled is None:
+        raise PrecisionConfigError(
+            f"OpenRLHF was asked to train in {pol.dtype}, but its learner runs bf16 or fp16 only "
+            f"({flag(PARAM_DTYPE)} choices). Use dtype='float16' or 'bfloat16'."
+        )
+    found = installed()
+    same = found is not None and found.version == lay.version
+    if same and found.flags and flag(PARAM_DTYPE) not in found.flags:  # type: ignore[union-attr]
+        raise PrecisionConfigError(
+            f"the installed OpenRLHF {lay.version} declares no {flag(PARAM_DTYPE)} in its "
+            f"train_ppo_ray parser, so its learner dtype cannot be set from the command line "
+            f"(released OpenRLHF {SUPPORTED_SINCE} - 0.11.2 declare it). Pass its learner-dtype "
+            f"flag yourself."
+        )
+    return [flag(PARAM_DTYPE), spelled]
+
+
+def runtime_env(
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+) -> dict[str, Any]:
+    """The Ray ``runtime_env`` that carries ``policy`` into every OpenRLHF actor.
+
+    ``{"env_vars": {...}}`` with ``PRECISION_PLUGIN`` and the three variables OpenRLHF's own
+    ``ray.init`` passes (``TOKENIZERS_PARALLELISM``, ``NCCL_DEBUG``,
+    ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS``, read from this environment with OpenRLHF's
+    defaults), so that ``ray.init(runtime_env=runtime_env())`` before ``train()`` (OpenRLHF then
+    skips its own) or ``ray job submit --runtime-env-json`` loses none of them. In each vLLM
+    engine, the plugin's ``vllm.general_plugins`` entry point then replaces OpenRLHF's
+    hard-coded ``dtype="bfloat16"`` with the policy dtype.
+    """
+    pol = resolve_policy(policy, what="precision_plugin.openrlhf.runtime_env()")
+    env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
+    env_vars[ENV_VAR] = env_value(pol)
+    return {"env_vars": env_vars}
