@@ -94,11 +94,13 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
         Alias("verl", "rollout_corr/kl", _VERL_CORR, _VERL_CORR_WHEN, _VERL_CORR_NOTE),
         Alias(
             "OpenRLHF",
-            "vllm_kl",
+            "train/vllm_kl",
             "OpenRLHF/OpenRLHF openrlhf/models/loss.py (PolicyLoss), "
-            "openrlhf/trainer/ray/ppo_actor.py (token-weighted reduction)",
-            note="only with --algo.advantage.is_correction_enable; a missing rollout log-prob "
-            "is scored as 0.0",
+            "openrlhf/trainer/ray/ppo_actor.py (token-weighted reduction), "
+            "openrlhf/utils/logging_utils.py (train/ prefix); 0.11.0 - 0.11.2",
+            note="only with the importance-sampling correction on (--algo.advantage."
+            "is_correction_level token or seq from 0.11.2, --algo.advantage.is_correction_enable "
+            "before) and --actor.policy_loss_type ppo; a missing rollout log-prob is scored as 0.0",
         ),
         Alias("oat", "kl_sample_train_v1", _OAT, _OAT_ONE_PROCESS, _OAT_NOTE),
         Alias(

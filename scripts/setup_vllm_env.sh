@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build a separate vLLM contract-test environment (tests/contract/) at the given path.
-#   bash scripts/setup_vllm_env.sh <venv-dir> [current|old]
+#   bash scripts/setup_vllm_env.sh <venv-dir> [current|old|openrlhf]
 #   current: vLLM 0.33.0 (tests/contract/requirements-vllm.txt)
 #   old:     vLLM 0.10.1, the last minor release of the cascade-attention bug era (0.8.2 - 0.10.x),
 #            where the plugin passes disable_cascade_attn=True (tests/contract/requirements-vllm-old.txt)
+#   openrlhf: vLLM 0.29.0 with OpenRLHF 0.11.2, the vLLM its [vllm] extra pins
+#            (tests/contract_openrlhf/requirements-openrlhf.txt); scripts/setup_openrlhf_env.sh
+#            adds OpenRLHF 0.11.0 beside it
 # vLLM's wheels are CUDA-only and pin torch/transformers versions that conflict with the main
 # environment; their config layer (EngineArgs, ModelConfig, the CLI parser, general plugins) runs
 # on CPU with the local torch 2.13 CPU wheel, vLLM installed without its dependencies, and its
@@ -29,8 +32,14 @@ case "$flavour" in
     # vLLM pins these; their own dependency metadata would pull torch 2.7 / triton.
     no_deps_pins=("compressed-tensors==0.10.2" "xgrammar==0.1.21")
     ;;
+  openrlhf)
+    vllm_version="0.29.0"
+    reqs="tests/contract_openrlhf/requirements-openrlhf.txt"
+    # vLLM pins the first two; OpenRLHF hard-requires flash-attn (a CUDA build) and more.
+    no_deps_pins=("xgrammar==0.2.8" "apache-tvm-ffi==0.1.11" "openrlhf==0.11.2")
+    ;;
   *)
-    echo "setup_vllm_env.sh: unknown flavour '$flavour'; use 'current' or 'old'" >&2
+    echo "setup_vllm_env.sh: unknown flavour '$flavour'; use 'current', 'old' or 'openrlhf'" >&2
     exit 2
     ;;
 esac

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +69,7 @@ def _error(message: str, fix: str, **details: Any) -> Finding:
 
 
 def _env_fix(policy: PrecisionPolicy) -> str:
-    value = env_value(policy)
+    value = shlex.quote(env_value(policy))
     submit = json.dumps(runtime_env(policy), separators=(",", ":"))
     return (
         f"export {ENV_VAR}={value} before the run, so that the Ray cluster it starts gives it to "
@@ -312,14 +313,15 @@ def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
 
 def find_problems(
     args: Any,
-    policy: PrecisionPolicy,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
     openrlhf_version: str | Version | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> list[Finding]:
-    """Every finding about OpenRLHF's parsed ``args`` under ``policy`` (pure; nothing raised or
-    logged): ``error`` findings are the contradictions. ``environ`` (default ``os.environ``) says
-    what reaches the Ray actors."""
+    """Every finding about OpenRLHF's parsed ``args`` under ``policy`` (nothing raised or logged):
+    ``error`` findings are the contradictions. ``environ`` (default ``os.environ``) is the
+    environment the Ray actors get; see
+    [`check_args`][precision_plugin.openrlhf.check_args] for what is checked."""
     if args is None or isinstance(args, (str, bytes, list, tuple)):
         raise PrecisionConfigError(
             f"precision_plugin.openrlhf.check_args(): args must be OpenRLHF's parsed arguments "
@@ -327,6 +329,7 @@ def find_problems(
             f"{type(args).__name__}; to check a command line use "
             f"precision_plugin.openrlhf.parse_args(argv) first."
         )
+    policy = resolve_policy(policy, what="precision_plugin.openrlhf.find_problems()")
     lay = layout(openrlhf_version)
     env = os.environ if environ is None else environ
     learner, findings = _learner(args, policy, lay)

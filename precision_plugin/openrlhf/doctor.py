@@ -6,6 +6,8 @@ Reads the installed OpenRLHF's source (``installed``); imports neither OpenRLHF 
 
 from __future__ import annotations
 
+import shlex
+
 from precision_plugin import versions
 from precision_plugin.openrlhf.installed import installed
 from precision_plugin.openrlhf.launch import env_value
@@ -44,6 +46,7 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
         )
         return findings
     requested = PrecisionPolicy.from_env()
+    value = shlex.quote(env_value(policy))
     if found.engine_dtype is not None and found.engine_dtype != policy.dtype:
         reached = requested is not None and requested.dtype == policy.dtype
         findings.append(
@@ -51,10 +54,10 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 FRAMEWORK,
                 "ok" if reached else "change",
                 f"create_vllm_engines hard-codes dtype={found.engine_dtype!r}; with "
-                f"{ENV_VAR}={env_value(policy)} in the Ray actors' environment the vLLM general "
+                f"{ENV_VAR}={value} in the Ray actors' environment the vLLM general "
                 f"plugin runs {policy.dtype} in each engine"
                 + (f" ({ENV_VAR} is set in this shell)" if reached else ""),
-                fix="" if reached else f"export {ENV_VAR}={env_value(policy)} before the run",
+                fix="" if reached else f"export {ENV_VAR}={value} before the run",
             )
         )
     sync = found.weight_sync

@@ -272,7 +272,7 @@ CASES: dict[tuple[str, str, str], Case] = {
     ("k1_kl", "verl", "rollout_corr/kl"): Case(
         _curry(verl_rollout_corr, "kl"), breaks=({"micro_batches": 2},)
     ),
-    ("k1_kl", "OpenRLHF", "vllm_kl"): Case(openrlhf_vllm_kl),
+    ("k1_kl", "OpenRLHF", "train/vllm_kl"): Case(openrlhf_vllm_kl),
     ("k1_kl", "oat", "kl_sample_train_v1"): Case(
         _curry(oat, "kl_sample_train_v1"), breaks=({"processes": 2},)
     ),
