@@ -7,7 +7,7 @@
 # directory you run it from, wherever the repository is.
 # What each job installs into .venv: `probe` the package with its plot extra (torch, transformers,
 # matplotlib: what the probe needs); `test` adds the test and docs extras (Accelerate, DeepSpeed,
-# TRL, datasets, pytest, ruff, mkdocs) and the vLLM and verl contract environments.
+# TRL, datasets, pytest, ruff, mkdocs) and the vLLM, verl and OpenRLHF contract environments.
 set -euo pipefail
 caller=$(pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +17,7 @@ vllm_venv=$(absolute "${PRECISION_PLUGIN_VLLM_VENV:-$root/.venv-vllm}")
 vllm_old_venv=$(absolute "${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old}")
 verl_venv=$(absolute "${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}")
 verl_old_venv=$(absolute "${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}")
+openrlhf_venv=$(absolute "${PRECISION_PLUGIN_OPENRLHF_VENV:-$root/.venv-openrlhf}")
 py="${PYTHON:-python3}"
 
 # setup_main probe|test: the package with the extras that job needs (test is a superset of probe).
@@ -62,6 +63,12 @@ setup_verl() {
   bash "$root/scripts/setup_verl_env.sh" "$verl_old_venv" old
 }
 
+setup_openrlhf() {
+  # OpenRLHF 0.11.2 (and 0.11.0 beside it) with the vLLM 0.29.0 it pins and Ray, on the CPU torch
+  # (tests/contract_openrlhf/); stamps make a warm rerun install nothing.
+  bash "$root/scripts/setup_openrlhf_env.sh" "$openrlhf_venv"
+}
+
 # pytest runs in the repository (its config and test paths live there): an argument naming a
 # file or folder that exists relative to the caller's directory becomes an absolute path.
 caller_paths() {
@@ -83,6 +90,7 @@ case "$cmd" in
     setup_main test
     setup_vllm
     setup_verl
+    setup_openrlhf
     ;;
   probe)
     setup_main probe
@@ -92,6 +100,7 @@ case "$cmd" in
     setup_main test
     setup_vllm
     setup_verl
+    setup_openrlhf
     mapfile -t args < <(caller_paths "$@")
     cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
@@ -99,6 +108,7 @@ case "$cmd" in
     "$venv/bin/ruff" check precision_plugin tests scripts integrations
     echo ">> pytest"
     "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl \
+      --ignore=tests/contract_openrlhf \
       ${args[@]+"${args[@]}"}
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
@@ -108,6 +118,8 @@ case "$cmd" in
     "$verl_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
     echo ">> pytest (verl 0.7.1 contract tests, separate environment)"
     "$verl_old_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
+    echo ">> pytest (OpenRLHF 0.11.2/0.11.0 contract tests, vLLM 0.29.0 and Ray, separate environment)"
+    "$openrlhf_venv/bin/python" -m pytest tests/contract_openrlhf -p no:cacheprovider
     echo ">> mkdocs build --strict"
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;

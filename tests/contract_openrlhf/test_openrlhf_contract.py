@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import OLD, TrainRun, base_argv, run_old
+from conftest import OLD, ROOT, TrainRun, base_argv, run_old
 from packaging.version import Version
 
 import precision_plugin as pp
@@ -436,3 +436,54 @@ def test_doctor_sees_openrlhf(monkeypatch):
         and engines.fix == "export PRECISION_PLUGIN=float16 before the run"
     )
     assert not [f for f in findings if f.status in ("warning", "error")]  # vLLM 0.29.0 as pinned
+
+
+# -- documented commands and the recipe -------------------------------------------------------
+def test_the_documented_check_command_runs_as_written(capsys, monkeypatch):
+    """docs/cli.md's example, as the shell splits it."""
+    from precision_plugin.cli import main
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    (line,) = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("precision-plugin openrlhf-args --check -- --")
+    ]
+    monkeypatch.delenv("PRECISION_PLUGIN", raising=False)
+    assert main(shlex.split(line)[1:]) == 1  # OpenRLHF's bf16 engines: one contradiction
+    assert "1 contradiction(s) with the float16 policy" in capsys.readouterr().out
+
+
+def recipe_args(variables: dict[str, str]) -> list[str]:
+    """The ARGS array of integrations/openrlhf/train_ppo_ray.sh, variables filled, with the
+    learner arguments the script takes from precision-plugin openrlhf-args."""
+    text = (ROOT / "integrations" / "openrlhf" / "train_ppo_ray.sh").read_text()
+    block = text.split("ARGS=(", 1)[1].split("\n)", 1)[0]
+    args = []
+    for word in shlex.split(block, comments=True):
+        if word == "${LEARNER[@]}":
+            args += orl.args(variables["DTYPE"])
+            continue
+        for name, value in variables.items():
+            word = word.replace(f"${name}", value)
+        args.append(word)
+    assert not [a for a in args if "$" in a], args
+    return args
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_recipe_parses_with_openrlhfs_parser_and_checks_clean(llama_dir, monkeypatch, dtype):
+    variables = {
+        "MODEL": llama_dir,
+        "REWARD_MODEL": llama_dir,
+        "DATA": "/tmp/prompts",
+        "INPUT_KEY": "context_messages",
+        "NGPUS": "8",
+        "DTYPE": dtype,
+    }
+    monkeypatch.setenv("PRECISION_PLUGIN", dtype)  # the script exports it
+    parsed = orl.parse_args(recipe_args(variables))
+    assert parsed.ds.param_dtype == {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+    assert parsed.algo.advantage.is_correction_level == "token"  # vllm_kl is logged
+    findings = orl.check_args(parsed, PrecisionPolicy(dtype=dtype, strictness="error"))
+    assert not [f for f in findings if f.status in ("error", "warning")]

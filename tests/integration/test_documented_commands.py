@@ -70,6 +70,11 @@ VERL = (
     "needs verl with Ray on a multi-GPU node and a model and data set; the overrides and the "
     "composed config are checked against real verl in tests/contract_verl/"
 )
+OPENRLHF = (
+    "needs GPUs, OpenRLHF with vLLM and flash-attn, and a model; its arguments are parsed by the "
+    "real OpenRLHF and checked, and PRECISION_PLUGIN is followed into the engine actors of a "
+    "local Ray cluster, in tests/contract_openrlhf/"
+)
 SANITY = (
     "the full sanity benchmark takes 4-10 minutes on 2 CPU cores; its --smoke mode, the same "
     "code path, runs in CI (tests/integration/test_sanity.py)"
@@ -128,6 +133,33 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' MODEL=... DATA=... '
     "bash integrations/verl/run_grpo.sh": Elsewhere(VERL),
+    # docs/openrlhf.md, docs/cli.md, integrations/openrlhf/README.md
+    "export PRECISION_PLUGIN=float16": Run(timeout=60),
+    "python3 -m openrlhf.cli.train_ppo_ray <your args> $(precision-plugin openrlhf-args)": (
+        Elsewhere(OPENRLHF)
+    ),
+    "python3 -m openrlhf.cli.train_ppo_ray ... $(precision-plugin openrlhf-args)": Elsewhere(
+        OPENRLHF
+    ),
+    "ray job submit --address http://HEAD:8265 --runtime-env-json "
+    '"$(precision-plugin openrlhf-args --runtime-env)" -- python3 -m openrlhf.cli.train_ppo_ray '
+    "<your args> $(precision-plugin openrlhf-args)": Elsewhere(
+        "needs a Ray cluster of GPU nodes; the runtime env it submits reaches the engine actors "
+        "of a local cluster in tests/contract_openrlhf/"
+    ),
+    "precision-plugin openrlhf-args --runtime-env --dtype bfloat16": Run(timeout=120),
+    "precision-plugin openrlhf-args --check -- <your train_ppo_ray args>": Elsewhere(
+        "a placeholder for your arguments; the concrete example below runs as written"
+    ),
+    "precision-plugin openrlhf-args --check -- --actor.model_name_or_path ./ckpt "
+    "--vllm.num_engines 2 --ds.param_dtype fp16": Elsewhere(
+        "parses with the installed OpenRLHF's parser (OpenRLHF, vLLM, Ray, DeepSpeed): run as "
+        "written in the OpenRLHF environment by tests/contract_openrlhf/"
+    ),
+    "MODEL=Qwen/Qwen2.5-1.5B-Instruct REWARD_MODEL=./my-reward-model DATA=./my-prompts bash "
+    "integrations/openrlhf/train_ppo_ray.sh": Elsewhere(OPENRLHF),
+    "DTYPE=bfloat16 MODEL=... REWARD_MODEL=... DATA=... bash integrations/openrlhf/"
+    "train_ppo_ray.sh --train.max_epochs 2": Elsewhere(OPENRLHF),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
     "precision-plugin probe": Run(timeout=600, progress=True),
     "precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
