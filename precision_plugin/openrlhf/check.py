@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import shlex
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin import frameworks
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -41,8 +40,6 @@ from precision_plugin.openrlhf.layout import (
 from precision_plugin.policy import ENV_VAR, LossScalerSettings, PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.verl.check import lookup
-
-log = logging.getLogger("precision_plugin")
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()
@@ -349,13 +346,13 @@ def settle(findings: list[Finding], policy: PrecisionPolicy) -> None:
     if not problems:
         return
     listed = "; ".join(f"({i}) {p.message} (fix: {p.fix})" for i, p in enumerate(problems, 1))
-    head = (
-        f"precision_plugin: the OpenRLHF arguments contradict the {policy.dtype} policy in "
-        f"{len(problems)} place(s): {listed}"
+    settle_conflict(
+        policy.strictness,
+        f"the OpenRLHF arguments contradict the {policy.dtype} policy in {len(problems)} "
+        f"place(s): {listed}",
+        fix="the one named with each",
+        outcome="OpenRLHF runs as configured (strictness='warn')",
     )
-    if policy.strictness == "error":
-        raise PrecisionMismatchError(f"{head}. (strictness='error')")
-    log.warning("%s. OpenRLHF runs as configured (strictness='warn').", head)
 
 
 def check_args(

@@ -32,6 +32,7 @@ from precision_plugin.openrlhf.installed import (
 )
 from precision_plugin.openrlhf.layout import WORKER_EXTENSION
 from precision_plugin.vllm.enforce import enforce_on_engine_args
+from tests.unit.test_vllm_enforce import EngineArgs as VLLMEngineArgs
 
 NEW, OLD = "0.11.2", "0.11.0"
 STRICT = PrecisionPolicy(strictness="error")
@@ -410,15 +411,9 @@ def test_installed_is_none_without_openrlhf():
 
 # -- engines OpenRLHF built, inside the engine process -----------------------------------------
 @dataclass
-class EngineArgs:
-    """vLLM's EngineArgs fields the enforcement reads, plus the one OpenRLHF sets."""
+class EngineArgs(VLLMEngineArgs):
+    """The stand-in of tests/unit/test_vllm_enforce.py, with the field OpenRLHF sets."""
 
-    model: str = "m"
-    hf_config_path: str | None = None
-    revision: str | None = None
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    disable_cascade_attn: bool = False
     worker_extension_cls: str = ""
 
 
@@ -429,7 +424,7 @@ def test_openrlhfs_hard_coded_dtype_is_replaced_even_strict_and_logged(caplog):
     assert args.dtype == "float16"
     assert caplog.messages == [
         "precision_plugin: OpenRLHF hard-codes dtype='bfloat16' for its vLLM engines; this "
-        "engine for 'm' runs float16, the precision policy's dtype."
+        "engine for 'facebook/opt-125m' runs float16, the precision policy's dtype."
     ]
 
 
