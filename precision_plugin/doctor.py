@@ -154,6 +154,7 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
 _RUNS_ALSO: dict[str, tuple[str, ...]] = {
     "trl": ("transformers", "accelerate"),
     "transformers": ("accelerate",),
+    "openrlhf": ("deepspeed", "transformers", "vllm"),
 }
 
 

@@ -457,3 +457,9 @@ def test_cli_refuses_bad_input_in_one_line(capsys):
     assert main(["openrlhf-args", "--check", "--", "--ds.param_dtype", "fp16"]) == 2
     assert "cannot import openrlhf.cli.train_ppo_ray" in capsys.readouterr().err
     assert main(["openrlhf-args", "--runtime-env", "--check"]) == 2
+
+
+def test_doctor_knows_what_an_openrlhf_run_also_runs():
+    from precision_plugin.doctor import frameworks_in_use
+
+    assert frameworks_in_use(["openrlhf"]) == ("deepspeed", "openrlhf", "transformers", "vllm")
