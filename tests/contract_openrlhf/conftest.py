@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,8 @@ class TrainRun:
     def __init__(self, argv: Sequence[str]) -> None:
         self.argv = list(argv)
         self.capture = tempfile.mkdtemp(prefix="pp-orl-", dir="/tmp")
+        # short: Ray's socket paths live under it
+        self.ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
         self.init_calls: list[dict[str, Any]] = []
         self.engines: list[Any] = []
 
@@ -137,7 +140,7 @@ class TrainRun:
                 num_gpus=1,
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",
-                _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+                _temp_dir=self.ray_tmp,
                 **kwargs,
             )
 
@@ -174,6 +177,8 @@ class TrainRun:
         finally:
             sys.argv = saved
             ray.shutdown()
+            shutil.rmtree(self.capture, ignore_errors=True)
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def _records(self) -> list[dict[str, Any]]:
         paths = sorted(glob.glob(os.path.join(self.capture, "engine-*.json")))
