@@ -20,6 +20,10 @@ class PrecisionMismatchError(PrecisionPluginError, RuntimeError):
     """What actually runs contradicts the policy and strictness is ``"error"``."""
 
 
+class ServerUnreachableError(PrecisionConfigError):
+    """Nothing that answers like the expected rollout server is at the URL that was given."""
+
+
 class AdapterInstallError(PrecisionPluginError, RuntimeError):
     """A framework adapter failed to install; everything already installed was rolled back."""
 

@@ -3,7 +3,8 @@
 Every adapter asks here what its framework calls the policy, in the spirit of Accelerate's
 ``KwargsHandler.to_kwargs()``: the HF/TRL ``fp16``/``bf16`` flags, Accelerate's
 ``mixed_precision`` and ``GradScalerKwargs``, torch's ``GradScaler`` arguments, DeepSpeed's
-``fp16``/``bf16`` sections and how DeepSpeed reads their ``enabled`` flag, and vLLM's ``dtype``.
+``fp16``/``bf16`` sections and how DeepSpeed reads their ``enabled`` flag, vLLM's ``dtype`` and
+SGLang's ``dtype``.
 Where a framework cannot represent a setting exactly, the table says so once: refused under
 ``strictness="error"``, else a warning with the exact value that runs.
 
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.errors import settle_conflict
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 
@@ -209,6 +210,42 @@ def openrlhf_learner_dtype(param_dtype: str) -> str | None:
     """The policy dtype an OpenRLHF ``--ds.param_dtype`` value trains in, or ``None``."""
     found = [d for d, name in _MIXED_PRECISION.items() if name == param_dtype and d != "float32"]
     return found[0] if found else None
+
+
+# -- SGLang ----------------------------------------------------------------------------------
+#: SGLang's ``--dtype`` choices (``ServerArgs.dtype``) and the precision each runs; ``auto`` is
+#: decided from the checkpoint (``precision_plugin.sglang.auto_dtype``). SGLang has no ``fp16``.
+SGLANG_DTYPE_CHOICES: dict[str, str | None] = {
+    "auto": None,
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+
+
+def sglang_dtype(policy: PrecisionPolicy) -> str:
+    """SGLang's ``--dtype`` / ``ServerArgs.dtype`` for the policy: ``float16``, ``bfloat16`` or
+    ``float32`` (never ``fp16``, which SGLang's parser refuses)."""
+    return policy.dtype
+
+
+def sglang_runs(value: Any) -> str | None:
+    """The canonical dtype an SGLang ``dtype`` value runs; ``None`` for ``auto``/unset.
+
+    Raises ``PrecisionConfigError`` for a value SGLang refuses (``fp16``, ``torch.float16``).
+    """
+    if value is None:
+        return None
+    key = str(value).strip().lower()
+    if key not in SGLANG_DTYPE_CHOICES:
+        raise PrecisionConfigError(
+            f"SGLang dtype {value!r} is not one SGLang accepts; choose one of "
+            f"{', '.join(SGLANG_DTYPE_CHOICES)} (SGLang spells float16 'float16' or 'half', "
+            f"never 'fp16')."
+        )
+    return SGLANG_DTYPE_CHOICES[key]
 
 
 # -- one decision per object -----------------------------------------------------------------

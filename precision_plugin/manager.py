@@ -33,6 +33,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "vllm": "precision_plugin.vllm.adapter",
     "verl": "precision_plugin.verl.adapter",
     "openrlhf": "precision_plugin.openrlhf.adapter",
+    "sglang": "precision_plugin.sglang.adapter",
 }
 
 _lock = threading.RLock()

@@ -16,6 +16,7 @@ FRAMEWORKS: tuple[str, ...] = (
     "trl",
     "deepspeed",
     "vllm",
+    "sglang",
     "peft",
 )
 
@@ -72,6 +73,12 @@ def installed_version(module: str) -> Version | None:
 def is_installed(module: str) -> bool:
     """True when a distribution ships import name ``module``."""
     return package_info(module) is not None
+
+
+def entry_point_registered(group: str, name: str = "precision_plugin") -> bool:
+    """True when an installed distribution registers entry point ``name`` in ``group`` (an
+    editable or partial install may not)."""
+    return any(ep.name == name for ep in metadata.entry_points(group=group))
 
 
 def parse_version(text: str | Version) -> Version:

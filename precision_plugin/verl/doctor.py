@@ -7,7 +7,6 @@ verl``, which starts Ray's import machinery) and runs the config check on what a
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ def default_config() -> dict[str, Any] | None:
 
 def entry_point_registered() -> bool:
     """True when an installed distribution registers ``precision_plugin`` in ``verl.plugins``."""
-    return any(ep.name == ENTRY_POINT_NAME for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+    return versions.entry_point_registered(ENTRY_POINT_GROUP, ENTRY_POINT_NAME)
 
 
 def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:

@@ -43,10 +43,6 @@ def trl_vllm_range() -> SpecifierSet | None:
     return declared_vllm_range("trl")
 
 
-def _entry_point_registered() -> bool:
-    return any(ep.name == ENTRY_POINT_NAME for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
-
-
 def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
     """Findings for ``precision-plugin doctor``; empty when vLLM is not installed."""
     info = versions.package_info("vllm")
@@ -107,7 +103,7 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 f"exports {ENV_VAR} to the processes vLLM starts.",
             )
         )
-    if not _entry_point_registered():
+    if not versions.entry_point_registered(ENTRY_POINT_GROUP, ENTRY_POINT_NAME):
         findings.append(
             Finding(
                 "vllm",

@@ -125,14 +125,19 @@ def check_model_config(
     *,
     raise_on_refusal: bool = True,
     refused: Mapping[str, str] | None = None,
+    engine: str = "vLLM",
 ) -> list[Finding]:
-    """Check a checkpoint against ``policy`` before vLLM loads it.
+    """Check a checkpoint against ``policy`` before a rollout engine (vLLM by default) loads it.
 
     Raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] when the policy is
     float16 and vLLM refuses float16 for the checkpoint's ``model_type`` (gemma2, gemma3,
     gemma3_text, glm4 in current releases), unless ``raise_on_refusal`` is false (then the refusal
     is an ``error`` finding). Returns findings: a ``warning`` for families known to overflow
     float16, ``info`` for a cast.
+
+    ``engine`` names another engine that loads the checkpoint (``"SGLang"``): such an engine
+    refuses nothing, so a model type vLLM refuses is a ``warning`` (float16 runs unguarded
+    there) and nothing raises; the findings carry ``engine.lower()`` as their framework.
     """
     policy = resolve_policy(policy)
     config = load_model_config(path_or_dict)
@@ -140,8 +145,21 @@ def check_model_config(
     table = dict(refused) if refused is not None else vllm_refusal_table()
     findings: list[Finding] = []
     details = {"model_type": top, "nested_model_types": nested}
+    framework = engine.lower()
 
-    if policy.is_fp16 and top in table:
+    if policy.is_fp16 and top in table and engine != "vLLM":
+        findings.append(
+            Finding(
+                framework,
+                "warning",
+                f"vLLM refuses float16 for model type {top!r} ({table[top]}); {engine} does not "
+                f"refuse it, so this checkpoint would run in float16 unguarded.",
+                fix=f"Measure its float16 headroom (precision-plugin probe --model PATH), or "
+                f"{_BF16_HINT}",
+                details=details,
+            )
+        )
+    elif policy.is_fp16 and top in table:
         message = (
             f"vLLM refuses float16 for model type {top!r} ({table[top]}); the precision policy "
             f"asks for float16."
@@ -154,7 +172,7 @@ def check_model_config(
             if sub in table:
                 findings.append(
                     Finding(
-                        "vllm",
+                        framework,
                         "warning",
                         f"The language model inside this {top!r} checkpoint is {sub!r}, which "
                         f"vLLM refuses in float16 on its own ({table[sub]}).",
@@ -165,7 +183,7 @@ def check_model_config(
         for kind in dict.fromkeys([t for t in (top, *nested) if t in FP16_OVERFLOW_RISK]):
             findings.append(
                 Finding(
-                    "vllm",
+                    framework,
                     "warning",
                     f"Model type {kind!r} is known to overflow float16: {FP16_OVERFLOW_RISK[kind]}",
                     fix=f"Watch precision/loss_scale and skipped steps, or {_BF16_HINT}.",
@@ -176,9 +194,9 @@ def check_model_config(
     if stored and stored != policy.dtype:
         findings.append(
             Finding(
-                "vllm",
+                framework,
                 "info",
-                f"The checkpoint is stored in {stored}; vLLM will cast it to {policy.dtype}.",
+                f"The checkpoint is stored in {stored}; {engine} will cast it to {policy.dtype}.",
                 details={**details, "checkpoint_dtype": stored},
             )
         )

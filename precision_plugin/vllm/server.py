@@ -8,18 +8,17 @@ A server is asked through ``GET /server_info?config_format=json`` (vLLM's dev en
 
 from __future__ import annotations
 
-import json
 import logging
 import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin import versions
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
+from precision_plugin.serving import get_json, settle_findings
 from precision_plugin.vllm.cascade import cascade_decision
 
 log = logging.getLogger("precision_plugin")
@@ -32,10 +31,8 @@ _FIX = (
 
 def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET {base_url}/server_info?config_format=json``; returns the whole response."""
-    url = f"{base_url.rstrip('/')}/server_info?config_format=json"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return json.loads(response.read().decode())
+        return get_json(base_url, "/server_info?config_format=json", engine="vLLM", timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise PrecisionConfigError(
@@ -132,21 +129,6 @@ def compare_runtime(
     return findings
 
 
-def _act(findings: list[Finding], policy: PrecisionPolicy) -> list[Finding]:
-    """Raise for errors under strictness 'error'; log warnings and errors otherwise."""
-    errors = [f for f in findings if f.status == "error"]
-    if errors and policy.strictness == "error":
-        raise PrecisionMismatchError(
-            " ".join(f"{f.message} Fix: {f.fix}." for f in errors) + " (strictness='error')"
-        )
-    for f in findings:
-        if f.status in ("warning", "error"):
-            log.warning("%s Fix: %s.", f.message, f.fix)
-        else:
-            log.info("%s", f.message)
-    return findings
-
-
 def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
     """Ask a running vLLM server what it runs and compare with ``policy`` (the learner's dtype).
 
@@ -158,6 +140,10 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
     policy = resolve_policy(policy, what="verify_server()")
     try:
         config, version, where = _server_config(server)
+    except ServerUnreachableError as exc:
+        finding = Finding("vllm", "warning", str(exc), fix="start the server, or fix its URL")
+        log.warning("%s Fix: %s.", finding.message, finding.fix)
+        return [finding]
     except PrecisionConfigError:
         raise
     except Exception as exc:
@@ -179,7 +165,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
         where=where,
         vllm_version=version,
     )
-    return _act(findings, policy)
+    return settle_findings(findings, policy)
 
 
 def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
@@ -202,4 +188,4 @@ def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Findi
         policy=policy,
         where="colocated vLLM engine",
     )
-    return _act(findings, policy)
+    return settle_findings(findings, policy)

@@ -1,0 +1,94 @@
+"""AReaL (inclusionAI/AReaL): the overrides that make a run follow the policy, and a check of its
+experiment config. Pure: works on AReaL's config objects (``GRPOConfig``/``PPOConfig`` from
+``areal.api.cli_args``), an OmegaConf config or a plain dict, read by key or attribute.
+
+How AReaL 1.0.4 spells the precision (``areal/api/cli_args.py``):
+
+- ``sglang.dtype`` (default ``bfloat16``): ``SGLangConfig.build_args`` passes it as ``--dtype``
+  to ``python -m areal.experimental.inference_service.sglang.launch_server``, which calls
+  SGLang's ``prepare_server_args`` and ``Engine._launch_subprocesses`` without loading plugins
+  first: the plugin's entry point verifies there, it cannot set.
+- ``actor.dtype`` / ``ref.dtype`` / ``critic.dtype`` (default ``bfloat16``): the learners'
+  compute dtype. AReaL's FSDP engine has no loss scaler (no ``GradScaler`` in
+  ``areal/engine/fsdp_engine.py``); its Megatron engine passes ``fp16=True`` to Megatron, which
+  scales the loss itself.
+- ``rollout.backend`` (``sglang:d4``; the deprecated ``allocation_mode`` ``sglang:d4+fsdp:d4``)
+  says SGLang is the rollout engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from precision_plugin.manager import resolve_policy
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.report import Finding
+from precision_plugin.serving import settle_findings
+from precision_plugin.sglang.args import read_server_args
+from precision_plugin.sglang.check import FRAMEWORK, launch_findings
+from precision_plugin.verl.check import lookup
+
+#: AReaL's learner sections with a ``dtype`` and a ``backend``.
+LEARNERS = ("actor", "ref", "critic")
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def areal_overrides(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> list[str]:
+    """The AReaL command-line overrides for ``policy``: ``actor.dtype`` and ``sglang.dtype``
+    (add ``ref.dtype=...``/``critic.dtype=...`` when the experiment has them)."""
+    pol = resolve_policy(policy, what="precision_plugin.sglang.areal_overrides()")
+    return [f"actor.dtype={pol.dtype}", f"sglang.dtype={pol.dtype}"]
+
+
+def uses_sglang(cfg: Any) -> bool:
+    """True when the experiment's rollout engine is SGLang."""
+    backend = str(lookup(cfg, "rollout.backend", "") or "")
+    mode = str(lookup(cfg, "allocation_mode", "") or "")
+    return backend.startswith("sglang") or "sglang" in mode
+
+
+def check_areal_config(
+    cfg: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> list[Finding]:
+    """Check an AReaL experiment config against ``policy``: each learner's ``dtype`` (and a
+    float16 FSDP learner, which AReaL trains without a loss scaler), and, when the rollout
+    backend is SGLang, the ``sglang`` section as the launch
+    [`check_server_args`][precision_plugin.sglang.check_server_args] checks. ``error`` findings
+    raise together under ``strictness="error"``; the findings are returned."""
+    pol = resolve_policy(policy, what="precision_plugin.sglang.check_areal_config()")
+    findings: list[Finding] = []
+    for role in LEARNERS:
+        section = lookup(cfg, role)
+        if section is None:
+            continue
+        raw = str(lookup(section, "dtype", "bfloat16"))
+        runs = _ALIASES.get(raw, raw)
+        if runs != pol.dtype:
+            findings.append(
+                Finding(
+                    FRAMEWORK,
+                    "error",
+                    f"AReaL's {role} trains in {runs} ({role}.dtype) while the policy is "
+                    f"{pol.dtype}.",
+                    fix=f"{role}.dtype={pol.dtype}",
+                )
+            )
+        backend = str(lookup(section, "backend", "") or "")
+        if runs == "float16" and pol.uses_loss_scaler and backend.startswith("fsdp"):
+            findings.append(
+                Finding(
+                    FRAMEWORK,
+                    "warning",
+                    f"AReaL's {role} trains float16 on its FSDP engine, which has no loss scaler "
+                    f"(AReaL 1.0.4): small gradients underflow to zero.",
+                    fix=f"use the Megatron backend ({role}.backend=megatron:...) for float16, "
+                    f"or the consistent-bf16 mode",
+                )
+            )
+    if uses_sglang(cfg):
+        section = lookup(cfg, "sglang")
+        values = read_server_args(section if section is not None else {})
+        values["model_path"] = values.get("model_path") or lookup(cfg, "actor.path")
+        findings.extend(launch_findings(values, pol, {}, where="each of AReaL's SGLang servers"))
+    return settle_findings(findings, pol)

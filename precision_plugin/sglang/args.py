@@ -1,0 +1,179 @@
+"""SGLang launch arguments: what a launch should get under a policy, and reading what one got.
+
+Pure: SGLang is never imported. [`server_args`][precision_plugin.sglang.server_args] spells the
+policy the way ``sglang serve`` / ``python -m sglang.launch_server`` (flags) and
+``sglang.Engine(...)`` / ``ServerArgs(...)`` (keyword arguments) take it;
+[`read_server_args`][precision_plugin.sglang.args.read_server_args] reads the precision-relevant
+fields back from any of the forms a launch comes in (a ``ServerArgs`` record, keyword arguments,
+a command line, an ``argparse.Namespace``), with SGLang's defaults for what is not given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.frameworks import sglang_dtype
+from precision_plugin.manager import resolve_policy
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
+
+#: The ``ServerArgs`` fields the checks read, with SGLang 0.5.23's defaults
+#: (``sglang/srt/arg_groups/fields/*.py``).
+FIELDS: dict[str, Any] = {
+    "model_path": None,
+    "revision": None,
+    "dtype": "auto",
+    "kv_cache_dtype": "auto",
+    "rl_on_policy_target": None,
+    "enable_deterministic_inference": False,
+    "enable_fp32_lm_head": False,
+    "attention_backend": None,
+    "prefill_attention_backend": None,
+    "decode_attention_backend": None,
+    "moe_runner_backend": "auto",
+    "speculative_algorithm": None,
+    "speculative_eagle_topk": None,
+}
+#: Boolean fields: ``store_true`` flags on SGLang's command line.
+_SWITCHES = ("enable_deterministic_inference", "enable_fp32_lm_head")
+#: Command-line spellings beyond ``--<field-with-dashes>`` (SGLang's ``--model`` alias).
+_ALIASES = {"model_path": ("--model",)}
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What an SGLang launch gets under a policy.
+
+    ``flags`` go on the ``sglang serve`` / ``python -m sglang.launch_server`` command line,
+    ``kwargs`` into ``sglang.Engine(**kwargs)`` or ``ServerArgs(**kwargs)``, ``env`` into the
+    environment of the server's processes (it activates the plugin's ``sglang.srt.plugins``
+    entry point there).
+    """
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def env_value(policy: PrecisionPolicy) -> str:
+    """The ``PRECISION_PLUGIN`` value for ``policy``: the dtype name when nothing else differs
+    from the defaults, else the policy's compact JSON."""
+    if policy == PrecisionPolicy(dtype=policy.dtype):  # type: ignore[arg-type]
+        return policy.dtype
+    return policy.to_json()
+
+
+def server_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> LaunchSettings:
+    """The flags, keyword arguments and environment that make an SGLang launch run ``policy``.
+
+    The dtype is spelled SGLang's way (``float16``, ``bfloat16``, ``float32``; SGLang's parser
+    refuses ``fp16``) and the KV cache is left at ``auto`` (the model dtype: SGLang has no
+    ``float16`` KV choice). ``policy`` goes through
+    [`resolve_policy`][precision_plugin.manager.resolve_policy] (argument, active ``enable()``
+    policy, ``PRECISION_PLUGIN``, defaults).
+    """
+    pol = resolve_policy(policy, what="precision_plugin.sglang.server_args()")
+    dtype = sglang_dtype(pol)
+    return LaunchSettings(
+        flags=("--dtype", dtype, "--kv-cache-dtype", "auto"),
+        kwargs={"dtype": dtype, "kv_cache_dtype": "auto"},
+        env={ENV_VAR: env_value(pol)},
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def field_parser(
+    prefix: str = "", skip: tuple[str, ...] = (), **flags: dict[str, Any]
+) -> argparse.ArgumentParser:
+    """A parser for the fields in :data:`FIELDS` as ``--{prefix}{field-with-dashes}`` (SGLang's
+    spellings when ``prefix`` is empty, slime's with ``sglang-``), leaving out ``skip``; absent
+    flags stay absent. ``flags`` adds more: ``{"--fp16": {"action": "store_true"}}``."""
+    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for name in FIELDS:
+        if name in skip:
+            continue
+        names = (_flag(f"{prefix}{name}"), *(() if prefix else _ALIASES.get(name, ())))
+        if name in _SWITCHES:
+            parser.add_argument(*names, dest=name, action="store_true")
+        elif name == "speculative_eagle_topk":
+            parser.add_argument(*names, dest=name, type=int)
+        else:
+            parser.add_argument(*names, dest=name)
+    for flag, options in flags.items():
+        parser.add_argument(flag, **options)
+    return parser
+
+
+def read_yaml(path: str, flag: str) -> Any:
+    """The parsed YAML file ``flag`` names; an unreadable or malformed file is a
+    ``PrecisionConfigError`` naming the flag."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"{flag} {path!r} cannot be read ({exc.strerror}); pass the path of the YAML file "
+            f"the framework would read."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({exc}).") from None
+
+
+def _config_file(path: str) -> dict[str, Any]:
+    """The keys of an SGLang ``--config`` YAML file (dashes or underscores, as SGLang reads it)."""
+    data = read_yaml(path, "--config")
+    if not isinstance(data, Mapping):
+        raise PrecisionConfigError(
+            f"--config {path!r} holds a YAML {type(data).__name__}, not the mapping of server "
+            f"arguments SGLang reads."
+        )
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
+    """What SGLang's parser makes of ``argv`` for :data:`FIELDS`: command line over ``--config``
+    over defaults (``prepare_server_args``'s precedence)."""
+    parser = field_parser(**{"--config": {"dest": "config"}})
+    given = vars(parser.parse_known_args(list(argv))[0])
+    config = given.pop("config", None)
+    values = dict(FIELDS)
+    if config is not None:
+        from_file = _config_file(config)
+        values.update({k: v for k, v in from_file.items() if k in FIELDS})
+    values.update(given)
+    return values
+
+
+def read_server_args(args: Any) -> dict[str, Any]:
+    """The fields of :data:`FIELDS` of an SGLang launch, SGLang's defaults filling the gaps.
+
+    ``args`` is a ``ServerArgs`` record (or anything with its attributes, e.g. an
+    ``argparse.Namespace``), the keyword arguments of ``Engine``/``ServerArgs`` (a mapping; keys
+    with dashes are read as SGLang's config reader does), or a command line (a list of strings,
+    ``--config FILE`` included).
+    """
+    if isinstance(args, Mapping):
+        values = dict(FIELDS)
+        for key, value in args.items():
+            name = str(key).replace("-", "_")
+            if name in FIELDS:
+                values[name] = value
+        return values
+    if isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
+        return _from_argv(args)
+    if isinstance(args, (str, bytes, os.PathLike)) or not hasattr(args, "dtype"):
+        raise PrecisionConfigError(
+            f"check_server_args(args): expected SGLang's ServerArgs, the keyword arguments of "
+            f"sglang.Engine (a dict) or a command line (a list of strings), got "
+            f"{type(args).__name__}."
+        )
+    return {name: getattr(args, name, default) for name, default in FIELDS.items()}
