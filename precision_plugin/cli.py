@@ -227,6 +227,12 @@ def _add_verl_overrides(sub: Any) -> None:
     verl.add_argument(
         "--verl-version", default=None, help="verl version to target (default: the installed one)"
     )
+    verl.add_argument(
+        "--rollout",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="rollout engine, verl's actor_rollout_ref.rollout.name (default: vllm)",
+    )
 
 
 def _cmd_verl_overrides(args: argparse.Namespace) -> int:
@@ -236,7 +242,9 @@ def _cmd_verl_overrides(args: argparse.Namespace) -> int:
     policy = resolve_policy()
     if args.dtype:
         policy = policy.replace(dtype=args.dtype)
-    lines = overrides(policy, verl_version=args.verl_version, strategy=args.strategy)
+    lines = overrides(
+        policy, verl_version=args.verl_version, strategy=args.strategy, rollout=args.rollout
+    )
     sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
 

@@ -35,10 +35,11 @@ _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def areal_overrides(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> list[str]:
-    """The AReaL command-line overrides for ``policy``: ``actor.dtype`` and ``sglang.dtype``
-    (add ``ref.dtype=...``/``critic.dtype=...`` when the experiment has them)."""
+    """The AReaL command-line overrides for ``policy``: ``++actor.dtype`` and ``++sglang.dtype``
+    (Hydra's add-or-override: an experiment YAML need not spell the keys; add
+    ``++ref.dtype=...``/``++critic.dtype=...`` when the experiment has them)."""
     pol = resolve_policy(policy, what="precision_plugin.sglang.areal_overrides()")
-    return [f"actor.dtype={pol.dtype}", f"sglang.dtype={pol.dtype}"]
+    return [f"++actor.dtype={pol.dtype}", f"++sglang.dtype={pol.dtype}"]
 
 
 def uses_sglang(cfg: Any) -> bool:

@@ -128,38 +128,45 @@ def read_yaml(path: str, flag: str) -> Any:
         raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({exc}).") from None
 
 
-def _config_file(path: str) -> dict[str, Any]:
-    """The keys of an SGLang ``--config`` YAML file (dashes or underscores, as SGLang reads it)."""
+def _config_args(path: str) -> list[str]:
+    """An SGLang ``--config`` YAML file as the command-line arguments SGLang turns it into
+    (``ConfigArgumentMerger``: each key becomes ``--key`` as written, a true boolean a bare
+    switch, a false one nothing, a list its items)."""
     data = read_yaml(path, "--config")
     if not isinstance(data, Mapping):
         raise PrecisionConfigError(
             f"--config {path!r} holds a YAML {type(data).__name__}, not the mapping of server "
             f"arguments SGLang reads."
         )
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    args: list[str] = []
+    for key, value in data.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif isinstance(value, list):
+            args.extend([f"--{key}", *(str(v) for v in value)] if value else [])
+        elif value is not False:
+            args.extend([f"--{key}", str(value)])
+    return args
 
 
 def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
     """What SGLang's parser makes of ``argv`` for :data:`FIELDS`: command line over ``--config``
-    over defaults (``prepare_server_args``'s precedence)."""
-    parser = field_parser(**{"--config": {"dest": "config"}})
-    given = vars(parser.parse_known_args(list(argv))[0])
-    config = given.pop("config", None)
-    values = dict(FIELDS)
-    if config is not None:
-        from_file = _config_file(config)
-        values.update({k: v for k, v in from_file.items() if k in FIELDS})
-    values.update(given)
-    return values
+    over defaults (``prepare_server_args`` puts the file's arguments first)."""
+    argv = list(argv)
+    if "--config" in argv[:-1]:
+        at = argv.index("--config")
+        argv = [*_config_args(argv[at + 1]), *argv[:at], *argv[at + 2 :]]
+    given = vars(field_parser().parse_known_args(argv)[0])
+    return {**FIELDS, **given}
 
 
 def read_server_args(args: Any) -> dict[str, Any]:
     """The fields of :data:`FIELDS` of an SGLang launch, SGLang's defaults filling the gaps.
 
     ``args`` is a ``ServerArgs`` record (or anything with its attributes, e.g. an
-    ``argparse.Namespace``), the keyword arguments of ``Engine``/``ServerArgs`` (a mapping; keys
-    with dashes are read as SGLang's config reader does), or a command line (a list of strings,
-    ``--config FILE`` included).
+    ``argparse.Namespace``), the keyword arguments of ``Engine``/``ServerArgs`` (a mapping; a
+    key with dashes is read as its field), or a command line (a list of strings, ``--config
+    FILE`` included).
     """
     if isinstance(args, Mapping):
         values = dict(FIELDS)

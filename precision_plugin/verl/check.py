@@ -236,16 +236,21 @@ def find_contradictions(
     want = policy.dtype
     out: list[Contradiction] = []
 
+    from precision_plugin.verl.sglang import rollout_dtype_key, sglang_contradictions
+
     has_rollout = lookup(cfg, ROLLOUT) is not None
-    rollout = canonical_dtype(lookup(cfg, f"{ROLLOUT}.dtype", "bfloat16"))
+    rollout_key = rollout_dtype_key(cfg)  # engine_kwargs.sglang.dtype wins on an SGLang rollout
+    rollout = canonical_dtype(lookup(cfg, rollout_key, "bfloat16"))
     if has_rollout and rollout != want:
         out.append(
             Contradiction(
-                f"{ROLLOUT}.dtype",
+                rollout_key,
                 f"the rollout engine samples in {rollout} while the policy is {want}",
-                f"set {ROLLOUT}.dtype={want}, or {_FIX}",
+                f"set {rollout_key}={want}, or {_FIX}",
             )
         )
+    if has_rollout:
+        out.extend(sglang_contradictions(cfg, policy))
 
     for role, path in lay.learners.items():
         if role == "critic" and not _critic_in_use(cfg):

@@ -118,6 +118,7 @@ def overrides(
     strategy: str = "fsdp",
     vllm_version: Any = _AUTO,
     gpu_capability: Any = _AUTO,
+    rollout: str = "vllm",
 ) -> list[str]:
     """The Hydra overrides that make a verl PPO/GRPO run follow ``policy``.
 
@@ -132,13 +133,29 @@ def overrides(
     ``calculate_log_probs`` (so verl logs its mismatch metrics), the cascade guard where the
     vLLM needs it, and ``PRECISION_PLUGIN`` in the Ray workers' environment (so every vLLM
     engine's general plugin and verl's plugin hook enforce the same policy).
+
+    ``rollout`` is the engine of ``actor_rollout_ref.rollout.name``: ``vllm`` (the cascade
+    guard), or ``sglang`` (``engine_kwargs.sglang.dtype`` too, which verl spreads over
+    ``rollout.dtype``; ``PRECISION_PLUGIN`` then reaches SGLang's ``sglang.srt.plugins`` entry
+    point, which verifies the dtype in SGLang's processes).
     """
     pol = resolve_policy(policy, what="precision_plugin.verl.overrides()")
     lay = layout(verl_version, strategy)
+    if rollout == "sglang":
+        from precision_plugin.verl.sglang import sglang_overrides
+
+        engine = sglang_overrides(pol)
+    elif rollout == "vllm":
+        engine = cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability)
+    else:
+        raise PrecisionConfigError(
+            f"precision_plugin.verl.overrides(rollout={rollout!r}): the rollout engine must be "
+            f"'vllm' or 'sglang' (verl's actor_rollout_ref.rollout.name)."
+        )
     return [
         f"{ROLLOUT}.dtype={vllm_dtype(pol)}",
         *learner_overrides(pol, lay),
         f"{ROLLOUT}.calculate_log_probs=True",
-        *cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability),
+        *engine,
         f"++{RAY_ENV_VARS}.{ENV_VAR}={env_value(pol)}",
     ]
