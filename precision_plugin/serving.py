@@ -13,7 +13,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from precision_plugin.errors import PrecisionMismatchError, ServerUnreachableError
+from precision_plugin.errors import (
+    PrecisionConfigError,
+    PrecisionMismatchError,
+    ServerUnreachableError,
+)
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 
@@ -25,7 +29,8 @@ def get_json(base_url: str, path: str, *, engine: str, timeout: float = 10.0) ->
 
     Raises [`ServerUnreachableError`][precision_plugin.errors.ServerUnreachableError] when
     nothing answers (refused connection, unknown host, timeout), asking whether an ``engine``
-    server runs at that URL, and when the answer is not JSON. An HTTP error status
+    server runs at that URL; ``PrecisionConfigError`` when the answer is not JSON (another kind
+    of server). An HTTP error status
     (``urllib.error.HTTPError``, e.g. 404 for a missing endpoint) is left to the caller.
     """
     base = base_url.rstrip("/")
@@ -45,7 +50,7 @@ def get_json(base_url: str, path: str, *, engine: str, timeout: float = 10.0) ->
     try:
         return json.loads(body.decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ServerUnreachableError(
+        raise PrecisionConfigError(
             f"{url} answered, but not with JSON ({body[:80]!r}): is this an {engine} server? "
             f"Pass the base URL of the {engine} server."
         ) from None
