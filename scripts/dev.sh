@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: sets up what it needs, then runs the job.
 #   bash scripts/dev.sh probe [probe options]   # the main job: the mismatch probe, embedded model
-#   bash scripts/dev.sh test  [pytest options]  # every test, vLLM/verl contract tests, docs build
+#   bash scripts/dev.sh test  [pytest options]  # every test, every contract env's tests, docs build
 #   bash scripts/dev.sh setup                   # only the set-up (everything `test` needs)
 # Paths you pass (--model ./ckpt, --json out.json, tests/unit/test_x.py) are relative to the
 # directory you run it from, wherever the repository is.
 # What each job installs into .venv: `probe` the package with its plot extra (torch, transformers,
 # matplotlib: what the probe needs); `test` adds the test and docs extras (Accelerate, DeepSpeed,
-# TRL, datasets, pytest, ruff, mkdocs) and the vLLM, verl and OpenRLHF contract environments.
+# TRL, datasets, pytest, ruff, mkdocs) and the vLLM, verl, OpenRLHF and SGLang contract
+# environments.
 set -euo pipefail
 caller=$(pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +19,7 @@ vllm_old_venv=$(absolute "${PRECISION_PLUGIN_VLLM_OLD_VENV:-$root/.venv-vllm-old
 verl_venv=$(absolute "${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}")
 verl_old_venv=$(absolute "${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}")
 openrlhf_venv=$(absolute "${PRECISION_PLUGIN_OPENRLHF_VENV:-$root/.venv-openrlhf}")
+sglang_venv=$(absolute "${PRECISION_PLUGIN_SGLANG_VENV:-$root/.venv-sglang}")
 py="${PYTHON:-python3}"
 
 # setup_main probe|test: the package with the extras that job needs (test is a superset of probe).
@@ -69,6 +71,12 @@ setup_openrlhf() {
   bash "$root/scripts/setup_openrlhf_env.sh" "$openrlhf_venv"
 }
 
+setup_sglang() {
+  # SGLang's config layer (and AReaL's config module) on the CPU torch, without SGLang's CUDA
+  # dependencies (tests/contract_sglang/); a stamp makes a warm rerun install nothing.
+  bash "$root/scripts/setup_sglang_env.sh" "$sglang_venv"
+}
+
 # pytest runs in the repository (its config and test paths live there): an argument naming a
 # file or folder that exists relative to the caller's directory becomes an absolute path.
 caller_paths() {
@@ -91,6 +99,7 @@ case "$cmd" in
     setup_vllm
     setup_verl
     setup_openrlhf
+    setup_sglang
     ;;
   probe)
     setup_main probe
@@ -101,6 +110,7 @@ case "$cmd" in
     setup_vllm
     setup_verl
     setup_openrlhf
+    setup_sglang
     mapfile -t args < <(caller_paths "$@")
     cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
@@ -109,6 +119,7 @@ case "$cmd" in
     echo ">> pytest"
     "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl \
       --ignore=tests/contract_openrlhf \
+      --ignore=tests/contract_sglang \
       ${args[@]+"${args[@]}"}
     echo ">> pytest (vLLM contract tests, separate environment)"
     "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
@@ -120,6 +131,8 @@ case "$cmd" in
     "$verl_old_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
     echo ">> pytest (OpenRLHF 0.11.2/0.11.0 contract tests, vLLM 0.29.0 and Ray, separate environment)"
     "$openrlhf_venv/bin/python" -m pytest tests/contract_openrlhf -p no:cacheprovider
+    echo ">> pytest (SGLang 0.5.23 contract tests, separate environment)"
+    "$sglang_venv/bin/python" -m pytest tests/contract_sglang -p no:cacheprovider
     echo ">> mkdocs build --strict"
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;

@@ -7,6 +7,7 @@ import argparse
 import json
 import pickle
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -211,8 +212,20 @@ for name, env, argv in json.loads(sys.argv[1]):
 STRICT_ENV = json.dumps({"dtype": "float16", "strictness": "error"})
 WARN = {"PRECISION_PLUGIN": "float16"}
 STRICT_RUN = {"PRECISION_PLUGIN": STRICT_ENV}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe_args() -> list[str]:
+    """The arguments integrations/sglang/serve.sh passes to ``sglang serve`` (``$MODEL`` kept)."""
+    text = (ROOT / "integrations" / "sglang" / "serve.sh").read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("exec sglang serve"))
+    args = [a for a in shlex.split(line)[3:] if a != "$@"]
+    return [a.replace("$PORT", "30000") for a in args]
+
+
 #: (case, environment, extra arguments) run one after another in one SGLang process.
 CASES = [
+    ("recipe", {"PRECISION_PLUGIN": "float16"}, recipe_args()),
     ("auto", WARN, []),
     ("bf16", WARN, ["--dtype", "bfloat16"]),
     ("strict_bf16", STRICT_RUN, ["--dtype", "bfloat16"]),
@@ -226,7 +239,10 @@ CASES = [
 def probe(tmp_path, model, cases, **env):
     """Run ``cases`` through SGLang's parser and resolution in one fresh process whose plugins
     were loaded under ``env``; ``{case.KEY: value}``."""
-    spec = [(name, case_env, cpu_argv(model, *extra)) for name, case_env, extra in cases]
+    spec = [
+        (name, case_env, [a.replace("$MODEL", model) for a in cpu_argv(model, *extra)])
+        for name, case_env, extra in cases
+    ]
     code = PROBE + "\n"
     return run_installed(
         f"import sys; sys.argv[1:] = [{json.dumps(spec)!r}]\n" + code, tmp_path, **env
@@ -250,7 +266,7 @@ def test_entry_point_is_registered_and_targets_exist():
     assert MODEL_CONFIG_TARGET.endswith("ModelConfig.from_server_args")
 
 
-@pytest.mark.parametrize("case", ["auto", "bf16", "strict_ok"])
+@pytest.mark.parametrize("case", ["recipe", "auto", "bf16", "strict_ok"])
 def test_the_hook_forces_the_policy_dtype(hooked, case):
     got = tuple(hooked[f"{case}.{key}"] for key in ("RECORD", "RESOLVED", "RUNS"))
     assert got == ("float16", "float16", "torch.float16")  # the checkpoint is bf16

@@ -75,6 +75,11 @@ OPENRLHF = (
     "real OpenRLHF and checked, and PRECISION_PLUGIN is followed into the engine actors of a "
     "local Ray cluster, in tests/contract_openrlhf/"
 )
+SGLANG_GPU = (
+    "needs a GPU with SGLang (and the model from the Hub); SGLang 0.5.23's own parser and "
+    "resolution read these arguments (integrations/sglang/serve.sh included) and the entry point "
+    "sets and verifies the dtype in tests/contract_sglang/"
+)
 SANITY = (
     "the full sanity benchmark takes 4-10 minutes on 2 CPU cores; its --smoke mode, the same "
     "code path, runs in CI (tests/integration/test_sanity.py)"
@@ -209,6 +214,38 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     'c["cache_config"]["cache_dtype"])\'': Elsewhere(
         "needs a running vLLM server; the JSON paths are the ones verify_server reads, checked "
         "against vLLM's VllmConfig in tests/contract/test_vllm_contract.py"
+    ),
+    # integrations/sglang/README.md
+    "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=30000 bash integrations/sglang/serve.sh": Elsewhere(
+        SGLANG_GPU
+    ),
+    "PRECISION_PLUGIN='{\"dtype\": \"float16\", \"strictness\": \"error\"}' sglang serve "
+    "--model-path Qwen/Qwen2.5-0.5B-Instruct --port 30000": Elsewhere(SGLANG_GPU),
+    "curl -s http://localhost:30000/server_info | python -c 'import json, sys; i = "
+    'json.load(sys.stdin); print(i["dtype"], i["kv_cache_dtype"], i["rl_on_policy_target"])\'': (
+        Elsewhere(
+            "needs a running SGLang server; the fields are those of the /server_info payload "
+            "verify_server reads, built from a real record in tests/contract_sglang/"
+        )
+    ),
+    "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang <your overrides> "
+    "$(precision-plugin verl-overrides --rollout sglang)": Elsewhere(
+        "needs verl with SGLang and Ray on a GPU node; the overrides with rollout.name=sglang "
+        "compose against real verl 0.9.1 and 0.7.1 in "
+        "tests/contract_verl/test_verl_sglang_contract.py"
+    ),
+    "ray job submit --address=http://127.0.0.1:8265 --runtime-env-json='{\"env_vars\": "
+    '{\"PRECISION_PLUGIN\": \"float16\"}}\' -- python3 train.py --fp16 <your slime arguments>': (
+        Elsewhere(
+            "needs slime (Megatron, not on PyPI) and a Ray cluster with GPUs; slime's --fp16 and "
+            "--sglang-* reading is checked by check_slime_args in tests/unit/test_sglang.py and "
+            "against SGLang's flags in tests/contract_sglang/"
+        )
+    ),
+    "PRECISION_PLUGIN=float16 python3 <your AReaL trainer>.py --config <your experiment>.yaml "
+    "++actor.dtype=float16 ++sglang.dtype=float16": Elsewhere(
+        "needs AReaL with GPUs; AReaL 1.0.4's own config parser reads these overrides and its "
+        "launch arguments reach SGLang's parser in tests/contract_sglang/"
     ),
     # docs/trl.md
     "python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
