@@ -6,11 +6,8 @@ platform so ``create_engine_config()`` and the CLI parser work on a machine with
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,9 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 vllm = pytest.importorskip("vllm", reason="the vLLM contract environment is not active")
+
+from tests import contract_support  # noqa: E402
+from tests.contract_support import write_checkpoint  # noqa: E402
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -48,13 +48,6 @@ GEMMA2 = {
 }
 
 
-def write_checkpoint(path: Path, config: dict) -> Path:
-    """A checkpoint directory holding only ``config.json`` (vLLM's config layer needs no weights)."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    return path
-
-
 @pytest.fixture
 def llama_dir(tmp_path):
     return str(write_checkpoint(tmp_path / "llama", LLAMA))
@@ -75,24 +68,8 @@ def script_command(path: Path, program: str, variables: dict[str, str]) -> list[
 
 
 def run_installed(code: str, cwd: Path, **env: str) -> dict[str, str]:
-    """Run ``code`` in a fresh interpreter against the *installed* precision_plugin.
-
-    ``PRECISION_PLUGIN``/``VLLM_PLUGINS`` are cleared, then ``env`` applied; the process runs
-    outside the repository with no ``PYTHONPATH``, so the real (non-editable) distribution and its
-    entry point are what load. Returns the ``KEY value`` lines it printed as a dict.
-    """
-    drop = ("PRECISION_PLUGIN", "VLLM_PLUGINS", "PYTHONPATH")
-    environ = {k: v for k, v in os.environ.items() if k not in drop}
-    environ.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    """Run ``code`` against the installed precision_plugin, ``PRECISION_PLUGIN``/``VLLM_PLUGINS``
+    cleared, then ``env`` applied (``tests.contract_support.run_installed``)."""
+    return contract_support.run_installed(
+        code, cwd, drop=("PRECISION_PLUGIN", "VLLM_PLUGINS"), env=env, timeout=240
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert "site-packages" in out["FILE"], "precision_plugin must be a real (non-editable) install"
-    return out

@@ -11,11 +11,8 @@ the subprocesses.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,9 @@ for name in ("PRECISION_PLUGIN", "SGLANG_PLUGINS", "SGLANG_SANITIZE_NAN_LOGITS")
     os.environ.pop(name, None)
 
 sglang = pytest.importorskip("sglang", reason="the SGLang contract environment is not active")
+
+from tests import contract_support  # noqa: E402
+from tests.contract_support import write_checkpoint  # noqa: E402
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -43,45 +43,19 @@ LLAMA = {
 }
 
 
-def write_checkpoint(path: Path, config: dict) -> str:
-    """A checkpoint folder holding only ``config.json`` (SGLang's config layer reads no weights)."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
-
-
 @pytest.fixture
 def llama_dir(tmp_path):
-    return write_checkpoint(tmp_path / "llama", LLAMA)
+    return str(write_checkpoint(tmp_path / "llama", LLAMA))
 
 
 def cpu_argv(model: str, *extra: str) -> list[str]:
     """An ``sglang serve`` command line that resolves on CPU without a tokenizer."""
-    return ["--model-path", model, "--device", "cpu", "--skip-tokenizer-init", *extra]
+    return ["--model-path", str(model), "--device", "cpu", "--skip-tokenizer-init", *extra]
 
 
 def run_installed(code: str, cwd: Path, **env: str) -> dict[str, str]:
-    """Run ``code`` in a fresh interpreter against the *installed* precision_plugin.
-
-    ``PRECISION_PLUGIN``/``SGLANG_PLUGINS`` are cleared, then ``env`` applied; the process runs
-    outside the repository with only the torchvision stub on ``PYTHONPATH``, so the real
-    (non-editable) distribution and its entry point are what load. Returns the ``KEY value``
-    lines it printed as a dict.
-    """
-    drop = ("PRECISION_PLUGIN", "SGLANG_PLUGINS", "PYTHONPATH", "SGLANG_SANITIZE_NAN_LOGITS")
-    environ = {k: v for k, v in os.environ.items() if k not in drop}
-    environ["PYTHONPATH"] = str(STUBS)
-    environ.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert "site-packages" in out["FILE"], "precision_plugin must be a real (non-editable) install"
-    out["STDERR"] = done.stderr
-    return out
+    """Run ``code`` against the installed precision_plugin, ``PRECISION_PLUGIN``/
+    ``SGLANG_PLUGINS``/``SGLANG_SANITIZE_NAN_LOGITS`` cleared, only the torchvision stub on
+    ``PYTHONPATH``, then ``env`` applied (``tests.contract_support.run_installed``)."""
+    drop = ("PRECISION_PLUGIN", "SGLANG_PLUGINS", "SGLANG_SANITIZE_NAN_LOGITS")
+    return contract_support.run_installed(code, cwd, drop=drop, env=env, pythonpath=str(STUBS))

@@ -10,8 +10,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import msgspec
@@ -41,6 +39,7 @@ from precision_plugin.sglang.plugin import (
     MODEL_CONFIG_TARGET,
     resolve_target,
 )
+from tests.loopback import Answer, loopback
 
 STRICT_POLICY = PrecisionPolicy(strictness="error")
 
@@ -252,7 +251,7 @@ def probe(tmp_path, model, cases, **env):
 @pytest.fixture(scope="module")
 def hooked(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hooked")
-    model = write_checkpoint(tmp / "llama", LLAMA)
+    model = str(write_checkpoint(tmp / "llama", LLAMA))
     return probe(tmp, model, CASES, PRECISION_PLUGIN="float16")
 
 
@@ -367,76 +366,58 @@ def test_enable_reaches_an_engine_built_in_the_process(llama_dir, tmp_path):
 
 
 # -- /server_info against a loopback server that answers like SGLang -----------------------------
-class _SGLang(BaseHTTPRequestHandler):
-    """``GET /server_info`` as ``entrypoints/http_server.py`` builds it, from a real record."""
-
-    record: ServerArgs | None = None
-
-    def do_GET(self):
-        if self.path != "/server_info":
-            self.send_error(404)
-            return
-        payload = msgspec_to_builtins(
-            redact_watermark_secrets(
-                {
-                    **build_server_info(type(self).record, {}),
-                    "internal_states": [{}],
-                    "version": SGLANG_VERSION,
-                    "frontend": "python",
-                }
-            )
+def server_info(record: ServerArgs) -> bytes:
+    """``GET /server_info`` as SGLang's ``entrypoints/http_server.py`` builds it from a record."""
+    payload = msgspec_to_builtins(
+        redact_watermark_secrets(
+            {
+                **build_server_info(record, {}),
+                "internal_states": [{}],
+                "version": SGLANG_VERSION,
+                "frontend": "python",
+            }
         )
-        body = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    )
+    return json.dumps(payload).encode()
 
 
 @pytest.fixture
 def sglang_server():
-    httpd = HTTPServer(("127.0.0.1", 0), _SGLang)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+    with loopback(Answer("/server_info")) as answer:
+        yield answer
 
 
 def test_verify_server_decides_auto_from_the_checkpoint(llama_dir, sglang_server):
-    _SGLang.record = resolved(cpu_argv(llama_dir))  # auto on a bf16 checkpoint
-    where = f"SGLang server at {sglang_server} (SGLang {SGLANG_VERSION})"
+    sglang_server.set(server_info(resolved(cpu_argv(llama_dir))))  # auto on a bf16 checkpoint
+    where = f"SGLang server at {sglang_server.url} (SGLang {SGLANG_VERSION})"
     with pytest.raises(
         PrecisionMismatchError, match=re.escape(f"{where} runs bfloat16 (dtype=auto")
     ):
-        verify_server(sglang_server, STRICT_POLICY)
-    assert [f.status for f in verify_server(sglang_server, "bfloat16")] == ["ok"]
+        verify_server(sglang_server.url, STRICT_POLICY)
+    assert [f.status for f in verify_server(sglang_server.url, "bfloat16")] == ["ok"]
 
 
 def test_verify_server_reads_an_explicit_dtype_and_the_traps(llama_dir, sglang_server):
-    _SGLang.record = resolved(cpu_argv(llama_dir, *server_args().flags))
-    assert [f.status for f in verify_server(sglang_server, STRICT_POLICY)] == ["ok"]
+    sglang_server.set(server_info(resolved(cpu_argv(llama_dir, *server_args().flags))))
+    assert [f.status for f in verify_server(sglang_server.url, STRICT_POLICY)] == ["ok"]
     # rl_on_policy_target forces deterministic inference, which needs one of its backends
     trap = ["--dtype", "float16", "--rl-on-policy-target", "fsdp", "--attention-backend", "triton"]
-    _SGLang.record = resolved(cpu_argv(llama_dir, *trap))
+    sglang_server.set(server_info(resolved(cpu_argv(llama_dir, *trap))))
     with pytest.raises(PrecisionMismatchError, match="rl-on-policy-target fsdp"):
-        verify_server(sglang_server, STRICT_POLICY)
+        verify_server(sglang_server.url, STRICT_POLICY)
 
 
 def test_verify_server_when_the_checkpoint_is_elsewhere(tmp_path, sglang_server):
     gone = write_checkpoint(tmp_path / "gone", LLAMA)
-    _SGLang.record = resolved(cpu_argv(gone))
+    sglang_server.set(server_info(resolved(cpu_argv(gone))))
     (Path(gone) / "config.json").unlink()  # the server's machine has it, this one does not
-    (finding,) = verify_server(sglang_server, STRICT_POLICY)
+    (finding,) = verify_server(sglang_server.url, STRICT_POLICY)
     assert finding.status == "warning" and "cannot be told here" in finding.message
 
 
 def test_verify_server_wrong_url_and_nothing_listening(sglang_server):
     with pytest.raises(PrecisionConfigError, match="HTTP 404: it is not an SGLang server"):
-        verify_server(f"{sglang_server}/v1")
+        verify_server(f"{sglang_server.url}/v1")
     (finding,) = verify_server("http://127.0.0.1:9")
     assert "Is an SGLang server running at http://127.0.0.1:9?" in finding.message
 

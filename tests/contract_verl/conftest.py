@@ -8,8 +8,6 @@ API from the config directory inside the installed verl, and convert sections wi
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,8 @@ verl = pytest.importorskip("verl", reason="the verl contract environment is not 
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from packaging.version import Version  # noqa: E402
+
+from tests import contract_support  # noqa: E402
 
 VERL_VERSION = Version(verl.__version__)
 CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
@@ -49,29 +49,8 @@ def compose_verl(overrides: list[str], strategy: str = "fsdp") -> Any:
 
 
 def run_installed(code: str, cwd: Path, **env: str) -> dict[str, str]:
-    """Run ``code`` in a fresh interpreter against the *installed* precision_plugin.
-
-    ``PRECISION_PLUGIN``/``VERL_USE_EXTERNAL_*`` are cleared, then ``env`` applied; the process
-    runs outside the repository with no ``PYTHONPATH``, so the real (non-editable) distribution
-    and its entry point are what load. Returns the ``KEY value`` lines it printed as a dict.
-    """
-    drop = (
-        "PRECISION_PLUGIN",
-        "VERL_USE_EXTERNAL_MODULES",
-        "VERL_USE_EXTERNAL_PLUGINS",
-        "PYTHONPATH",
-    )
-    environ = {k: v for k, v in os.environ.items() if k not in drop}
-    environ.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert "site-packages" in out["FILE"], "precision_plugin must be a real (non-editable) install"
-    return out
+    """Run ``code`` against the installed precision_plugin, ``PRECISION_PLUGIN``/
+    ``VERL_USE_EXTERNAL_*`` cleared, then ``env`` applied
+    (``tests.contract_support.run_installed``)."""
+    drop = ("PRECISION_PLUGIN", "VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")
+    return contract_support.run_installed(code, cwd, drop=drop, env=env, timeout=240)

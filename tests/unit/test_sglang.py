@@ -8,10 +8,7 @@ import argparse
 import json
 import logging
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
-from typing import ClassVar
 
 import pytest
 import torch
@@ -35,6 +32,7 @@ from precision_plugin.sglang.doctor import doctor_findings
 from precision_plugin.sglang.plugin import force_dtype, resolve_target, verify_model_config
 from precision_plugin.verl import check_config, overrides
 from precision_plugin.verl.sglang import rollout_dtype_key
+from tests.loopback import Answer, loopback
 
 STRICT = PrecisionPolicy(strictness="error")
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}
@@ -220,28 +218,10 @@ def test_checkpoint_risks_sglang_does_not_refuse(checkpoint):
 
 
 # -- /server_info --------------------------------------------------------------------------------
-class _Server(BaseHTTPRequestHandler):
-    body: ClassVar[bytes] = b"{}"
-
-    def do_GET(self):
-        if self.path != "/server_info":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(type(self).body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def server():
-    httpd = HTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+    with loopback(Answer("/server_info")) as answer:
+        yield answer
 
 
 def answer(**fields) -> bytes:
@@ -250,16 +230,16 @@ def answer(**fields) -> bytes:
 
 
 def test_verify_server_over_http(server, checkpoint):
-    _Server.body = answer(dtype="bfloat16", model_path=checkpoint(LLAMA))
+    server.set(answer(dtype="bfloat16", model_path=checkpoint(LLAMA)))
     with pytest.raises(
         PrecisionMismatchError, match=r"at http://127.0.0.1:\d+ \(SGLang 0.5.23\) runs bfloat16"
     ):
-        verify_server(server + "/", STRICT)
-    assert [f.status for f in verify_server(server, "bfloat16")] == ["ok"]
-    _Server.body = answer(
-        dtype="auto", model_path=checkpoint({**LLAMA, "torch_dtype": "float32"}, "fp32")
+        verify_server(server.url + "/", STRICT)
+    assert [f.status for f in verify_server(server.url, "bfloat16")] == ["ok"]
+    server.set(
+        answer(dtype="auto", model_path=checkpoint({**LLAMA, "torch_dtype": "float32"}, "fp32"))
     )
-    assert [f.status for f in verify_server(server, STRICT)] == ["ok"]  # auto: float32 -> fp16
+    assert [f.status for f in verify_server(server.url, STRICT)] == ["ok"]  # auto: fp32 -> fp16
 
 
 def test_verify_server_traps_and_json(checkpoint):
@@ -271,13 +251,13 @@ def test_verify_server_traps_and_json(checkpoint):
 
 def test_verify_server_wrong_answers(server):
     with pytest.raises(PrecisionConfigError, match="HTTP 404: it is not an SGLang server"):
-        verify_server(server + "/v1")
-    _Server.body = b"<html>"
+        verify_server(server.url + "/v1")
+    server.set(b"<html>")
     with pytest.raises(PrecisionConfigError, match="not with JSON"):
-        verify_server(server)
-    _Server.body = json.dumps({"vllm_config": {}}).encode()
+        verify_server(server.url)
+    server.set(json.dumps({"vllm_config": {}}).encode())
     with pytest.raises(PrecisionConfigError, match="without a 'dtype' field"):
-        verify_server(server)
+        verify_server(server.url)
 
 
 def test_verify_server_with_nothing_listening(caplog):
@@ -500,3 +480,19 @@ def test_doctor(monkeypatch):
     assert trap[2][0] == "error" and len(trap) == 3
     monkeypatch.setattr(versions, "entry_point_registered", lambda group, name="x": False)
     assert found({})[1][0] == "warning"
+
+
+def test_the_serve_recipe_leaves_the_dtype_to_the_entry_point():
+    import shlex
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "integrations" / "sglang" / "serve.sh"
+    text = script.read_text()
+    assert 'export PRECISION_PLUGIN="${PRECISION_PLUGIN:-float16}"' in text
+    line = next(ln for ln in text.replace("\\\n", " ").splitlines() if "exec sglang serve" in ln)
+    values = read_server_args(shlex.split(line)[3:])
+    assert (values["model_path"], values["dtype"], values["kv_cache_dtype"]) == (
+        "$MODEL",
+        "auto",  # the entry point makes it the policy dtype
+        "auto",
+    )

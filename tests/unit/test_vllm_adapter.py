@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
-from typing import ClassVar
 
 import pytest
 import torch
@@ -22,6 +19,7 @@ from precision_plugin.vllm import adapter
 from precision_plugin.vllm.models import check_model_config
 from precision_plugin.vllm.probe_engine import llm_kwargs, sampled_logprobs, sampling_kwargs
 from precision_plugin.vllm.server import verify_engine, verify_server
+from tests.loopback import Answer, loopback
 
 A100, H100 = (8, 0), (9, 0)
 STRICT = PrecisionPolicy(strictness="error")
@@ -260,47 +258,27 @@ def test_verify_server_kv_and_cascade():
     assert [f.status for f in findings] == ["ok"]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    payload: ClassVar[dict] = {}
-
-    def do_GET(self):
-        if not self.path.startswith("/server_info?config_format=json"):
-            self.send_error(404)
-            return
-        body = json.dumps(self.payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def server():
-    httpd = HTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with loopback(Answer("/server_info?config_format=json")) as answer:
+        yield answer
 
 
 def test_verify_server_over_http(server):
-    _Handler.payload = {
+    payload = {
         "vllm_config": _server_config("torch.bfloat16"),
         "vllm_env": {},
         "system_env": {"vllm_version": "0.33.0"},
     }
-    url = f"http://127.0.0.1:{server.server_port}"
+    server.set(json.dumps(payload).encode())
+    url = server.url
     with pytest.raises(PrecisionMismatchError, match=f"vLLM server at {url} runs torch.bfloat16"):
         verify_server(url, STRICT)
     assert verify_server(url, PrecisionPolicy(dtype="bfloat16"))[0].status == "ok"
 
 
 def test_verify_server_without_dev_mode(server):
-    url = f"http://127.0.0.1:{server.server_port}/nope"
+    url = f"{server.url}/nope"
     with pytest.raises(PrecisionConfigError, match="VLLM_SERVER_DEV_MODE=1"):
         verify_server(url)
 
@@ -325,8 +303,8 @@ def test_verify_engine_reads_model_config():
 
 
 def test_train_begin_hook_verifies_server_mode(server):
-    _Handler.payload = {"vllm_config": _server_config("torch.bfloat16")}
-    url = f"http://127.0.0.1:{server.server_port}"
+    server.set(json.dumps({"vllm_config": _server_config("torch.bfloat16")}).encode())
+    url = server.url
 
     class Client:  # TRL's VLLMClient.get_server_info() returns response.json()["vllm_config"]
         base_url = url
