@@ -15,6 +15,8 @@
 # change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/contract_env.sh
+source scripts/contract_env.sh
 venv="${1:?usage: bash scripts/setup_verl_env.sh <venv-dir> [current|old]}"
 flavour="${2:-current}"
 py="${PYTHON:-python3}"
@@ -50,11 +52,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -f "$venv/.precision_plugin-verl-src"
 fi
 
-src_stamp="$venv/.precision_plugin-verl-src"
-src=$(find precision_plugin -name '*.py' -o -name 'py.typed' | LC_ALL=C sort | xargs cat pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src" ]; then
-  echo ">> installing precision_plugin (non-editable) into $venv"
-  rm -rf build  # setuptools reuses build/lib: modules moved or deleted since would ship again
-  "${pip[@]}" --no-deps --force-reinstall .
-  echo "$src" > "$src_stamp"
-fi
+install_self "$venv" verl

@@ -10,6 +10,21 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+#: A two-layer Llama config: what the config layers resolve (no weights are read).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+}
+
 
 def write_checkpoint(path: Path, config: dict) -> Path:
     """A checkpoint directory holding only ``config.json`` (config layers need no weights)."""

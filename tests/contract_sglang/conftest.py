@@ -26,21 +26,9 @@ for name in ("PRECISION_PLUGIN", "SGLANG_PLUGINS", "SGLANG_SANITIZE_NAN_LOGITS")
 sglang = pytest.importorskip("sglang", reason="the SGLang contract environment is not active")
 
 from tests import contract_support  # noqa: E402
-from tests.contract_support import write_checkpoint  # noqa: E402
+from tests.contract_support import TINY_LLAMA, write_checkpoint  # noqa: E402
 
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "bfloat16",
-}
+LLAMA = TINY_LLAMA
 
 
 @pytest.fixture

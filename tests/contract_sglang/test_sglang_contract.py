@@ -129,18 +129,7 @@ def test_config_file_under_the_command_line(llama_dir, tmp_path):
 
 
 # -- the dtype from resolve_once ------------------------------------------------------------------
-GEMMA = {
-    "architectures": ["GemmaForCausalLM"],
-    "model_type": "gemma",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-}
+GEMMA = {**LLAMA, "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "head_dim": 16}
 NO_DTYPE = {k: v for k, v in LLAMA.items() if k != "torch_dtype"}
 CHECKPOINTS = {
     "llama bf16": LLAMA,
