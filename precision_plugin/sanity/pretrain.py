@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.sanity.task import LETTERS, Problem, make_problem, score
+from precision_plugin.sanity.task import Problem, Task
 
 #: ``progress(description, completed, total)``.
 ProgressFn = Callable[[str, int, int], None]
@@ -30,8 +30,6 @@ class PretrainSettings:
     eval_every: int = 25
     batch_size: int = 64
     learning_rate: float = 3e-3
-    min_len: int = 3
-    max_len: int = 6
 
 
 @dataclass(frozen=True)
@@ -45,29 +43,34 @@ class PretrainReport:
 
 
 def sampled_accuracy(
-    model: Any, tokenizer: Any, problems: Sequence[Problem], seed: int, max_new_tokens: int
+    model: Any, task: Task, tokenizer: Any, problems: Sequence[Problem], seed: int
 ) -> float:
     """Share of ``problems`` answered exactly by one float32 sample each, at temperature 1."""
     from precision_plugin.probe.engine import HFRolloutEngine
 
     engine = HFRolloutEngine(copy.deepcopy(model), "float32", "cpu")
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    samples = engine.generate(prompts, max_new_tokens, seed)
+    samples = engine.generate(prompts, task.max_completion_tokens, seed)
     engine.close()
     texts = tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
-    return sum(score(p.prompt, t) for p, t in zip(problems, texts, strict=True)) / len(problems)
+    return sum(task.score(p.prompt, t) for p, t in zip(problems, texts, strict=True)) / len(
+        problems
+    )
 
 
-def _batch(tokenizer: Any, rng: random.Random, settings: PretrainSettings) -> tuple[Any, Any]:
+def _batch(
+    task: Task, tokenizer: Any, rng: random.Random, settings: PretrainSettings
+) -> tuple[Any, Any]:
     import torch
 
     rows, labels = [], []
     for _ in range(settings.batch_size):
-        n = rng.randint(settings.min_len, settings.max_len)
-        problem = make_problem("".join(rng.choice(LETTERS) for _ in range(n)))
+        problem = task.make_problem(task.draw(rng))
         prompt = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]
-        answer = tokenizer(problem.answer, add_special_tokens=False)["input_ids"]
-        answer = [*answer, tokenizer.eos_token_id]
+        answer = tokenizer(task.sample_answer(problem.prompt, rng), add_special_tokens=False)
+        answer = answer["input_ids"]
+        if task.ends_with_eos:
+            answer = [*answer, tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
@@ -79,6 +82,7 @@ def _batch(tokenizer: Any, rng: random.Random, settings: PretrainSettings) -> tu
 
 def pretrain(
     model: Any,
+    task: Task,
     tokenizer: Any,
     problems: Sequence[Problem],
     seed: int,
@@ -92,14 +96,13 @@ def pretrain(
     import torch
 
     rng = random.Random(seed)
-    max_new = settings.max_len + 2
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     accuracy, loss_value, step = 0.0, float("nan"), 0
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, settings.max_steps + 1):
-            ids, labels = _batch(tokenizer, rng, settings)
+            ids, labels = _batch(task, tokenizer, rng, settings)
             mask = (ids != tokenizer.pad_token_id).long()
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
@@ -110,7 +113,7 @@ def pretrain(
                 progress("pretraining (float32)", step, settings.max_steps)
             if step % settings.eval_every == 0:
                 model.eval()
-                accuracy = sampled_accuracy(model, tokenizer, problems, seed + step, max_new)
+                accuracy = sampled_accuracy(model, task, tokenizer, problems, seed + step)
                 model.train()
                 if accuracy >= settings.target:
                     break
