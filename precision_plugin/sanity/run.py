@@ -1,10 +1,12 @@
-"""Run the sanity benchmark: pretrain once, then GRPO in each dtype from the same weights.
+"""Run the sanity benchmark: per seed, pretrain once, then GRPO in each dtype from those weights.
 
 Each dtype gets ``precision_plugin.enable(dtype=...)``, TRL's ``GRPOTrainer`` with
 ``PrecisionCallback`` and, with the ``hf`` engine, ``HFRollout`` (an inference copy of the
 policy in the policy dtype, synced after every optimizer step, like vLLM). Everything per step
-is read from the trainer's own log history: TRL's reward and the plugin's ``precision/*``
-metrics; nothing is measured twice.
+is read from the trainer's own log history: TRL's reward, the plugin's ``precision/*`` metrics
+and, when on, the gradient-cosine readout (``precision_plugin.sanity.mechanism``); nothing is
+measured twice. Within a seed the dtypes are paired: same pretrained weights, same problems,
+same trainer seed (so the same prompt order and the same rollout sampling seeds).
 """
 
 from __future__ import annotations
@@ -16,28 +18,36 @@ import logging
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.progress import ProgressFn
 from precision_plugin.sanity.model import build_model, parameter_count
 from precision_plugin.sanity.pretrain import PretrainSettings, pretrain
-from precision_plugin.sanity.schema import DtypeRun, SanityConfig, SanityResult, StepRecord
-from precision_plugin.sanity.task import make_problems, reward_exact
+from precision_plugin.sanity.schema import (
+    DtypeRun,
+    SanityConfig,
+    SanityResult,
+    SeedRun,
+    StepRecord,
+)
+from precision_plugin.sanity.task import ACCURACY_KEY, Problem
 
 log = logging.getLogger("precision_plugin")
 
-ProgressFn = Callable[[str, int, int], None]
-#: TRL's log key for the mean of our reward function (binary, so it is the accuracy).
-ACCURACY_KEY = f"rewards/{reward_exact.__name__}/mean"
-#: Lengths of the task strings (the completion is the string reversed plus EOS).
-MIN_LEN, MAX_LEN = 3, 6
-
-
-def smoke_config(**overrides: Any) -> SanityConfig:
-    """The CI-sized run: tiny model, 6 steps per dtype, all three dtypes."""
-    settings: dict[str, Any] = {"steps": 6, "model_size": "tiny", "smoke": True}
-    return SanityConfig(**{**settings, **overrides})
+#: Log keys read into a [`StepRecord`][precision_plugin.sanity.StepRecord]; every other
+#: ``precision/*`` key lands in its ``telemetry`` dict.
+STEP_KEYS: dict[str, str] = {
+    "reward": "reward",
+    "accuracy": ACCURACY_KEY,
+    "k3_kl": "precision/k3_kl",
+    "prob_diff_max": "precision/prob_diff_max",
+    "loss_scale": "precision/loss_scale",
+    "skipped_steps": "precision/skipped_steps",
+    "grad_cosine": "sanity/grad_cosine",
+    "seq_log_ratio_abs": "sanity/seq_log_ratio_abs",
+}
 
 
 def check_engine(engine: str) -> None:
@@ -73,48 +83,33 @@ def _one_thread() -> Iterator[None]:
 
 
 def run_sanity(config: SanityConfig, progress: ProgressFn | None = None) -> SanityResult:
-    """Pretrain, then run GRPO once per dtype from identical weights and seeds."""
+    """For each seed: pretrain, then run GRPO once per dtype from those weights (paired)."""
     import torch
 
     check_engine(config.engine)
     report = progress or (lambda *_: None)
-    problems = make_problems(config.num_problems, config.seed, MIN_LEN, MAX_LEN)
+    seeds, model_info = [], {}
     with _one_thread():
-        model, tokenizer = build_model(config.model_size, config.seed)
-        settings = PretrainSettings(min_len=MIN_LEN, max_len=MAX_LEN)
-        if config.smoke:
-            settings = PretrainSettings(min_len=MIN_LEN, max_len=MAX_LEN, target=0.2, max_steps=400)
-        started = time.perf_counter()
-        pre = pretrain(model, tokenizer, problems, config.seed, settings, progress=report)
-        pretrain_info = {
-            "steps": pre.steps,
-            "loss": pre.loss,
-            "sampled_accuracy": pre.accuracy,
-            "target": settings.target,
-            "reached_target": pre.reached_target,
-            "seconds": time.perf_counter() - started,
-        }
-        if not pre.reached_target:
-            log.warning(
-                "precision_plugin: sanity pretraining stopped at %.2f sampled accuracy, below "
-                "its %.2f target, after %d steps",
-                pre.accuracy,
-                settings.target,
-                pre.steps,
-            )
-        runs = {}
-        for dtype in config.dtypes:
-            runs[dtype] = _run_dtype(config, dtype, model, tokenizer, problems, report)
-    result = SanityResult(
+        for seed in config.seeds:
+            model, tokenizer, problems, pretrain_info = _pretrained(config, seed, report)
+            model_info = {
+                "architecture": "LlamaForCausalLM",
+                "size": config.model_size,
+                "parameters": parameter_count(model),
+                "vocab": len(tokenizer),
+                "max_position_embeddings": model.config.max_position_embeddings,
+            }
+            runs = {
+                dtype: _run_dtype(config, seed, dtype, model, tokenizer, problems, report)
+                for dtype in config.dtypes
+            }
+            for run in runs.values():
+                run.summarize(config.window)
+            seeds.append(SeedRun(seed=seed, pretrain=pretrain_info, runs=runs))
+    return SanityResult(
         config=config,
-        pretrain=pretrain_info,
-        model={
-            "architecture": "LlamaForCausalLM",
-            "size": config.model_size,
-            "parameters": parameter_count(model),
-            "vocab": len(tokenizer),
-        },
-        runs=runs,
+        model=model_info,
+        seeds=seeds,
         environment={
             "torch": torch.__version__,
             "trl": _version("trl"),
@@ -123,9 +118,46 @@ def run_sanity(config: SanityConfig, progress: ProgressFn | None = None) -> Sani
             "python": platform.python_version(),
         },
     )
-    for run in runs.values():
-        run.summarize()
-    return result
+
+
+def _pretrained(
+    config: SanityConfig, seed: int, progress: ProgressFn
+) -> tuple[Any, Any, list[Problem], dict[str, Any]]:
+    """The seed's problems and model, pretrained (float32) into the partly-solved band."""
+    task = config.task
+    problems = task.make_problems(config.num_problems, seed)
+    model, tokenizer = build_model(config.model_size, seed, task)
+    settings = PretrainSettings(
+        target=config.pretrain_target,
+        max_steps=config.pretrain_max_steps,
+        batch_size=config.pretrain_batch_size,
+        learning_rate=config.pretrain_learning_rate,
+    )
+    wall, cpu = time.perf_counter(), time.process_time()
+    label = f"pretraining seed {seed} (float32)"
+    pre = pretrain(
+        model, task, tokenizer, problems, seed, settings,
+        progress=lambda _, done, total: progress(label, done, total),
+    )  # fmt: skip
+    info = {
+        "steps": pre.steps,
+        "loss": pre.loss,
+        "sampled_accuracy": pre.accuracy,
+        "target": settings.target,
+        "reached_target": pre.reached_target,
+        "seconds": time.perf_counter() - wall,
+        "cpu_seconds": time.process_time() - cpu,
+    }
+    if not pre.reached_target:
+        log.warning(
+            "precision_plugin: sanity pretraining (seed %d) stopped at %.2f sampled accuracy, "
+            "below its %.2f target, after %d steps",
+            seed,
+            pre.accuracy,
+            settings.target,
+            pre.steps,
+        )
+    return model, tokenizer, problems, info
 
 
 def _version(name: str) -> str | None:
@@ -137,27 +169,36 @@ def _version(name: str) -> str | None:
 
 def _run_dtype(
     config: SanityConfig,
+    seed: int,
     dtype: str,
     pretrained: Any,
     tokenizer: Any,
-    problems: list[Any],
+    problems: list[Problem],
     progress: ProgressFn,
 ) -> DtypeRun:
     """GRPO for ``config.steps`` steps in ``dtype`` from a copy of ``pretrained``."""
     import precision_plugin as pp
 
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     pp.enable(dtype=dtype)
     try:
         with tempfile.TemporaryDirectory(prefix="precision-sanity-") as out:
-            trainer = _build_trainer(config, dtype, pretrained, tokenizer, problems, out, progress)
+            trainer = _build_trainer(
+                config, seed, dtype, pretrained, tokenizer, problems, out, progress
+            )
             trainer.train()
             history = list(trainer.state.log_history)
             audit = _audit(trainer)
     finally:
         pp.disable()
     steps = [_record(h) for h in history if "loss" in h and "step" in h]
-    return DtypeRun(dtype=dtype, steps=steps, seconds=time.perf_counter() - started, ran=audit)
+    return DtypeRun(
+        dtype=dtype,
+        steps=steps,
+        seconds=time.perf_counter() - wall,
+        cpu_seconds=time.process_time() - cpu,
+        ran=audit,
+    )
 
 
 def _audit(trainer: Any) -> dict[str, Any]:
@@ -181,23 +222,26 @@ def _record(entry: dict[str, Any]) -> StepRecord:
         value = entry.get(key)
         return float(value) if value is not None else None
 
+    known = set(STEP_KEYS.values())
+    telemetry = {
+        k.removeprefix("precision/"): get(k)
+        for k in entry
+        if k.startswith("precision/") and k not in known
+    }
     return StepRecord(
         step=int(entry["step"]),
-        reward=get("reward"),
-        accuracy=get(ACCURACY_KEY),
-        k3_kl=get("precision/k3_kl"),
-        prob_diff_max=get("precision/prob_diff_max"),
-        loss_scale=get("precision/loss_scale"),
-        skipped_steps=get("precision/skipped_steps"),
+        **{name: get(key) for name, key in STEP_KEYS.items()},
+        telemetry=telemetry,
     )
 
 
 def _build_trainer(
     config: SanityConfig,
+    seed: int,
     dtype: str,
     pretrained: Any,
     tokenizer: Any,
-    problems: list[Any],
+    problems: list[Problem],
     output_dir: str,
     progress: ProgressFn,
 ) -> Any:
@@ -208,11 +252,14 @@ def _build_trainer(
     from trl import GRPOConfig, GRPOTrainer
 
     from precision_plugin import PrecisionCallback
+    from precision_plugin.sanity.mechanism import cosine_callback, trainer_class
     from precision_plugin.trl import HFRollout
+
+    label = f"GRPO {dtype} seed {seed}"
 
     class _Progress(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            progress(f"GRPO {dtype}", state.global_step, config.steps)
+            progress(label, state.global_step, config.steps)
 
     model = copy.deepcopy(pretrained)
     extra: dict[str, Any] = {}
@@ -226,21 +273,23 @@ def _build_trainer(
             "use_vllm": True,
             "vllm_mode": "colocate",
             "vllm_gpu_memory_utilization": 0.3,
-            # plain GRPO, as with HFRollout (TRL corrects only vLLM rollouts) and the paper
+            # plain policy gradient, as with HFRollout (TRL corrects only vLLM rollouts) and
+            # the paper's sanity runs
             "vllm_importance_sampling_correction": False,
         }
         rollout_func = None
-    progress(f"GRPO {dtype}", 0, config.steps)
+    progress(label, 0, config.steps)
     args = GRPOConfig(
         output_dir=output_dir,
         max_steps=config.steps,
-        seed=config.seed,
+        seed=seed,
         per_device_train_batch_size=config.prompts_per_step * config.num_generations,
         num_generations=config.num_generations,
-        max_completion_length=MAX_LEN + 2,
+        max_completion_length=config.task.max_completion_tokens,
         learning_rate=config.learning_rate,
         lr_scheduler_type="constant",
         temperature=config.temperature,
+        loss_type=config.loss_type,
         beta=0.0,  # no reference model, as in the paper's sanity runs
         logging_steps=1,
         save_strategy="no",
@@ -249,16 +298,19 @@ def _build_trainer(
         use_cpu=config.engine != "vllm" and not torch.cuda.is_available(),
         **({"use_vllm": False} | extra),
     )  # fp16/bf16 unset: the policy decides
-    trainer = GRPOTrainer(
+    readout = cosine_callback()
+    trainer = trainer_class(GRPOTrainer)(
         model=model,
-        reward_funcs=reward_exact,
+        reward_funcs=config.task.reward_function(),
         args=args,
         train_dataset=Dataset.from_dict({"prompt": [p.prompt for p in problems]}),
         processing_class=tokenizer,
-        callbacks=[PrecisionCallback(), _Progress()],
+        callbacks=[PrecisionCallback(), _Progress(), readout],
         rollout_func=rollout_func,
     )
-    # The CLI shows its own progress bar; the trainer's printed logs would bury it.
+    trainer.grad_cosine = config.grad_cosine
+    readout.trainer = trainer
+    # The CLI shows its own progress; the trainer's printed logs would bury it.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer

@@ -1,40 +1,72 @@
-"""The sanity benchmark's configuration and results, and their JSON form."""
+"""The sanity benchmark's configuration, presets and results, and their JSON form."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import normalize_dtype
 from precision_plugin.sanity.model import MODEL_SIZES
+from precision_plugin.sanity.task import REVERSE, SHIFT, Task
 
 #: Version of the JSON layout; bump when a field changes meaning.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 ENGINES: tuple[str, ...] = ("hf", "vllm")
 #: Per-step fields, each read from the trainer's log history (None when it did not log it).
 STEP_FIELDS: tuple[str, ...] = (
     "step", "reward", "accuracy", "k3_kl", "prob_diff_max", "loss_scale", "skipped_steps",
+    "grad_cosine", "seq_log_ratio_abs", "telemetry",
 )  # fmt: skip
-#: Per-dtype summary fields.
+#: Per-run summary fields (``*_accuracy`` are means over a window of ``window`` steps).
 SUMMARY_FIELDS: tuple[str, ...] = (
-    "mean_k3_kl", "max_prob_diff_max", "first_accuracy", "peak_accuracy", "final_accuracy",
-    "final_loss_scale", "skipped_steps", "nan_values", "seconds",
+    "window", "first_accuracy", "peak_accuracy", "final_accuracy", "collapsed",
+    "mean_k3_kl", "max_prob_diff_max", "mean_grad_cosine", "min_grad_cosine",
+    "mean_seq_log_ratio_abs", "final_loss_scale", "skipped_steps", "nan_values",
+    "seconds", "cpu_seconds",
 )  # fmt: skip
+#: A drop of the final window's accuracy this far below the run's best window is a collapse.
+COLLAPSE_DROP = 0.2
+
+#: What each preset sets; anything else keeps ``SanityConfig``'s defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "long": {
+        "steps": 300,
+        "seeds": (0, 1, 2),
+        "model_size": "small",
+        "learning_rate": 1e-4,
+        "grad_cosine": True,
+        "pretrain_learning_rate": 3e-3,
+        "pretrain_batch_size": 32,
+    },
+}
+#: What ``--smoke`` changes on top of each preset: a CI-sized run of the same code path.
+SMOKE: dict[str, dict[str, Any]] = {
+    "default": {"steps": 6, "model_size": "tiny", "pretrain_target": 0.2,
+                "pretrain_max_steps": 400},
+    "long": {"steps": 3, "seeds": (0,), "model_size": "tiny", "pretrain_target": 0.2,
+             "pretrain_max_steps": 400, "num_problems": 16},
+}  # fmt: skip
+#: The task of each preset.
+TASKS: dict[str, Task] = {"default": REVERSE, "long": SHIFT}
 
 
 @dataclass(frozen=True)
 class SanityConfig:
-    """What to run: GRPO steps per dtype, seed, dtypes, model size, engine and batch shape.
+    """What to run: the preset (its task), GRPO steps per dtype, seeds, dtypes, model size,
+    engine, batch shape, learning rates, pretraining target and the gradient-cosine readout.
 
-    ``smoke`` shrinks the run to a CI-sized check (tiny model, few steps).
+    Every seed pretrains its own model; within a seed every dtype starts from those weights and
+    samples with the same seeds (paired). ``smoke`` marks a CI-sized run.
     """
 
+    preset: str = "default"
     steps: int = 60
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     model_size: str = "small"
     engine: str = "hf"
@@ -44,18 +76,40 @@ class SanityConfig:
     num_generations: int = 8
     learning_rate: float = 2e-4
     temperature: float = 1.0
+    loss_type: str = "dapo"
+    grad_cosine: bool = False
+    pretrain_target: float = 0.4
+    pretrain_max_steps: int = 1500
+    pretrain_learning_rate: float = 3e-3
+    pretrain_batch_size: int = 64
 
     def __post_init__(self) -> None:
-        if isinstance(self.dtypes, str):
+        if self.preset not in PRESETS:
             raise PrecisionConfigError(
-                f"dtypes: expected a sequence of dtype names, got the string {self.dtypes!r}; "
-                f"pass e.g. ('float16', 'bfloat16')."
+                f"preset: {self.preset!r} is not a sanity preset; use one of {', '.join(PRESETS)}."
             )
+        for name in ("dtypes", "seeds"):
+            if isinstance(getattr(self, name), str):
+                raise PrecisionConfigError(
+                    f"{name}: expected a sequence, got the string {getattr(self, name)!r}; pass "
+                    f"e.g. {('float16', 'bfloat16') if name == 'dtypes' else (0, 1, 2)}."
+                )
         names = tuple(dict.fromkeys(normalize_dtype(d, field_name="dtypes") for d in self.dtypes))
         if not names:
             raise PrecisionConfigError("dtypes: empty; pass at least one of float16, bfloat16.")
         object.__setattr__(self, "dtypes", names)
-        for name in ("steps", "num_problems", "prompts_per_step", "num_generations"):
+        seeds = tuple(self.seeds)
+        if (
+            not seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+            or len(set(seeds)) != len(seeds)
+        ):
+            raise PrecisionConfigError(
+                f"seeds: {self.seeds!r}; pass distinct integers >= 0, e.g. (0, 1, 2)."
+            )
+        object.__setattr__(self, "seeds", seeds)
+        for name in ("steps", "num_problems", "prompts_per_step", "num_generations",
+                     "pretrain_max_steps", "pretrain_batch_size"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PrecisionConfigError(
@@ -65,8 +119,16 @@ class SanityConfig:
             raise PrecisionConfigError(
                 f"num-generations: {self.num_generations}; GRPO needs at least 2 per prompt."
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise PrecisionConfigError(f"seed: {self.seed!r} is not an integer >= 0; pass e.g. 0.")
+        for name in ("learning_rate", "pretrain_learning_rate", "temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise PrecisionConfigError(
+                    f"{name.replace('_', '-')}: {value!r} is not a number > 0."
+                )
+        if not 0 < self.pretrain_target <= 1:
+            raise PrecisionConfigError(
+                f"pretrain-target: {self.pretrain_target!r}; pass a sampled accuracy in (0, 1]."
+            )
         if self.model_size not in MODEL_SIZES:
             raise PrecisionConfigError(
                 f"model-size: {self.model_size!r} is not a sanity model size; use one of "
@@ -76,11 +138,52 @@ class SanityConfig:
             raise PrecisionConfigError(
                 f"engine: {self.engine!r} is not a sanity engine; use one of {', '.join(ENGINES)}."
             )
+        from precision_plugin.sanity.mechanism import LOSS_TYPES
+
+        if self.loss_type not in LOSS_TYPES:
+            raise PrecisionConfigError(
+                f"loss-type: {self.loss_type!r}; the sanity runs use one of "
+                f"{', '.join(LOSS_TYPES)}."
+            )
+
+    @property
+    def task(self) -> Task:
+        """The preset's task."""
+        return TASKS[self.preset]
+
+    @property
+    def window(self) -> int:
+        """Steps in an accuracy window: a sixth of the run (50 of 300, 10 of 60), at least 1."""
+        return max(1, self.steps // 6)
+
+
+def preset_config(preset: str = "default", smoke: bool = False, **overrides: Any) -> SanityConfig:
+    """The configuration of ``preset`` (its smoke variant with ``smoke``), then ``overrides``.
+
+    Overrides whose value is ``None`` are ignored (an option the user did not give).
+    """
+    if preset not in PRESETS:
+        SanityConfig(preset=preset)  # raises the one clear error
+    known = {f.name for f in fields(SanityConfig)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise PrecisionConfigError(
+            f"sanity: unknown settings {sorted(unknown)}; known: {sorted(known)}."
+        )
+    settings = {**PRESETS[preset], **(SMOKE[preset] if smoke else {})}
+    settings |= {k: v for k, v in overrides.items() if v is not None}
+    return SanityConfig(preset=preset, smoke=smoke, **settings)
 
 
 @dataclass
 class StepRecord:
-    """One GRPO step of one dtype, as the trainer logged it (``precision/*`` from the plugin)."""
+    """One GRPO step of one dtype, as the trainer logged it (``precision/*`` from the plugin,
+    ``sanity/*`` from the gradient-cosine readout; None where nothing was logged).
+
+    ``telemetry`` holds every other ``precision/*`` metric the telemetry logged that step
+    (``k1_kl``, token counts and, where the telemetry has them, consequence metrics such as the
+    effective sample size and masked fractions), keyed without the prefix.
+    """
 
     step: int
     reward: float | None
@@ -89,54 +192,82 @@ class StepRecord:
     prob_diff_max: float | None
     loss_scale: float | None
     skipped_steps: float | None
+    grad_cosine: float | None = None
+    seq_log_ratio_abs: float | None = None
+    telemetry: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
 class DtypeRun:
-    """Every step of one dtype and a summary of them."""
+    """Every step of one dtype (one seed) and a summary of them."""
 
     dtype: str
     steps: list[StepRecord]
     seconds: float
+    cpu_seconds: float = 0.0
     summary: dict[str, Any] = field(default_factory=dict)
     #: What ran, from ``PrecisionCallback.audit()``: ``consistent``, ``learner_forward_dtype``,
     #: ``rollout_dtype``, ``rollout_engine``.
     ran: dict[str, Any] = field(default_factory=dict)
 
-    def summarize(self) -> dict[str, Any]:
-        """Fill and return ``summary`` (means over logged steps; NaN/inf values counted)."""
+    def summarize(self, window: int) -> dict[str, Any]:
+        """Fill and return ``summary``: accuracy over the first, best and last ``window`` steps,
+        a collapse flag (final window ``COLLAPSE_DROP`` below the best), means over the logged
+        steps (NaN/inf left out and counted) and the run's wall and CPU seconds."""
+        acc = [s.accuracy for s in self.steps if _finite(s.accuracy)]
         k3 = [s.k3_kl for s in self.steps if _finite(s.k3_kl)]
         diff = [s.prob_diff_max for s in self.steps if _finite(s.prob_diff_max)]
-        acc = [s.accuracy for s in self.steps if _finite(s.accuracy)]
-        values = [getattr(s, f) for s in self.steps for f in STEP_FIELDS if f != "step"]
+        cos = [s.grad_cosine for s in self.steps if _finite(s.grad_cosine)]
+        ratio = [s.seq_log_ratio_abs for s in self.steps if _finite(s.seq_log_ratio_abs)]
+        values = [
+            getattr(s, f) for s in self.steps for f in STEP_FIELDS if f not in ("step", "telemetry")
+        ]
         last = self.steps[-1] if self.steps else None
+        w = max(1, min(window, len(acc)))
+        windows = [_mean(acc[i : i + w]) for i in range(len(acc) - w + 1)]
+        first = windows[0] if windows else None
+        peak = max(windows) if windows else None
+        final = windows[-1] if windows else None
         self.summary = {
-            "mean_k3_kl": sum(k3) / len(k3) if k3 else None,
+            "window": w,
+            "first_accuracy": first,
+            "peak_accuracy": peak,
+            "final_accuracy": final,
+            "collapsed": bool(windows) and final <= peak - COLLAPSE_DROP,  # type: ignore[operator]
+            "mean_k3_kl": _mean(k3),
             "max_prob_diff_max": max(diff) if diff else None,
-            "first_accuracy": acc[0] if acc else None,
-            "peak_accuracy": max(acc) if acc else None,
-            "final_accuracy": sum(acc[-5:]) / len(acc[-5:]) if acc else None,
+            "mean_grad_cosine": _mean(cos),
+            "min_grad_cosine": min(cos) if cos else None,
+            "mean_seq_log_ratio_abs": _mean(ratio),
             "final_loss_scale": last.loss_scale if last else None,
             "skipped_steps": last.skipped_steps if last else None,
             "nan_values": sum(v is not None and not math.isfinite(v) for v in values),
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
         }
         return self.summary
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form."""
+        return {
+            "dtype": self.dtype,
+            "ran": self.ran,
+            "summary": self.summary,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
 
 @dataclass
-class SanityResult:
-    """The whole benchmark: config, pretraining, one run per dtype, and the headline ratio."""
+class SeedRun:
+    """One seed: its pretraining and one run per dtype from the same pretrained weights."""
 
-    config: SanityConfig
+    seed: int
     pretrain: dict[str, Any]
-    model: dict[str, Any]
     runs: dict[str, DtypeRun]
-    environment: dict[str, Any] = field(default_factory=dict)
 
     @property
     def k3_ratio_bf16_over_fp16(self) -> float | None:
-        """Mean k3 of bfloat16 over float16's: the headline (None unless both ran)."""
+        """Mean k3 of bfloat16 over float16's in this seed (None unless both ran)."""
         bf16, fp16 = (self.runs.get(d) for d in ("bfloat16", "float16"))
         if bf16 is None or fp16 is None:
             return None
@@ -144,26 +275,46 @@ class SanityResult:
         return a / b if a is not None and b else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form."""
+        return {
+            "seed": self.seed,
+            "pretrain": self.pretrain,
+            "runs": {d: r.to_dict() for d, r in self.runs.items()},
+            "k3_ratio_bf16_over_fp16": self.k3_ratio_bf16_over_fp16,
+        }
+
+
+@dataclass
+class SanityResult:
+    """The whole benchmark: config, one [`SeedRun`][precision_plugin.sanity.SeedRun] per seed,
+    and their aggregate over seeds (mean, spread, the pre-registered verdict)."""
+
+    config: SanityConfig
+    model: dict[str, Any]
+    seeds: list[SeedRun]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def aggregate(self) -> dict[str, Any]:
+        """Mean and spread over seeds (see [`aggregate`][precision_plugin.sanity.aggregate])."""
+        from precision_plugin.sanity.aggregate import aggregate
+
+        return aggregate(self)
+
+    def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (see ``STEP_FIELDS``/``SUMMARY_FIELDS``)."""
         config = asdict(self.config)
         config["dtypes"] = list(self.config.dtypes)
+        config["seeds"] = list(self.config.seeds)
+        config["window"] = self.config.window
         return {
             "schema_version": SCHEMA_VERSION,
             "benchmark": "sanity",
             "config": config,
+            "task": task_description(self.config.task),
             "model": self.model,
-            "pretrain": self.pretrain,
             "environment": self.environment,
-            "runs": {
-                d: {
-                    "dtype": r.dtype,
-                    "ran": r.ran,
-                    "summary": r.summary or r.summarize(),
-                    "steps": [asdict(s) for s in r.steps],
-                }
-                for d, r in self.runs.items()
-            },
-            "k3_ratio_bf16_over_fp16": self.k3_ratio_bf16_over_fp16,
+            "seeds": [s.to_dict() for s in self.seeds],
+            **self.aggregate(),
         }
 
     def to_json(self) -> str:
@@ -171,20 +322,40 @@ class SanityResult:
         return json.dumps(_json_safe(self.to_dict()), indent=2)
 
 
+def task_description(task: Task) -> dict[str, Any]:
+    """The task as JSON: its class, settings and token budgets."""
+    return {
+        "name": type(task).__name__,
+        **asdict(task),
+        "max_prompt_tokens": task.max_prompt_tokens,
+        "max_completion_tokens": task.max_completion_tokens,
+        "ends_with_eos": task.ends_with_eos,
+    }
+
+
 def missing_fields(data: dict[str, Any]) -> list[str]:
     """Names of the fields a sanity JSON document lacks (empty when complete)."""
-    missing = [
-        k for k in ("schema_version", "config", "model", "pretrain", "runs") if k not in data
-    ]
-    missing += [] if "k3_ratio_bf16_over_fp16" in data else ["k3_ratio_bf16_over_fp16"]
-    for dtype, run in data.get("runs", {}).items():
-        missing += [] if "ran" in run else [f"runs.{dtype}.ran"]
-        missing += [f"runs.{dtype}.summary.{f}" for f in SUMMARY_FIELDS if f not in run["summary"]]
-        if not run.get("steps"):
-            missing.append(f"runs.{dtype}.steps")
-        for i, step in enumerate(run.get("steps", [])):
-            missing += [f"runs.{dtype}.steps[{i}].{f}" for f in STEP_FIELDS if f not in step]
+    top = ("schema_version", "config", "task", "model", "seeds", "aggregate",
+           "k3_ratio_bf16_over_fp16", "verdict", "timing")  # fmt: skip
+    missing = [k for k in top if k not in data]
+    for i, seed in enumerate(data.get("seeds", [])):
+        where = f"seeds[{i}]"
+        missing += [f"{where}.{k}" for k in ("seed", "pretrain", "runs") if k not in seed]
+        for dtype, run in seed.get("runs", {}).items():
+            missing += [] if "ran" in run else [f"{where}.runs.{dtype}.ran"]
+            summary = run.get("summary", {})
+            missing += [f"{where}.runs.{dtype}.summary.{f}" for f in SUMMARY_FIELDS
+                        if f not in summary]  # fmt: skip
+            if not run.get("steps"):
+                missing.append(f"{where}.runs.{dtype}.steps")
+            for j, step in enumerate(run.get("steps", [])):
+                missing += [f"{where}.runs.{dtype}.steps[{j}].{f}" for f in STEP_FIELDS
+                            if f not in step]  # fmt: skip
     return missing
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _finite(value: float | None) -> bool:

@@ -81,8 +81,13 @@ SGLANG_GPU = (
     "sets and verifies the dtype in tests/contract_sglang/"
 )
 SANITY = (
-    "the full sanity benchmark takes 4-10 minutes on 2 CPU cores; its --smoke mode, the same "
-    "code path, runs in CI (tests/integration/test_sanity.py)"
+    "the default sanity benchmark over three seeds takes about 15-30 minutes on 2 CPU cores; its "
+    "--smoke mode, the same code path, runs in CI (tests/integration/test_sanity.py)"
+)
+SANITY_LONG = (
+    "the long preset's full protocol takes up to 2 hours of CPU (its measured per-step time is in "
+    "docs/benchmarks.md); its --smoke mode, the same code path, runs in CI "
+    "(tests/integration/test_sanity.py)"
 )
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
@@ -110,10 +115,31 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "CPU cores; the memory claim it measures is tested in tests/integration/"
         "test_probe_memory.py and test_probe_scoring.py"
     ),
-    # docs/sanity.md, docs/benchmarks.md: the sanity benchmark
-    ".venv/bin/precision-plugin sanity --json sanity.json --plot "
+    # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
+    ".venv/bin/precision-plugin sanity --seeds 0,1,2 --json docs/results/sanity.json --plot "
     "docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
-    "precision-plugin sanity --json sanity.json --plot sanity.png": Elsewhere(SANITY),
+    "precision-plugin sanity --seeds 0,1,2 --json sanity.json --plot sanity.png": Elsewhere(SANITY),
+    "precision-plugin sanity --preset long --smoke": Elsewhere(
+        "tests/integration/test_sanity.py runs exactly this through the CLI's main() in CI and "
+        "checks what it prints and writes"
+    ),
+    ".venv/bin/precision-plugin sanity --preset long --smoke --json "
+    "docs/results/sanity-long-smoke.json": Elsewhere(
+        "writes the published results file; the same run is tests/integration/test_sanity.py's"
+    ),
+    ".venv/bin/precision-plugin sanity --preset long --json docs/results/sanity-long.json --plot "
+    "docs/assets/sanity-long.png": Elsewhere(SANITY_LONG),
+    ".venv/bin/precision-plugin sanity --preset long --seeds 0 --steps 20 --json "
+    "docs/results/sanity-long-timing.json": Elsewhere(
+        "20 GRPO steps per dtype of the long preset's model: several minutes on 2 CPU cores; "
+        "the code path runs in CI as the long --smoke"
+    ),
+    ".venv/bin/python scripts/sanity_lr_choice.py --json docs/results/sanity-long-lr.json": (
+        Elsewhere(
+            "five float32 runs of 300 steps: about half an hour of CPU; choose() and the "
+            "preset it feeds are unit-tested (tests/unit/test_sanity_lr_choice.py)"
+        )
+    ),
     "pip install vllm": Elsewhere("installs vLLM's CUDA wheel, for the GPU run below"),
     "precision-plugin sanity --engine vllm --steps 200 --model-size base --json sanity-vllm.json "
     "--plot sanity-vllm.png": Elsewhere("needs vLLM on a GPU"),
