@@ -38,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps": 300,
         "seeds": (0, 1, 2),
         "model_size": "small",
-        "learning_rate": 1e-4,
+        "learning_rate": 1e-3,
         "grad_cosine": True,
         "pretrain_learning_rate": 3e-3,
         "pretrain_batch_size": 32,

@@ -37,3 +37,15 @@ def test_the_grid_and_seed_are_the_preregistered_ones():
 
     assert lr_choice.GRID == (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     assert lr_choice.SEED == 100 and lr_choice.SEED not in PRESETS["long"]["seeds"]
+
+
+def test_the_preset_uses_the_published_choice():
+    import json
+
+    from precision_plugin.sanity import PRESETS
+
+    data = json.loads((ROOT / "docs" / "results" / "sanity-long-lr.json").read_text())
+    assert data["seed"] == lr_choice.SEED and data["steps"] == PRESETS["long"]["steps"]
+    assert [r["learning_rate"] for r in data["runs"]] == list(lr_choice.GRID)
+    assert data["chosen_learning_rate"] == lr_choice.choose(data["runs"])
+    assert PRESETS["long"]["learning_rate"] == data["chosen_learning_rate"]
