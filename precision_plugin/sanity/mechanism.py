@@ -6,7 +6,9 @@ would correct that. Each step this readout compares the gradient the trainer act
 plain policy gradient, TRL's loss with ``num_iterations=1`` and no importance-sampling
 correction) with the importance-corrected one, by their cosine: 1 when the mismatch does not
 change the update's direction, lower when it does. It costs one extra backward pass through the
-graph the trainer already built, so it is off by default and on in the ``long`` preset.
+graph the trainer already built, so it is off by default and on in the ``long`` preset; it is
+attached to the benchmark's own trainer only
+([`GradCosineReadout`][precision_plugin.sanity.mechanism.GradCosineReadout]).
 
 Logged per step (TRL's metric lists, averaged at each log):
 
@@ -82,81 +84,112 @@ def cosine(a: list[Any], b: list[Any]) -> float:
     return dot / (na * nb)
 
 
-def trainer_class(base: type) -> type:
-    """A subclass of ``base`` (TRL's ``GRPOTrainer``) that records the readout when its
-    ``grad_cosine`` attribute is true (``False``: exactly ``base``)."""
+class GradCosineReadout:
+    """The readout on one ``GRPOTrainer``: ``attach`` it after building the trainer (nothing
+    changes on other trainers, or without it).
 
-    class SanityGRPOTrainer(base):  # type: ignore[misc, valid-type]
-        """``GRPOTrainer`` plus the gradient-cosine readout (``grad_cosine=True``)."""
+    Two wrappers on the trainer instance (``precision_plugin.patching``, undone by ``detach``)
+    keep the policy's
+    per-token log-probs with their graph while TRL computes its loss, and add the one extra
+    backward; a ``TrainerCallback`` computes the cosine just before each optimizer step.
+    """
 
-        grad_cosine = False
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self._patcher: Any = None
+        self._capture: dict[str, Any] | None = None
+        self._corrected: list[Any] | None = None
 
-        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
-            result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            capture = getattr(self, "_sanity_capture", None)
-            if capture is not None and capture.get("logps") is None:
-                capture["logps"] = result[0]  # the policy's forward, graph kept
-            return result
+    def attach(self, trainer: Any) -> GradCosineReadout:
+        """Record the readout on ``trainer`` (its loss type must be one of ``LOSS_TYPES``)."""
+        from precision_plugin.errors import PrecisionConfigError
+        from precision_plugin.patching import Patcher
 
-        def _compute_loss(self, model: Any, inputs: Any) -> Any:
-            rollout = inputs.get("sampling_per_token_logps")
-            if not self.grad_cosine or not self.model.training or rollout is None:
-                return super()._compute_loss(model, inputs)
-            self._sanity_capture: dict[str, Any] | None = {"logps": None}
-            try:
-                loss = super()._compute_loss(model, inputs)
-            finally:
-                capture, self._sanity_capture = self._sanity_capture, None
-            if capture is not None and capture["logps"] is not None:
-                self._add_corrected_gradient(capture["logps"], rollout, inputs)
-            return loss
-
-        def _add_corrected_gradient(self, logps: Any, rollout: Any, inputs: Any) -> None:
-            """One extra backward: the importance-corrected gradient of this micro-batch."""
-            import torch
-
-            mask = inputs["completion_mask"]
-            if inputs.get("tool_mask") is not None:
-                mask = mask * inputs["tool_mask"]
-            surrogate, seq_log_ratio = corrected_surrogate(
-                logps, rollout, inputs["advantages"], mask, self.loss_type
+        if getattr(trainer, "loss_type", None) not in LOSS_TYPES:
+            raise PrecisionConfigError(
+                f"grad cosine: loss type {getattr(trainer, 'loss_type', None)!r} is not one this "
+                f"readout reconstructs; use one of {', '.join(LOSS_TYPES)}."
             )
-            scaler = getattr(self.accelerator, "scaler", None)
-            if scaler is not None:  # float16: scale as the trainer's backward is scaled
-                surrogate = surrogate * scaler.get_scale()
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grads = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
-            store = getattr(self, "_sanity_corrected", None)
-            fresh = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(
-                params, grads, strict=True)]  # fmt: skip
-            self._sanity_corrected = (
-                fresh if store is None else [s + g for s, g in zip(store, fresh, strict=True)]
-            )
-            self._metrics["train"][SEQ_RATIO_KEY].append(float(seq_log_ratio.abs().mean()))
+        self.trainer = trainer
+        self._patcher = Patcher("precision_plugin.sanity")
+        reason = "the sanity benchmark's gradient-cosine readout, on its own trainer only"
+        self._patcher.around(trainer, "_compute_loss", self._compute_loss, reason=reason)
+        self._patcher.around(
+            trainer, "_get_per_token_logps_and_entropies", self._per_token_logps, reason=reason
+        )
+        trainer.add_callback(self.callback())
+        return self
 
-        def sanity_record_cosine(self) -> None:
-            """Before the optimizer step: cosine of ``.grad`` with the corrected gradient."""
-            corrected, self._sanity_corrected = getattr(self, "_sanity_corrected", None), None
-            if corrected is None:
-                return
-            import torch
+    def detach(self) -> None:
+        """Remove the wrappers (the callback then records nothing)."""
+        if self._patcher is not None:
+            self._patcher.restore()
+        self._patcher, self._corrected = None, None
 
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            plain = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-            self._metrics["train"][COSINE_KEY].append(cosine(plain, corrected))
+    def _per_token_logps(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if self._capture is not None and self._capture.get("logps") is None:
+            self._capture["logps"] = result[0]  # the policy's forward, graph kept
+        return result
 
-    return SanityGRPOTrainer
+    def _compute_loss(self, original: Any, model: Any, inputs: Any) -> Any:
+        rollout = inputs.get("sampling_per_token_logps")
+        if not self.trainer.model.training or rollout is None:
+            return original(model, inputs)
+        self._capture = {"logps": None}
+        try:
+            loss = original(model, inputs)
+        finally:
+            capture, self._capture = self._capture, None
+        if capture["logps"] is not None:
+            self._add_corrected_gradient(capture["logps"], rollout, inputs)
+        return loss
 
+    def _add_corrected_gradient(self, logps: Any, rollout: Any, inputs: Any) -> None:
+        """One extra backward: the importance-corrected gradient of this micro-batch."""
+        import torch
 
-def cosine_callback() -> Any:
-    """A ``TrainerCallback`` that asks the trainer for the cosine before each optimizer step."""
-    from transformers import TrainerCallback
+        trainer = self.trainer
+        mask = inputs["completion_mask"]
+        if inputs.get("tool_mask") is not None:
+            mask = mask * inputs["tool_mask"]
+        surrogate, seq_log_ratio = corrected_surrogate(
+            logps, rollout, inputs["advantages"], mask, trainer.loss_type
+        )
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        if scaler is not None:  # float16: scale as the trainer's backward is scaled
+            surrogate = surrogate * scaler.get_scale()
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
+        fresh = [
+            torch.zeros_like(p) if g is None else g.detach()
+            for p, g in zip(params, grads, strict=True)
+        ]
+        store = self._corrected
+        self._corrected = (
+            fresh if store is None else [s + g for s, g in zip(store, fresh, strict=True)]
+        )
+        trainer._metrics["train"][SEQ_RATIO_KEY].append(float(seq_log_ratio.abs().mean()))
 
-    class _GradCosine(TrainerCallback):
-        trainer: Any = None
+    def record_cosine(self) -> None:
+        """Before the optimizer step: the cosine of ``.grad`` with the corrected gradient."""
+        corrected, self._corrected = self._corrected, None
+        if corrected is None:
+            return
+        import torch
 
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if self.trainer is not None and self.trainer.grad_cosine:
-                self.trainer.sanity_record_cosine()
+        params = [p for p in self.trainer.model.parameters() if p.requires_grad]
+        plain = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        self.trainer._metrics["train"][COSINE_KEY].append(cosine(plain, corrected))
 
-    return _GradCosine()
+    def callback(self) -> Any:
+        """A ``TrainerCallback`` that records the cosine before each optimizer step."""
+        from transformers import TrainerCallback
+
+        readout = self
+
+        class _GradCosine(TrainerCallback):
+            def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                readout.record_cosine()
+
+        return _GradCosine()

@@ -18,6 +18,7 @@ import logging
 import platform
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -245,14 +246,10 @@ def _build_trainer(
     output_dir: str,
     progress: ProgressFn,
 ) -> Any:
-    import torch
-    from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from precision_plugin import PrecisionCallback
-    from precision_plugin.sanity.mechanism import cosine_callback, trainer_class
+    from precision_plugin.sanity.mechanism import GradCosineReadout
     from precision_plugin.trl import HFRollout
 
     label = f"GRPO {dtype} seed {seed}"
@@ -279,6 +276,39 @@ def _build_trainer(
         }
         rollout_func = None
     progress(label, 0, config.steps)
+    with warnings.catch_warnings():
+        # TRL flags rollout_func as experimental, transformers a renamed argument it sets
+        # itself: neither is the user's to act on, and they would interleave the progress.
+        warnings.filterwarnings("ignore", message=".*rollout_func.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*deprecated.*", category=FutureWarning)
+        trainer = _trainer(config, seed, model, tokenizer, problems, output_dir, extra,
+                           rollout_func, [_Progress()])  # fmt: skip
+    if config.grad_cosine:
+        GradCosineReadout().attach(trainer)
+    # The CLI shows its own progress; the trainer's printed logs would bury it.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def _trainer(
+    config: SanityConfig,
+    seed: int,
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    output_dir: str,
+    extra: dict[str, Any],
+    rollout_func: Any,
+    callbacks: list[Any],
+) -> Any:
+    """TRL's ``GRPOTrainer`` for one dtype (the active policy sets fp16/bf16)."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from precision_plugin import PrecisionCallback
+
     args = GRPOConfig(
         output_dir=output_dir,
         max_steps=config.steps,
@@ -298,19 +328,12 @@ def _build_trainer(
         use_cpu=config.engine != "vllm" and not torch.cuda.is_available(),
         **({"use_vllm": False} | extra),
     )  # fp16/bf16 unset: the policy decides
-    readout = cosine_callback()
-    trainer = trainer_class(GRPOTrainer)(
+    return GRPOTrainer(
         model=model,
         reward_funcs=config.task.reward_function(),
         args=args,
         train_dataset=Dataset.from_dict({"prompt": [p.prompt for p in problems]}),
         processing_class=tokenizer,
-        callbacks=[PrecisionCallback(), _Progress(), readout],
+        callbacks=[PrecisionCallback(), *callbacks],
         rollout_func=rollout_func,
     )
-    trainer.grad_cosine = config.grad_cosine
-    readout.trainer = trainer
-    # The CLI shows its own progress; the trainer's printed logs would bury it.
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    return trainer

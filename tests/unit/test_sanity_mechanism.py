@@ -1,5 +1,5 @@
-"""The gradient-cosine readout: the corrected surrogate's gradient, the cosine, and what a real
-TRL ``GRPOTrainer`` subclass records, each against an independent computation in the test."""
+"""The gradient-cosine readout: the corrected surrogate's gradient, the cosine, and what it
+records on a real TRL ``GRPOTrainer``, each against an independent computation in the test."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from precision_plugin.errors import PrecisionConfigError  # noqa: E402
 from precision_plugin.sanity.mechanism import (  # noqa: E402
     COSINE_KEY,
     SEQ_RATIO_KEY,
+    GradCosineReadout,
     corrected_surrogate,
     cosine,
-    cosine_callback,
-    trainer_class,
 )
 
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -75,19 +74,15 @@ def trainer(tmp_path_factory):
         use_cpu=True,
         bf16=False,  # TRL's default on CPU is bfloat16 autocast; this test is float32
     )
-    readout = cosine_callback()
-    trainer = trainer_class(GRPOTrainer)(
+    trainer = GRPOTrainer(
         model=model,
         reward_funcs=REVERSE.reward_function(),
         args=args,
         train_dataset=Dataset.from_dict({"prompt": ["abc>"] * 4}),
         processing_class=tokenizer,
-        callbacks=[readout],
     )
-    trainer.grad_cosine = True
-    readout.trainer = trainer
     trainer.current_gradient_accumulation_steps = 1
-    return trainer, readout
+    return trainer
 
 
 def _inputs():
@@ -121,8 +116,12 @@ def _independent(model, inputs, rollout):
     return cosine(list(plain), list(weighted)), float(seq.abs().mean())
 
 
+def _pre_optimizer_step(trainer):
+    trainer.callback_handler.on_pre_optimizer_step(trainer.args, trainer.state, trainer.control)
+
+
 def test_trainer_records_the_cosine_of_its_gradient_with_the_corrected_one(trainer):
-    trainer, readout = trainer
+    readout = GradCosineReadout().attach(trainer)
     model = trainer.model
     model.train()
     inputs = _inputs()
@@ -140,16 +139,19 @@ def test_trainer_records_the_cosine_of_its_gradient_with_the_corrected_one(train
     model.zero_grad()
     loss = trainer.compute_loss(model, inputs)
     loss.backward()  # the trainer's own backward: the plain policy gradient in .grad
-    readout.on_pre_optimizer_step(trainer.args, trainer.state, None)
+    _pre_optimizer_step(trainer)
     metrics = trainer._metrics["train"]
     assert metrics[COSINE_KEY] == [pytest.approx(expected_cos, abs=1e-6)]
     assert metrics[SEQ_RATIO_KEY] == [pytest.approx(expected_ratio, rel=1e-5)]
-    assert trainer._sanity_corrected is None  # reset for the next step
+    _pre_optimizer_step(trainer)  # the corrected gradient was used up: nothing more
+    assert len(metrics[COSINE_KEY]) == 1
 
-    # off: no extra backward, nothing recorded
-    trainer.grad_cosine = False
+    # detached (and on any other trainer): no extra backward, nothing recorded
+    readout.detach()
+    assert "_compute_loss" not in vars(trainer)
     trainer._metrics["train"].clear()
+    model.zero_grad()
     trainer.compute_loss(model, inputs).backward()
-    readout.on_pre_optimizer_step(trainer.args, trainer.state, None)
+    _pre_optimizer_step(trainer)
     assert COSINE_KEY not in trainer._metrics["train"]
-    trainer.grad_cosine = True
+    assert SEQ_RATIO_KEY not in trainer._metrics["train"]

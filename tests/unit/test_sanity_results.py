@@ -12,7 +12,7 @@ from precision_plugin.sanity import DtypeRun, SanityResult, SeedRun, StepRecord,
 from precision_plugin.sanity.aggregate import MARGIN, degraded, spread
 from precision_plugin.sanity.plot import series
 from precision_plugin.sanity.schema import STEP_FIELDS, SUMMARY_FIELDS, missing_fields
-from precision_plugin.sanity.table import markdown_table, rows
+from precision_plugin.sanity.table import accuracy_rows, markdown_table, mismatch_rows
 
 
 def _run(dtype, accuracy, k3=1e-6, cos=None, cpu=6.0, nan_at=None):
@@ -138,13 +138,17 @@ def test_table_rows_show_mean_and_spread_over_seeds():
         _seed(1, {"float32": 0.5, "float16": 0.75, "bfloat16": 0.5}),
     ]
     data = _result(seeds).to_dict()
-    table = {r[0]: r for r in rows(data)}
-    assert table["float32"][3] == "0.62 ± 0.18" and table["float32"][4] == "-"
-    assert table["float16"][4] == "+0.12 ± 0.18"
-    assert table["bfloat16"][7] == "0.9900 ± 0.0000" and table["bfloat16"][11] == "1.50 ± 0.00"
+    accuracy = {r[0]: r for r in accuracy_rows(data)}
+    assert accuracy["float32"][3] == "0.62 ± 0.18" and accuracy["float32"][4] == "-"
+    assert accuracy["float16"][4] == "+0.12 ± 0.18" and accuracy["float16"][5] == "none"
+    assert accuracy["bfloat16"][6] == "1.50 ± 0.00"
+    mismatch = {r[0]: r for r in mismatch_rows(data)}
+    # k3: mean over steps of 5e-5 * step (steps 1-4) = 1.25e-4, the same in both seeds
+    assert mismatch["bfloat16"][1] == "1.3e-04 ±0%" and mismatch["bfloat16"][3] == "1.0e-02 ±0%"
+    assert mismatch["float16"][5] == "0.0" and mismatch["float32"][5] == "-"
     text = markdown_table(data)
-    assert text.splitlines()[0].startswith("| dtype | acc start") and "\\|seq log-ratio\\|" in text
-    assert len(text.splitlines()) == 5
+    assert text.splitlines()[0].startswith("| dtype | acc start")
+    assert "\\|seq log-ratio\\|" in text and len(text.splitlines()) == 11
 
 
 def test_plot_series_is_the_mean_and_range_over_seeds():
@@ -197,3 +201,19 @@ def test_run_pairs_the_dtypes_of_a_seed_and_pretrains_each_seed_once(monkeypatch
     assert seen[0][2] != seen[3][2] and seen[0][3] != seen[3][3]  # seeds differ
     assert [s.seed for s in result.seeds] == [3, 4]
     assert result.seeds[0].runs["float32"].summary["window"] == 1
+
+
+def test_caption_marks_a_shorter_run_indicative():
+    from precision_plugin.sanity.table import caption
+
+    seeds = [_seed(0, {"float32": 0.75, "float16": 0.75, "bfloat16": 0.5})]
+    data = _result(seeds).to_dict()
+    assert caption(data) == (
+        "mean k3 bf16/fp16: 50x; criterion vs float32, indicative (not the full protocol): "
+        "float16 holds, bfloat16 degrades"
+    )
+    data["verdict"]["protocol_complete"] = True
+    assert caption(data).endswith(
+        "pre-registered verdict vs float32: float16 holds, bfloat16 degrades "
+        "(paper's consequence reproduced: True)"
+    )
