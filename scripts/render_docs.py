@@ -32,8 +32,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
+# A block's body holds no other opening marker: a marker quoted in prose (as on the benchmarks
+# page) is not the start of the next block.
 BLOCK = re.compile(
-    r"<!-- results: (?P<name>[\w.-]+) (?P<view>\S+) -->(?P<body>.*?)<!-- /results -->", re.S
+    r"<!-- results: (?P<name>[\w.-]+) (?P<view>\S+) -->"
+    r"(?P<body>(?:(?!<!-- results: ).)*?)<!-- /results -->",
+    re.S,
 )
 
 #: Renderers of whole blocks: view name -> function(results) -> text.
@@ -101,6 +105,53 @@ def _trl_audit(data: dict[str, Any]) -> str:
     lines = render_audit(data["audit"], "asked vs ran").splitlines()
     table = "\n".join(line.rstrip() for line in lines)
     return f"```text\n{table}\n```"
+
+
+@view("sanity-table")
+def _sanity_table(data: dict[str, Any]) -> str:
+    from precision_plugin.sanity.table import caption, markdown_table, title
+
+    return f"{title(data)}:\n\n{markdown_table(data)}\n\n{caption(data)}."
+
+
+@view("sanity-seeds")
+def _sanity_seeds(data: dict[str, Any]) -> str:
+    from precision_plugin.sanity.table import per_seed_markdown
+
+    return per_seed_markdown(data)
+
+
+@view("sanity-timing")
+def _sanity_timing(data: dict[str, Any]) -> str:
+    timing = data["timing"]
+    full = timing["preset_protocol"]
+    lines = ["| what | CPU seconds |", "|---|---:|"]
+    lines.append(f"| pretraining, per seed | {timing['pretrain_cpu_seconds']['mean']:.0f} |")
+    for dtype, stat in timing["grpo_cpu_seconds_per_step"].items():
+        lines.append(f"| one GRPO step, {dtype} | {stat['mean']:.2f} |")
+    total = timing["preset_protocol_cpu_seconds"]
+    lines.append(
+        f"| the full protocol, extrapolated: {full['seeds']} seeds × (pretraining + "
+        f"{full['steps']} steps × {len(timing['grpo_cpu_seconds_per_step'])} dtypes) | "
+        f"{total:,.0f} ({total / 3600:.2f} h) |"
+    )
+    return "\n".join(lines)
+
+
+@view("sanity-lr")
+def _sanity_lr(data: dict[str, Any]) -> str:
+    lines = [
+        "| learning rate | acc start | acc best | acc end | collapsed | CPU s |",
+        "|---:|---:|---:|---:|:---:|---:|",
+    ]
+    for run in data["runs"]:
+        mark = " **(chosen)**" if run["learning_rate"] == data["chosen_learning_rate"] else ""
+        lines.append(
+            f"| {run['learning_rate']:g}{mark} | {run['first_accuracy']:.2f} | "
+            f"{run['peak_accuracy']:.2f} | {run['final_accuracy']:.2f} | "
+            f"{'yes' if run['collapsed'] else 'no'} | {run['cpu_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
 
 
 def render(name: str, view_name: str) -> str:

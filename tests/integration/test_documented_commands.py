@@ -81,7 +81,7 @@ SGLANG_GPU = (
     "sets and verifies the dtype in tests/contract_sglang/"
 )
 SANITY = (
-    "the default sanity benchmark over three seeds takes about 15-30 minutes on 2 CPU cores; its "
+    "the default sanity benchmark over three seeds takes several minutes on 2 CPU cores; its "
     "--smoke mode, the same code path, runs in CI (tests/integration/test_sanity.py)"
 )
 SANITY_LONG = (
@@ -116,8 +116,12 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "test_probe_memory.py and test_probe_scoring.py"
     ),
     # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
-    ".venv/bin/precision-plugin sanity --seeds 0,1,2 --json docs/results/sanity.json --plot "
-    "docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
+    ".venv/bin/precision-plugin sanity --seeds 0,1,2 --grad-cosine --json docs/results/sanity.json "
+    "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
+    ".venv/bin/python scripts/render_docs.py": Elsewhere(
+        "rewrites the docs in place; tests/unit/test_published_figures.py runs its rendering and "
+        "fails when a page differs from its results file"
+    ),
     "precision-plugin sanity --seeds 0,1,2 --json sanity.json --plot sanity.png": Elsewhere(SANITY),
     "precision-plugin sanity --preset long --smoke": Elsewhere(
         "tests/integration/test_sanity.py runs exactly this through the CLI's main() in CI and "
