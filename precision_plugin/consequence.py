@@ -49,6 +49,7 @@ class SequenceMask:
 
     key: str
     system: str
+    label: str
     low: float | None
     high: float | None
     setting: str
@@ -78,6 +79,7 @@ class SequenceMask:
 TRL_SEQUENCE_MASK = SequenceMask(
     "trl",
     "TRL",
+    "TRL's default sequence_mask",
     None,
     3.0,
     "GRPOConfig defaults: vllm_importance_sampling_mode='sequence_mask', "
@@ -90,6 +92,7 @@ TRL_SEQUENCE_MASK = SequenceMask(
 VERL_SEQUENCE_MASK = SequenceMask(
     "verl",
     "verl",
+    "verl's Seq-MIS preset",
     0.5,
     2.0,
     "RolloutCorrectionConfig.decoupled_seq_is_rs() (Seq-MIS): rollout_rs='seq_sum_k1', "

@@ -248,8 +248,7 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
             "rollout_corr/rollout_is_ratio_fraction_high",
             _VERL_RC + " (compute_is_metrics)",
             _VERL_ONE_BATCH,
-            "rollout_is='token' with the default rollout_is_threshold=2.0 "
-            "(decoupled_token_is())",
+            "rollout_is='token' with the default rollout_is_threshold=2.0 (decoupled_token_is())",
         ),
     ),
 }

@@ -130,6 +130,7 @@ class ConsequenceReport:
                         "kept": m.bounds,
                         "low": m.low,
                         "high": m.high,
+                        "label": m.label,
                         "setting": m.setting,
                     }
                     for m in SEQUENCE_MASKS
@@ -222,12 +223,12 @@ def _pct(value: float) -> str:
     if math.isnan(value):
         return "-"
     if value == 0.0:
-        return "0 %"
+        return "0%"
     if value < 0.001:
-        return "<0.1 %"
-    if value > 0.999 and value < 1.0:
-        return ">99.9 %"
-    return f"{value:.1%}".replace("%", " %") if value < 0.1 else f"{value:.0%}".replace("%", " %")
+        return "<0.1%"
+    if 0.999 < value < 1.0:
+        return ">99.9%"
+    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
 
 def _range(iv: Interval) -> str:
@@ -240,18 +241,16 @@ def _share(p: Projection, mask: SequenceMask) -> Interval:
 
 def dtype_line(c: DtypeConsequence) -> str:
     """The verdict line: what a correction would do to this dtype's batch at the target
-    length, with the 90 % intervals."""
+    length, each figure with its 90 % interval."""
     p = c.projection
-    masks = "; ".join(
-        f"{m.system}'s default sequence mask ({m.bounds}) would drop {_range(_share(p, m))}"
+    masks = ", ".join(
+        f"{m.label} ({m.bounds}) drops {_range(_share(p, m))}"
         for m in sorted(SEQUENCE_MASKS, key=lambda m: -_share(p, m).value)
     )
-    ess = p.ess
     return (
-        f"{c.dtype}: at {p.length:,} tokens {masks} of the sequences; importance weights leave "
-        f"an ESS of {ess.value:.2f} ({ess.low:.2f}–{ess.high:.2f}); a TIS clip at {TIS_CLIP:g} "
-        f"would clip {_pct(p.tis_clip_fraction.value)} of the tokens. Keeps {_pct(c.kept)} of "
-        f"the batch: {c.verdict}."
+        f"{c.dtype} at {p.length:,} tokens: keeps {_pct(c.kept)} of the batch ({c.verdict}): "
+        f"{masks} of the sequences; ESS {p.ess.value:.2f} ({p.ess.low:.2f}–{p.ess.high:.2f}); "
+        f"a TIS clip at {TIS_CLIP:g} clips {_pct(p.tis_clip_fraction.value)} of the tokens."
     )
 
 
@@ -310,10 +309,7 @@ def assess(
             c.verdict, c.line = "invalid", f"{name}: invalid (the float32 self-check failed)."
         elif name == "float32":
             c.verdict = "floor"
-            c.line = (
-                f"float32: the self-check, both paths agree to rounding (k3 "
-                f"{r.metrics.k3_kl:.1e}); the floor the other dtypes stand on."
-            )
+            c.line = f"float32 (the self-check): {r.reason} The floor the other dtypes stand on."
         elif r.metrics.tokens == 0:
             c.verdict, c.line = "invalid", f"{name}: {r.reason}."
         else:
