@@ -3,6 +3,7 @@ up, the growth fit and its projection against independent formulas."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -88,8 +89,7 @@ def test_shards_add_up_to_the_whole_batch(cuts):
     whole = compute_consequence(train, rollout, mask)
     bounds = [0, *cuts, 7]
     parts = [
-        consequence_sums(train[a:b], rollout[a:b], mask[a:b])
-        for a, b in zip(bounds, bounds[1:], strict=False)
+        consequence_sums(train[a:b], rollout[a:b], mask[a:b]) for a, b in itertools.pairwise(bounds)
     ]
     counts = torch.stack([p[0] for p in parts]).sum(dim=0)
     moments = combine_log_moments(torch.stack([p[1] for p in parts]))
@@ -149,3 +149,21 @@ def test_projection_follows_the_random_walk():
 def test_mask_fraction_without_spread_is_a_step():
     assert mask_fraction(VERL_SEQUENCE_MASK, 1e-3, 0.0, 1000) == 1.0  # S = 1 > log 2
     assert mask_fraction(VERL_SEQUENCE_MASK, 1e-4, 0.0, 1000) == 0.0
+
+
+def test_the_trl_accumulator_reports_the_whole_batch_over_micro_batches():
+    from precision_plugin.trl.telemetry import MismatchAccumulator
+
+    g = torch.Generator().manual_seed(5)
+    train = -2.0 * torch.rand(6, 10, generator=g, dtype=torch.float64)
+    rollout = train + 0.8 * torch.randn(6, 10, generator=g, dtype=torch.float64)
+    mask = torch.arange(10)[None, :] < torch.tensor([[3], [10], [7], [1], [5], [9]])
+    acc = MismatchAccumulator()
+    for rows in ((0, 2), (2, 3), (3, 6)):
+        acc.add(train[slice(*rows)], rollout[slice(*rows)], mask[slice(*rows)])
+    flushed = acc.flush()
+    whole = compute_consequence(train, rollout, mask)
+    for name in ("ess", "seq_mask_fraction_trl", "seq_mask_fraction_verl", "tis_clip_fraction"):
+        assert flushed[name] == pytest.approx(getattr(whole, name), rel=1e-12), name
+    assert 0 < whole.seq_mask_fraction_verl < 1 and 0 < whole.tis_clip_fraction < 1
+    assert acc.flush()["tokens"] == 0  # reset
