@@ -362,35 +362,56 @@ class Projection:
         return out
 
 
+#: Points per parameter when searching the fit's uncertainty box for a projection's extremes.
+_GRID = 25
+
+
+def _grid(low: float, high: float, *extra: float) -> list[float]:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [math.nan]
+    points = [low + (high - low) * i / (_GRID - 1) for i in range(_GRID)]
+    return points + [min(max(x, low), high) for x in extra if math.isfinite(x)]
+
+
 def project(fit: GrowthFit, length: int) -> Projection:
     """``fit`` carried to completions of ``length`` tokens.
 
-    ``ess`` is the lognormal weights' ``E[w]² / E[w²] = exp(−variance·L)``; a mask's share is
-    the normal probability of ``S`` outside its bounds. Intervals take the extremes over the
-    drift's ±z standard errors and the variance's interval (every combination).
+    ``ess`` is the lognormal weights' ``E[w]² / E[w²] = exp(−variance·L)`` (a drift common to
+    all sequences does not change it); a mask's share is the normal probability of ``S``
+    outside its bounds. The value is the fit's point estimate; the interval is the range over
+    the box of drifts within ±z standard errors and variances within their interval (a grid,
+    plus the drift that centres ``S`` in the mask's bounds: a two-sided share is not monotone
+    in either parameter).
     """
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise PrecisionConfigError(
             f"project: length={length!r} is not a positive number of tokens; pass e.g. 4096."
         )
-    drifts = (fit.drift, fit.drift - _Z * fit.drift_stderr, fit.drift + _Z * fit.drift_stderr)
-    variances = (fit.variance, fit.variance_low, fit.variance_high)
-
-    def ess(v: float) -> float:
-        return math.exp(-v * length) if math.isfinite(v) else math.nan
-
-    def spread(values: list[float]) -> Interval:
-        if any(math.isnan(v) for v in values):
-            return Interval(math.nan, math.nan, math.nan)
-        return Interval(values[0], min(values), max(values))
-
-    masks = {
-        m.key: spread([mask_fraction(m, d, v, length) for d in drifts for v in variances])
-        for m in SEQUENCE_MASKS
-    }
+    nan = Interval(math.nan, math.nan, math.nan)
+    variances = _grid(fit.variance_low, fit.variance_high)
+    if math.isnan(fit.variance) or math.isnan(variances[0]):
+        return Projection(length, nan, nan, nan, fit.tis_clip)
+    ess = Interval(
+        math.exp(-fit.variance * length),
+        math.exp(-fit.variance_high * length),
+        math.exp(-fit.variance_low * length),
+    )
+    half = _Z * fit.drift_stderr
+    masks = {}
+    for m in SEQUENCE_MASKS:
+        centre = [
+            (math.log(m.low) + math.log(m.high)) / 2.0 / length
+            if m.low is not None and m.high is not None
+            else math.nan
+        ]
+        drifts = _grid(fit.drift - half, fit.drift + half, fit.drift, *centre)
+        values = [mask_fraction(m, d, v, length) for d in drifts for v in variances]
+        masks[m.key] = Interval(
+            mask_fraction(m, fit.drift, fit.variance, length), min(values), max(values)
+        )
     return Projection(
         length=length,
-        ess=spread([ess(v) for v in variances]),
+        ess=ess,
         seq_mask_fraction_trl=masks["trl"],
         seq_mask_fraction_verl=masks["verl"],
         tis_clip_fraction=fit.tis_clip,

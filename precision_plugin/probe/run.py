@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -350,4 +351,16 @@ def run_probe(
         notes=notes,
         consequence=consequence,
         layerwise=layerwise,
+        peak_rss_mb=peak_rss_mb(),
     )
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size so far, in MiB (``None`` without ``resource``)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)

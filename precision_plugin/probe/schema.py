@@ -195,6 +195,9 @@ class ProbeResult:
     #: Where the two sides part (:class:`precision_plugin.probe.layerwise.LayerwiseReport`);
     #: ``None`` without ``layerwise``.
     layerwise: Any = None
+    #: The process's peak resident memory at the end of the run, in MiB (``None`` where the
+    #: platform does not say).
+    peak_rss_mb: float | None = None
 
     @property
     def valid(self) -> bool:
@@ -228,6 +231,7 @@ class ProbeResult:
                 "layerwise": self.config.layerwise,
             },
             "seconds": round(self.seconds, 3),
+            "peak_rss_mb": self.peak_rss_mb,
             "notes": list(self.notes),
         }
         if self.overflow is not None:

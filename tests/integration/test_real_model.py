@@ -78,10 +78,11 @@ def test_float16_is_well_below_bfloat16_in_k3_and_in_consequence(probe: dict) ->
     c16, cbf = section["float16"], section["bfloat16"]
     # The per-token spread of the sequence log-ratio: the growth model's variance.
     assert cbf["fit"]["variance"] > 10 * c16["fit"]["variance"] > 0
-    # Importance weights lose less of the batch in float16, as measured and at 4,096 tokens.
-    assert 1 - c16["measured"]["ess"] < 1 - cbf["measured"]["ess"]
-    assert c16["kept_at_target"] > cbf["kept_at_target"]
-    for name in ("seq_mask_fraction_trl", "seq_mask_fraction_verl"):
-        assert c16["at_target"][name]["value"] <= cbf["at_target"][name]["value"]
+    # Importance weights lose far less of the batch in float16, as measured and at 4,096 tokens.
+    assert 1 - cbf["measured"]["ess"] > 10 * (1 - c16["measured"]["ess"]) > 0
+    ess16, essbf = c16["at_target"]["ess"]["value"], cbf["at_target"]["ess"]["value"]
+    assert 1 - essbf > 2 * (1 - ess16)
+    # (The masks' shares also depend on the drift, which 4 x 64 tokens barely estimate: with
+    # the one-sided TRL mask, a bfloat16 drift towards π < μ even hides sequences from it.)
     assert all(math.isfinite(c["measured"]["ess"]) for c in section.values())
     assert probe["consequence"]["advice"].startswith("do: ")

@@ -140,6 +140,12 @@ def test_projection_follows_the_random_walk():
     assert p.seq_mask_fraction_trl.value == pytest.approx(1 - phi((math.log(3) - mean) / sd))
     for iv in (p.ess, p.seq_mask_fraction_trl, p.seq_mask_fraction_verl):
         assert iv.low <= iv.value <= iv.high
+    # The two-sided share is smallest where S is centred in [0.5, 2]: inside the drift interval.
+    half = 1.6448536269514722 * fit.drift_stderr
+    assert fit.drift - half < 0.0 < fit.drift + half
+    assert p.seq_mask_fraction_verl.low == pytest.approx(
+        mask_fraction(VERL_SEQUENCE_MASK, 0.0, fit.variance_low, 4096)
+    )
     # Longer generations lose more of the batch.
     assert project(fit, 8192).ess.value < p.ess.value < project(fit, 512).ess.value
     with pytest.raises(PrecisionConfigError, match="length"):
