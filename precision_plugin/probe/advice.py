@@ -219,20 +219,22 @@ def classify(c: DtypeConsequence) -> str:
     return "severe"
 
 
-def _pct(value: float) -> str:
-    if math.isnan(value):
-        return "-"
-    if value == 0.0:
+def percent(value: Any) -> str:
+    """A share as the table and the lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
+    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    if value == 0:
         return "0%"
     if value < 0.001:
         return "<0.1%"
-    if 0.999 < value < 1.0:
+    if 0.999 < value < 1:
         return ">99.9%"
     return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
 
 def _range(iv: Interval) -> str:
-    return f"{_pct(iv.value)} ({_pct(iv.low)}–{_pct(iv.high)})"
+    return f"{percent(iv.value)} ({percent(iv.low)}–{percent(iv.high)})"
 
 
 def _share(p: Projection, mask: SequenceMask) -> Interval:
@@ -248,9 +250,9 @@ def dtype_line(c: DtypeConsequence) -> str:
         for m in sorted(SEQUENCE_MASKS, key=lambda m: -_share(p, m).value)
     )
     return (
-        f"{c.dtype} at {p.length:,} tokens: keeps {_pct(c.kept)} of the batch ({c.verdict}): "
+        f"{c.dtype} at {p.length:,} tokens: keeps {percent(c.kept)} of the batch ({c.verdict}): "
         f"{masks} of the sequences; ESS {p.ess.value:.2f} ({p.ess.low:.2f}–{p.ess.high:.2f}); "
-        f"a TIS clip at {TIS_CLIP:g} clips {_pct(p.tis_clip_fraction.value)} of the tokens."
+        f"a TIS clip at {TIS_CLIP:g} clips {percent(p.tis_clip_fraction.value)} of the tokens."
     )
 
 
@@ -278,11 +280,11 @@ def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str,
             text += f"; {low.dtype}'s k3 is {factor:.0f}x lower than {others[0].dtype}'s"
         return lead + text + "."
     if len(ranked) == 1:
-        text = f"do: {best.dtype} keeps {_pct(best.kept)} of the batch at {target:,} tokens"
+        text = f"do: {best.dtype} keeps {percent(best.kept)} of the batch at {target:,} tokens"
     else:
         text = (
             f"do: train in {best.dtype}{_how(best.dtype)}: at {target:,} tokens it keeps "
-            f"{_pct(best.kept)} of the batch, {worst.dtype} {_pct(worst.kept)}"
+            f"{percent(best.kept)} of the batch, {worst.dtype} {percent(worst.kept)}"
         )
     if best.verdict in ("costly", "severe"):
         text += (

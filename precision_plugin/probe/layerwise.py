@@ -222,6 +222,15 @@ class _Saturation:
             self.near_limit += int(((a >= self.near) & (a < FLOAT16_MAX)).sum())
 
 
+def _run_hooked(run: Callable[[], None], handles: list[Any]) -> None:
+    """``run()``, then remove the hooks whatever happens."""
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _record(
     modules: Sequence[tuple[str, Any]], run: Callable[[], None]
 ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any], list[str]]:
@@ -244,11 +253,7 @@ def _record(
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
+    _run_hooked(run, handles)
     return inputs, outputs, order
 
 
@@ -285,11 +290,7 @@ def _compare(
                 saturation[name].add(output)
 
         handles.append(module.register_forward_hook(post, with_kwargs=True))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
+    _run_hooked(run, handles)
     return {n: e.relative() for n, e in errors.items() if n in seen}, saturation
 
 

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.probe.advice import percent
 from precision_plugin.probe.schema import SELF_CHECK_DTYPE, ProbeResult
 
 _VERDICT_STYLE = {
@@ -81,9 +82,9 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
             _factor(name, results, reference),
             *(_num(r.get(key)) for _, key in _COLUMNS[1:]),
             _fixed(measured.get("ess")),
-            f"{_pct(measured.get('seq_mask_fraction_trl'))}·"
-            f"{_pct(measured.get('seq_mask_fraction_verl'))}",
-            _pct(c.get("kept_at_target")) if verdict not in ("invalid", "") else "-",
+            f"{percent(measured.get('seq_mask_fraction_trl'))}·"
+            f"{percent(measured.get('seq_mask_fraction_verl'))}",
+            percent(c.get("kept_at_target")) if verdict not in ("invalid", "") else "-",
             f"[{style}]{verdict}[/]" if style else verdict,
         )
     return table
@@ -117,18 +118,6 @@ def _num(value: Any) -> str:
 
 def _fixed(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
-
-
-def _pct(value: Any) -> str:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "n/a"
-    if value == 0:
-        return "0%"
-    if value < 0.001:
-        return "<0.1%"
-    if 0.999 < value < 1:
-        return ">99.9%"
-    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
 
 def _caption(data: Mapping[str, Any]) -> str:
