@@ -187,8 +187,9 @@ def _layerwise(
 ) -> LayerwiseReport | None:
     """Replay each low-precision dtype's longest sample through both sides, layer by layer.
 
-    The rollout side is the engine's own model when it exposes one (the HF engine); an engine
-    that runs elsewhere (vLLM) is stood in for by the HF engine, and a note says so.
+    The rollout side is the HF engine's own model (built by the run's factory, so a test's
+    planted engine is what is replayed); an engine that runs elsewhere (vLLM) is stood in for
+    by the HF engine, and a note says so.
     """
     if not config.layerwise:
         return None
@@ -202,21 +203,21 @@ def _layerwise(
             tick(f"{dtype}: layerwise replay", 1)
             continue
         tick(f"{dtype}: layerwise replay", 0)
-        engine = factory(path, dtype, device, config.seed)
+        # The HF engine's model can be hooked; another engine (vLLM) runs elsewhere, so the HF
+        # engine stands in for it rather than loading that engine only to find no model.
+        if config.engine == "hf":
+            engine = factory(path, dtype, device, config.seed)
+        else:
+            engine = HFRolloutEngine.from_pretrained(path, dtype, device)
+            note = (
+                f"layerwise: the {config.engine} engine's model cannot be hooked from here; the "
+                f"rollout side of the replay is the HF engine's {dtype} copy."
+            )
+            if note not in notes:
+                notes.append(note)
         try:
-            rollout_model = getattr(engine, "model", None)
-            if rollout_model is None:
-                engine.close()
-                engine = HFRolloutEngine.from_pretrained(path, dtype, device)
-                rollout_model = engine.model
-                note = (
-                    f"layerwise: the {config.engine} engine's model cannot be hooked from here; "
-                    f"the rollout side of the replay is the HF engine's {dtype} copy."
-                )
-                if note not in notes:
-                    notes.append(note)
             report.dtypes[dtype] = replay(
-                model, rollout_model, sample, dtype, device, margin_bits=config.overflow.margin_bits
+                model, engine.model, sample, dtype, device, margin_bits=config.overflow.margin_bits
             )
         finally:
             engine.close()

@@ -105,3 +105,14 @@ def test_nothing_planted_nothing_stands_out():
     assert names[2:] == [f"model.layers.{i}" for i in range(4)] + ["model.norm"]
     # Every stage differs by rounding only: a few float16 units at most.
     assert all(0 < s.units < 20 for s in replay.stages)
+
+
+def test_an_engine_that_cannot_be_hooked_is_stood_in_for_by_the_hf_engine():
+    from precision_plugin.probe.engine import hf_engine_factory
+
+    config = ProbeConfig(
+        engine="elsewhere", dtypes=("bfloat16",), num_prompts=2, max_new_tokens=24, layerwise=True
+    )
+    result = run_probe(config, engines={"elsewhere": hf_engine_factory})
+    assert list(result.layerwise.dtypes) == ["bfloat16"]
+    assert any("the HF engine's bfloat16 copy" in note for note in result.notes)
