@@ -200,7 +200,7 @@ def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
 
 def _layerwise_panel(ax: Any, layerwise: Any) -> None:
     """Per stage, the two sides' divergence in rounding units (free-running and local)."""
-    for name, d in layerwise.dtypes.items():
+    for i, (name, d) in enumerate(layerwise.dtypes.items()):
         color = _COLORS.get(name, "#8172b2")
         xs = list(range(len(d.stages)))
         ax.plot(xs, [max(s.units, 1e-3) for s in d.stages], "-", color=color, label=f"{name}")
@@ -213,7 +213,7 @@ def _layerwise_panel(ax: Any, layerwise: Any) -> None:
             ax.plot([at], [max(d.stages[at].local_units, 1e-3)], "v", color=color, ms=9)
             ax.annotate(
                 f"{name} parts: {d.parted_at}", (at, d.stages[at].local_units), fontsize=7,
-                textcoords="offset points", xytext=(4, 6), color=color,
+                textcoords="offset points", xytext=(6, -12 - 11 * i), color=color,
             )  # fmt: skip
     first = next(iter(layerwise.dtypes.values()))
     labels = [_short_stage(s.name) for s in first.stages]

@@ -33,8 +33,8 @@ _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: Mismatch columns: header, the JSON key of the dtype's metric.
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("k3 KL", "k3_kl"),
-    ("|Δp| mean", "prob_diff_mean"),
-    ("|seq|/1K", "seq_abs_log_ratio_slope_per_1k"),
+    ("|Δp|\nmean", "prob_diff_mean"),
+    ("|seq|\n/1K", "seq_abs_log_ratio_slope_per_1k"),
 )
 
 
@@ -60,17 +60,20 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
     reference = _reference(results)
+    # Two-line headers keep the table within 80 columns.
     table.add_column("dtype", no_wrap=True)
     table.add_column(_COLUMNS[0][0], justify="right", no_wrap=True)
-    table.add_column(f"÷ {_SHORT.get(reference, reference)}", justify="right", no_wrap=True)
+    table.add_column(f"÷\n{_SHORT.get(reference, reference)}", justify="right", no_wrap=True)
     for header, _ in _COLUMNS[1:]:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("ESS", justify="right", no_wrap=True)
-    table.add_column("masked TRL·verl", justify="right", no_wrap=True)
-    table.add_column(f"at {target:,}: kept" if target else "kept", justify="right", no_wrap=True)
-    table.add_column("consequence", no_wrap=True)
+    table.add_column("masked\nTRL·verl", justify="right", no_wrap=True)
+    at = f"at {target:,}\nkept" if target else "kept"
+    table.add_column(at, justify="right", no_wrap=True)
+    table.add_column("conse-\nquence", no_wrap=True)
     for name, r in results.items():
         c = per_dtype.get(name, {})
         measured = c.get("measured", {})
