@@ -32,8 +32,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
+# A block's body never holds another opening marker, so a marker quoted in prose (as in
+# docs/benchmarks.md) cannot swallow the text up to the next block's end.
 BLOCK = re.compile(
-    r"<!-- results: (?P<name>[\w.-]+) (?P<view>\S+) -->(?P<body>.*?)<!-- /results -->", re.S
+    r"<!-- results: (?P<name>[\w.-]+) (?P<view>\S+) -->"
+    r"(?P<body>(?:(?!<!-- results: ).)*?)<!-- /results -->",
+    re.S,
 )
 
 #: Renderers of whole blocks: view name -> function(results) -> text.
