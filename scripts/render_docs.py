@@ -154,6 +154,34 @@ def _sanity_lr(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rich_text(renderable: Any, width: int = 110) -> str:
+    """A rich renderable as plain text at a fixed width, in a ``text`` code block."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    return "```text\n" + "\n".join(lines).strip("\n") + "\n```"
+
+
+@view("probe-table")
+def _probe_table(data: dict[str, Any]) -> str:
+    """The probe's table with its lines and what to do, as ``precision-plugin probe`` prints it."""
+    from precision_plugin.probe.table import render_probe_table
+
+    return _rich_text(render_probe_table(data))
+
+
+@view("probe-layerwise")
+def _probe_layerwise(data: dict[str, Any]) -> str:
+    """The probe's layerwise table (``--layerwise``)."""
+    from precision_plugin.probe.table import render_layerwise_table
+
+    return _rich_text(render_layerwise_table(data))
+
+
 def render(name: str, view_name: str) -> str:
     """The text of block ``NAME VIEW``."""
     data = load(name)

@@ -2,8 +2,10 @@
 
 By concern: ``schema`` (configuration and results), ``inputs`` (device, model folder, prompts),
 ``engine`` (the one HF rollout engine and the engine protocol), ``scoring`` (the trainer side
-and the self-check), ``length`` (the log-ratio against length), ``run`` (the measurement
-itself), ``table`` and ``plot`` (rendering), and ``tiny_model`` (the embedded default model).
+and the self-check), ``length`` (the log-ratio against length), ``advice`` (what the mismatch
+does to RL at the target length, the verdicts, what to do), ``layerwise`` (where the two sides
+part), ``run`` (the measurement itself), ``table`` and ``plot`` (rendering), ``gguf`` (a
+checkpoint folder from a GGUF file) and ``tiny_model`` (the embedded default model).
 vLLM's engine lives in ``precision_plugin.vllm.probe_engine`` and is offered through the
 ``precision_probe_engines`` hook.
 """
@@ -32,6 +34,7 @@ from precision_plugin.probe.schema import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NUM_PROMPTS,
     DEFAULT_SEED,
+    DEFAULT_TARGET_LENGTH,
     SELF_CHECK_DTYPE,
     DtypeResult,
     ProbeConfig,
@@ -45,6 +48,7 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_NUM_PROMPTS",
     "DEFAULT_SEED",
+    "DEFAULT_TARGET_LENGTH",
     "MAX_PROMPT_TOKENS",
     "PROMPTS",
     "SELF_CHECK_DTYPE",

@@ -73,6 +73,16 @@ def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return slope, math.sqrt(residual / (n - 2) / sxx)
 
 
+def bucket_slices(n: int, num_buckets: int | None = None) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each bucket over ``n`` sequences sorted by length: equal shares,
+    ``n // MIN_PER_BUCKET`` buckets up to ``MAX_BUCKETS`` unless ``num_buckets`` is given."""
+    if n < 1:
+        return []
+    k = num_buckets or min(MAX_BUCKETS, max(1, n // MIN_PER_BUCKET))
+    k = max(1, min(k, n))
+    return [(b * n // k, (b + 1) * n // k) for b in range(k)]
+
+
 def length_effect(
     train: Sequence[Sequence[float]],
     rollout: Sequence[Sequence[float]],
@@ -94,11 +104,9 @@ def length_effect(
         return LengthEffect(sequences=0)
     seqs.sort(key=lambda s: s[0])
     n = len(seqs)
-    k = num_buckets or min(MAX_BUCKETS, max(1, n // MIN_PER_BUCKET))
-    k = max(1, min(k, n))
     buckets = []
-    for b in range(k):
-        group = seqs[b * n // k : (b + 1) * n // k]
+    for start, stop in bucket_slices(n, num_buckets):
+        group = seqs[start:stop]
         ratios = [s[1] for s in group]
         tokens = sum(s[0] for s in group)
         mean = sum(ratios) / len(ratios)

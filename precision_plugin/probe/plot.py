@@ -1,12 +1,16 @@
 """``precision-plugin probe --plot FILE.png``: the paper's offline-mismatch figure (Fig. 5).
 
 One row per dtype, axes shared per column so the rows compare at a glance: left, each sampled
-token's probability gap |π − μ| between the trainer (π) and the rollout engine (μ) against π, on a
-log scale (the gap grows with the token's probability, and each dtype sits at its own height:
-float32 at the floor, bfloat16 about eight times above float16); right, each sequence's
-|Σ(log π − log μ)| against its length, with the least-squares slope per 1,000 tokens (± its
-standard error) and each length bucket's mean. The figures
-of each panel are in its title, off the data.
+token's probability gap |π − μ| between the trainer (π) and the rollout engine (μ) against π,
+both on log scales (most sampled tokens of a trained model have π below 0.01; the gap grows
+with the token's probability, and each dtype sits at its own height: float32 at the floor,
+bfloat16 about eight times above float16); middle, each sequence's |Σ(log π − log μ)| against
+its length, with the least-squares slope per 1,000 tokens (± its standard error) and each
+length bucket's mean; right, the consequence: the share of an RL batch that still counts (the
+ESS, and the shares TRL's and verl's default sequence masks keep) measured per length bucket and
+projected to the target length with its 90 % band. With ``--layerwise`` a last row shows, per
+stage of the network, how far the two sides' hidden states differ in rounding units, and where
+they part. The figures of each panel are in its title, off the data.
 """
 
 from __future__ import annotations
@@ -48,14 +52,25 @@ def plot_probe(result: Any, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     dtypes = list(result.results)
-    fig, axes = plt.subplots(
-        len(dtypes), 2, figsize=(11, 3.6 * len(dtypes)), squeeze=False, sharey="col"
-    )
+    consequence = getattr(result, "consequence", None)
+    layerwise = getattr(result, "layerwise", None)
+    ncols = 3 if consequence is not None else 2
+    nrows = len(dtypes) + (1 if layerwise is not None and layerwise.dtypes else 0)
+    fig = plt.figure(figsize=(5.4 * ncols, 3.6 * nrows))
+    grid = fig.add_gridspec(nrows, ncols)
+    axes = [[fig.add_subplot(grid[row, col]) for col in range(ncols)] for row in range(len(dtypes))]
+    for row in axes[1:]:  # rows share each column's y axis
+        for col, ax in enumerate(row):
+            ax.sharey(axes[0][col])
     for row, name in enumerate(dtypes):
         r = result.results[name]
         color = _COLORS.get(name, "#8172b2")
         _token_gaps(axes[row][0], r, name, color)
         _length_fit(axes[row][1], r, name, color)
+        if consequence is not None and name in consequence.dtypes:
+            _consequence_panel(axes[row][2], consequence.dtypes[name], name, color)
+    if nrows > len(dtypes):
+        _layerwise_panel(fig.add_subplot(grid[-1, :]), layerwise)
     title = f"train/rollout mismatch of {result.model} ({result.engine} engine, {result.device})"
     if not result.valid:
         title += "\nINVALID: float32 self-check failed"
@@ -69,6 +84,8 @@ def plot_probe(result: Any, path: str | Path) -> Path:
 
 #: Where an exact agreement (|π − μ| = 0) is drawn on the log axis.
 _GAP_FLOOR = 1e-12
+#: The smallest π the token panel's log axis shows.
+_PI_FLOOR = 1e-12
 
 
 def _valid_pairs(r: Any) -> tuple[list[float], list[float]]:
@@ -86,7 +103,9 @@ def _token_gaps(ax: Any, r: Any, name: str, color: str) -> None:
     gaps = [max(abs(a - b), _GAP_FLOOR) for a, b in zip(pi, mu, strict=True)]
     ax.scatter(pi, gaps, s=5, alpha=0.5, color=color, linewidths=0)
     ax.set_yscale("log")
-    ax.set_xlim(0.0, 1.0)
+    ax.set_xscale("log")  # a trained model samples most tokens at π < 0.01
+    low = min((p for p in pi if p > 0), default=_PI_FLOOR)
+    ax.set_xlim(max(low, _PI_FLOOR) / 2.0, 1.5)
     m = r.metrics
     ax.set_title(
         f"{name}: token probability gap (k3 KL {m.k3_kl:.1e})\n"
@@ -132,3 +151,86 @@ def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
     ax.set_ylabel("|Σ log π − log μ|")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     ax.grid(True, alpha=0.3)
+
+
+def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
+    """Share of the batch that counts against length: measured per bucket (markers), projected
+    to the target length with the 90 % band (lines)."""
+    from precision_plugin.consequence import SEQUENCE_MASKS, project
+
+    p = c.projection
+    top = max([p.length, *(b.max_length for b in c.buckets)])
+    xs = sorted({max(1, round(top * (i + 1) / 60)) for i in range(60)})
+    points = [project(c.fit, x) for x in xs]
+    curves = [("ESS", "-", lambda q: q.ess, False)]
+    curves += [
+        (f"kept by {m.system}'s mask", "--" if m.key == "verl" else "-.",
+         lambda q, m=m: getattr(q, f"seq_mask_fraction_{m.key}"), True)
+        for m in SEQUENCE_MASKS
+    ]  # fmt: skip
+    for label, style, pick, complement in curves:
+        values = [pick(q) for q in points]
+        if all(math.isnan(v.value) for v in values):
+            continue
+        flip = (lambda y: 1.0 - y) if complement else (lambda y: y)
+        ax.plot(xs, [flip(v.value) for v in values], style, color=color, lw=1.3, label=label)
+        ax.fill_between(
+            xs, [flip(v.low) for v in values], [flip(v.high) for v in values], color=color,
+            alpha=0.08,
+        )  # fmt: skip
+    for i, b in enumerate(c.buckets):
+        m = b.consequence
+        ax.plot([b.mean_length], [m.ess], "o", color="black", ms=3,
+                label="bucket ESS" if i == 0 else None)  # fmt: skip
+        ax.plot([b.mean_length], [1.0 - m.seq_mask_fraction_verl], "s", color="black", ms=3,
+                mfc="none", label="bucket kept by verl's mask" if i == 0 else None)  # fmt: skip
+    ax.axvline(p.length, color="0.5", lw=0.8, ls=":")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlim(0, top * 1.02)
+    ax.set_title(
+        f"{name}: the share of an RL batch that counts ({c.verdict})\n"
+        f"at {p.length:,} tokens: ESS {p.ess.value:.2f}, kept {c.kept:.0%} (90 % bands)",
+        fontsize=9,
+    )
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("share of the batch")
+    ax.legend(loc="lower left", fontsize=6, frameon=False)
+    ax.grid(True, alpha=0.3)
+
+
+def _layerwise_panel(ax: Any, layerwise: Any) -> None:
+    """Per stage, the two sides' divergence in rounding units (free-running and local)."""
+    for i, (name, d) in enumerate(layerwise.dtypes.items()):
+        color = _COLORS.get(name, "#8172b2")
+        xs = list(range(len(d.stages)))
+        ax.plot(xs, [max(s.units, 1e-3) for s in d.stages], "-", color=color, label=f"{name}")
+        ax.plot(
+            xs, [max(s.local_units, 1e-3) for s in d.stages], ":", color=color,
+            label=f"{name} (each stage alone)",
+        )  # fmt: skip
+        if d.parted_at is not None:
+            at = [s.name for s in d.stages].index(d.parted_at)
+            ax.plot([at], [max(d.stages[at].local_units, 1e-3)], "v", color=color, ms=9)
+            ax.annotate(
+                f"{name} parts: {d.parted_at}", (at, d.stages[at].local_units), fontsize=7,
+                textcoords="offset points", xytext=(6, -12 - 11 * i), color=color,
+            )  # fmt: skip
+    first = next(iter(layerwise.dtypes.values()))
+    labels = [_short_stage(s.name) for s in first.stages]
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=90, fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylabel("‖h_rollout − h_trainer‖ / ‖h_trainer‖ in u")
+    ax.set_title(
+        "layerwise: how far the rollout side's hidden states are from the trainer's, in units "
+        "of the dtype's rounding (solid: each side on its own; dotted: each stage fed the "
+        "trainer's input)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, frameon=False, ncol=4)
+    ax.grid(True, alpha=0.3)
+
+
+def _short_stage(name: str) -> str:
+    parts = name.split(".")
+    return parts[-1] if not parts[-1].isdigit() else f"L{parts[-1]}"

@@ -13,6 +13,11 @@ positions at a time, so no ``[T, vocab]`` tensor is built at any length.
 
 Completion ``i`` of ``n`` is cut at ``ceil(max_new_tokens * (i + 1) / n)`` tokens (or ends at
 EOS), so the sequence log-ratio can be fitted against length (the paper's Fig. 5).
+
+Once every dtype is measured, ``advice.assess`` says what the mismatch does to RL at
+``target_length`` (the consequence section, each dtype's verdict and the what-to-do line), and
+with ``layerwise`` each low-precision dtype's longest sample is replayed through both sides
+layer by layer (``layerwise.replay``).
 """
 
 from __future__ import annotations
@@ -20,14 +25,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import verdict
-from precision_plugin.probe.engine import RolloutSample, hf_engine_factory, load_causal_lm
+from precision_plugin.probe.advice import assess
+from precision_plugin.probe.engine import (
+    HFRolloutEngine,
+    RolloutSample,
+    hf_engine_factory,
+    load_causal_lm,
+)
 from precision_plugin.probe.inputs import (
     build_prompts,
     check_model_dir,
@@ -35,6 +46,7 @@ from precision_plugin.probe.inputs import (
     encode_prompts,
     resolve_device,
 )
+from precision_plugin.probe.layerwise import LayerwiseReport, longest, replay
 from precision_plugin.probe.overflow import OverflowCheck, check_overflow
 from precision_plugin.probe.schema import (
     SELF_CHECK_DTYPE,
@@ -158,8 +170,60 @@ def _measure_dtype(
         tick(f"{dtype}: trainer forward", 1)
     rollout = [list(s.logprobs) for s in samples]
     metrics = measure(train, rollout)
-    label, reason = verdict(metrics, config.metrics)
-    return DtypeResult(dtype, metrics, label, reason, train, rollout, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    # The verdict comes from the consequence section once every dtype is measured (assess).
+    return DtypeResult(dtype, metrics, "measured", "", train, rollout, seconds, samples=samples)
+
+
+def _layerwise(
+    config: ProbeConfig,
+    factory: EngineFactory,
+    path: str,
+    device: str,
+    model: Any,
+    results: dict[str, DtypeResult],
+    tick: Callable[[str, int], None],
+    notes: list[str],
+) -> LayerwiseReport | None:
+    """Replay each low-precision dtype's longest sample through both sides, layer by layer.
+
+    The rollout side is the HF engine's own model (built by the run's factory, so a test's
+    planted engine is what is replayed); an engine that runs elsewhere (vLLM) is stood in for
+    by the HF engine, and a note says so.
+    """
+    if not config.layerwise:
+        return None
+    started = time.perf_counter()
+    report = LayerwiseReport()
+    for dtype, r in results.items():
+        sample = longest(r.samples)
+        if dtype == SELF_CHECK_DTYPE:
+            continue
+        if sample is None:  # not run (float16 beyond its range)
+            tick(f"{dtype}: layerwise replay", 1)
+            continue
+        tick(f"{dtype}: layerwise replay", 0)
+        # The HF engine's model can be hooked; another engine (vLLM) runs elsewhere, so the HF
+        # engine stands in for it rather than loading that engine only to find no model.
+        if config.engine == "hf":
+            engine = factory(path, dtype, device, config.seed)
+        else:
+            engine = HFRolloutEngine.from_pretrained(path, dtype, device)
+            note = (
+                f"layerwise: the {config.engine} engine's model cannot be hooked from here; the "
+                f"rollout side of the replay is the HF engine's {dtype} copy."
+            )
+            if note not in notes:
+                notes.append(note)
+        try:
+            report.dtypes[dtype] = replay(
+                model, engine.model, sample, dtype, device, margin_bits=config.overflow.margin_bits
+            )
+        finally:
+            engine.close()
+        tick(f"{dtype}: layerwise replay", 1)
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 def _overflowed(overflow: OverflowCheck, n: int, tick: Callable[[str, int], None]) -> DtypeResult:
@@ -224,7 +288,7 @@ def run_probe(
     factory = engines[config.engine]
     device = resolve_device(config.device)
     n = config.num_prompts
-    total = 2 * n * len(config.dtypes)
+    total = 2 * n * len(config.dtypes) + (len(config.dtypes) - 1) * config.layerwise
     done = 0
 
     def tick(description: str, advance: int) -> None:
@@ -260,6 +324,7 @@ def run_probe(
                 results[dtype] = _measure_dtype(
                     config, factory, path, device, model, prompts, budgets, dtype, tick
                 )
+            layerwise = _layerwise(config, factory, path, device, model, results, tick, notes)
         del model
 
     check = self_check(results[SELF_CHECK_DTYPE].metrics, config.metrics)
@@ -270,6 +335,11 @@ def run_probe(
         for r in results.values():
             if r.dtype != SELF_CHECK_DTYPE:
                 r.verdict, r.reason = "invalid", "float32 self-check failed"
+    consequence = assess(results, config.target_length, valid=check.passed)
+    for r in results.values():
+        if r.dtype != SELF_CHECK_DTYPE and r.verdict != "invalid":
+            c = consequence.dtypes[r.dtype]
+            r.verdict, r.reason = c.verdict, c.line
     return ProbeResult(
         model=name,
         engine=config.engine,
@@ -280,4 +350,18 @@ def run_probe(
         seconds=time.perf_counter() - started,
         overflow=overflow,
         notes=notes,
+        consequence=consequence,
+        layerwise=layerwise,
+        peak_rss_mb=peak_rss_mb(),
     )
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size so far, in MiB (``None`` without ``resource``)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)

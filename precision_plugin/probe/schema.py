@@ -23,6 +23,8 @@ DEFAULT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 DEFAULT_NUM_PROMPTS = 16
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_SEED = 0
+#: Completion length the consequence section projects to unless --target-length says otherwise.
+DEFAULT_TARGET_LENGTH = 4096
 #: The dtype whose run is the self-check (always run, first).
 SELF_CHECK_DTYPE = "float32"
 
@@ -45,7 +47,9 @@ class ProbeConfig:
     tokenizer's chat template), each used at its own length; ``None`` uses the built-in prompts,
     cut to one common length. Either way they are cycled to ``num_prompts`` completions.
     ``min_new_tokens`` suppresses EOS until a completion has that many tokens, so random or weak
-    models still produce long sequences for the length fit.
+    models still produce long sequences for the length fit. ``target_length`` is the completion
+    length the consequence section projects to (the length you train at); ``layerwise`` adds
+    the layer-by-layer replay of the longest sample per dtype.
     """
 
     model: str | None = None
@@ -59,6 +63,8 @@ class ProbeConfig:
     overflow: OverflowSettings = field(default_factory=OverflowSettings)
     prompts: tuple[Prompt, ...] | None = None
     min_new_tokens: int = 0
+    target_length: int = DEFAULT_TARGET_LENGTH
+    layerwise: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.dtypes, str):
@@ -73,7 +79,7 @@ class ProbeConfig:
             )
         ordered = [SELF_CHECK_DTYPE] + [d for d in dict.fromkeys(names) if d != SELF_CHECK_DTYPE]
         object.__setattr__(self, "dtypes", tuple(ordered))
-        for name in ("num_prompts", "max_new_tokens"):
+        for name in ("num_prompts", "max_new_tokens", "target_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PrecisionConfigError(
@@ -101,6 +107,10 @@ class ProbeConfig:
                 f"({self.max_new_tokens}); pass e.g. {self.max_new_tokens} to suppress EOS for the "
                 f"whole generation, or 0 (default) to let completions end at EOS."
             )
+        if not isinstance(self.layerwise, bool):
+            raise PrecisionConfigError(
+                f"layerwise: expected True or False, got {self.layerwise!r}."
+            )
         if self.prompts is not None:
             if isinstance(self.prompts, str) or not self.prompts:
                 raise PrecisionConfigError(
@@ -121,6 +131,8 @@ class DtypeResult:
     train_logprobs: list[list[float]]
     rollout_logprobs: list[list[float]]
     seconds: float
+    #: The sampled completions (token ids and the engine's log-probs): not in the JSON.
+    samples: list[Any] = field(default_factory=list, repr=False)
 
     def length_effect(self) -> LengthEffect:
         """The sequence log-ratio against completion length, by bucket, with fitted slopes."""
@@ -177,6 +189,15 @@ class ProbeResult:
     overflow: Any = None
     #: Facts about the model worth knowing next to the numbers (e.g. vLLM refuses its float16).
     notes: list[str] = field(default_factory=list)
+    #: What the mismatch does at the target length and what to do
+    #: (:class:`precision_plugin.probe.advice.ConsequenceReport`); ``None`` when not assessed.
+    consequence: Any = None
+    #: Where the two sides part (:class:`precision_plugin.probe.layerwise.LayerwiseReport`);
+    #: ``None`` without ``layerwise``.
+    layerwise: Any = None
+    #: The process's peak resident memory at the end of the run, in MiB (``None`` where the
+    #: platform does not say).
+    peak_rss_mb: float | None = None
 
     @property
     def valid(self) -> bool:
@@ -206,12 +227,19 @@ class ProbeResult:
                 "min_new_tokens": self.config.min_new_tokens,
                 "prompts": "built-in" if self.config.prompts is None else "user",
                 "seed": self.config.seed,
+                "target_length": self.config.target_length,
+                "layerwise": self.config.layerwise,
             },
             "seconds": round(self.seconds, 3),
+            "peak_rss_mb": self.peak_rss_mb,
             "notes": list(self.notes),
         }
         if self.overflow is not None:
             data["headroom"] = self.overflow.to_dict()
+        if self.consequence is not None:
+            data["consequence"] = self.consequence.to_dict()
+        if self.layerwise is not None:
+            data["layerwise"] = self.layerwise.to_dict()
         return _json_safe(data)
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -228,7 +228,9 @@ def _agrees(model: Any, head: LMHead) -> bool:
     return ours.shape == full.shape and bool(torch.allclose(ours, full, rtol=1e-4, atol=1e-4))
 
 
-def _padded(rows: Sequence[Sequence[float]]) -> tuple[Any, Any]:
+def padded(rows: Sequence[Sequence[float]]) -> tuple[Any, Any]:
+    """Ragged per-sequence values as a NaN-padded float64 ``[rows, width]`` tensor and the
+    mask of the real entries."""
     import torch
 
     width = max((len(r) for r in rows), default=0)
@@ -244,8 +246,8 @@ def measure(
     train: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]
 ) -> MismatchMetrics:
     """``compute_mismatch`` over ragged per-sequence log-prob lists."""
-    train_t, mask = _padded(train)
-    roll_t, _ = _padded(rollout)
+    train_t, mask = padded(train)
+    roll_t, _ = padded(rollout)
     return compute_mismatch(train_t, roll_t, mask)
 
 

@@ -1,133 +1,153 @@
 """The probe's result as a rich table, rendered by the probe itself (as ``doctor`` renders its
-report); the CLI only prints it.
+report); the CLI only prints it, and the docs render it from a results file.
 
-The table leads with what the run is for: how much more one dtype drifts than another. Each
-low-precision row gets a verdict relative to the lowest-mismatch dtype (float32 is the floor the
-self-check holds), a last row gives the bfloat16 / float16 ratio of every magnitude, and verl's
-absolute thresholds (which a small model rarely reaches) have a column of their own.
+The table reads top to bottom: a row per dtype with the size of its mismatch (k3 KL, its factor
+over float16, the probability gap, the length effect), what that mismatch does to an RL batch
+as measured (ESS, the shares TRL's and verl's default sequence masks drop) and at the target
+length (the share of the batch that still counts, the verdict); under it one line per dtype
+with the figures and their intervals, then the line that says what to do, then the legend.
+Everything is read from the JSON form (``ProbeResult.to_dict()``), so a results file renders
+the same table.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.probe.advice import percent
 from precision_plugin.probe.schema import SELF_CHECK_DTYPE, ProbeResult
 
-_VERDICT_STYLE = {"ok": "green", "watch": "yellow", "problem": "red", "invalid": "bold red"}
+_VERDICT_STYLE = {
+    "floor": "green",
+    "ok": "green",
+    "negligible": "green",
+    "noticeable": "yellow",
+    "costly": "red",
+    "severe": "bold red",
+    "invalid": "bold red",
+}
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
-#: Columns: header, metric attribute, whether a ratio of it between dtypes means something.
-_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("k3 KL", "k3_kl", True),
-    ("|Δp| mean", "prob_diff_mean", True),
-    ("|Δp| max", "prob_diff_max", True),
-    ("|seq|/1K", "seq_abs_log_ratio_slope_per_1k", True),
-    ("k1 KL", "k1_kl", False),  # signed: a ratio of two signed means says nothing
+#: Mismatch columns: header, the JSON key of the dtype's metric.
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("k3 KL", "k3_kl"),
+    ("|Δp|\nmean", "prob_diff_mean"),
+    ("|seq|\n/1K", "seq_abs_log_ratio_slope_per_1k"),
 )
 
-#: A dtype within this factor of the lowest k3 counts as "lowest" too.
-_SAME_FACTOR = 2.0
 
-
-def render_probe_table(result: ProbeResult) -> Any:
-    """A rich ``Table`` of a [`ProbeResult`][precision_plugin.probe.ProbeResult], a row a dtype,
-    then the bfloat16 / float16 ratio of each magnitude when both ran."""
+def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
+    """A rich ``Table`` of a [`ProbeResult`][precision_plugin.probe.ProbeResult] or of its JSON
+    form (a results file): a row per dtype, then the verdict lines and what to do."""
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
+    data = result.to_dict() if isinstance(result, ProbeResult) else result
+    results: dict[str, Any] = data["results"]
+    consequence = data.get("consequence") or {}
+    per_dtype = consequence.get("dtypes", {})
+    target = consequence.get("target_length")
+    settings = data.get("settings", {})
     table = Table(
-        title=f"train/rollout mismatch: {result.model} ({result.engine}, {result.device})",
-        caption=_caption(result),
+        title=(
+            f"train/rollout mismatch: {escape(str(data['model']))} ({data['engine']}, "
+            f"{data['device']}), up to {settings.get('max_new_tokens', '?'):,} new tokens"
+        ),
+        caption=escape(_caption(data)),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
+    reference = _reference(results)
+    # Two-line headers keep the table within 80 columns.
     table.add_column("dtype", no_wrap=True)
-    for header, _, _ in _COLUMNS:
+    table.add_column(_COLUMNS[0][0], justify="right", no_wrap=True)
+    table.add_column(f"÷\n{_SHORT.get(reference, reference)}", justify="right", no_wrap=True)
+    for header, _ in _COLUMNS[1:]:
         table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("tokens", justify="right", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
-    table.add_column("verl", no_wrap=True)
-    verdicts = relative_verdicts(result)
-    for name, r in result.results.items():
-        m = r.metrics
-        style = _VERDICT_STYLE.get(r.verdict, "")
+    table.add_column("ESS", justify="right", no_wrap=True)
+    table.add_column("masked\nTRL·verl", justify="right", no_wrap=True)
+    at = f"at {target:,}\nkept" if target else "kept"
+    table.add_column(at, justify="right", no_wrap=True)
+    table.add_column("conse-\nquence", no_wrap=True)
+    for name, r in results.items():
+        c = per_dtype.get(name, {})
+        measured = c.get("measured", {})
+        verdict = c.get("verdict") or r.get("verdict", "")
+        style = _VERDICT_STYLE.get(verdict, "")
         table.add_row(
-            f"{name}*" if name == SELF_CHECK_DTYPE else name,
-            *(_num(getattr(m, attr)) for _, attr, _ in _COLUMNS),
-            f"{m.tokens}" + (f" ({m.nan_tokens} NaN)" if m.nan_tokens else ""),
-            verdicts[name],
-            f"[{style}]{r.verdict}[/]" if style else r.verdict,
-        )
-    if "bfloat16" in result.results and "float16" in result.results:
-        bf, fp = result.results["bfloat16"].metrics, result.results["float16"].metrics
-        table.add_section()
-        table.add_row(
-            "bf16 ÷ fp16",
-            *(_ratio(getattr(bf, a), getattr(fp, a)) if r else "" for _, a, r in _COLUMNS),
-            "",
-            "",
-            "",
-            style="bold",
+            name,
+            _num(r.get("k3_kl")),
+            _factor(name, results, reference),
+            *(_num(r.get(key)) for _, key in _COLUMNS[1:]),
+            _fixed(measured.get("ess")),
+            f"{percent(measured.get('seq_mask_fraction_trl'))}·"
+            f"{percent(measured.get('seq_mask_fraction_verl'))}",
+            percent(c.get("kept_at_target")) if verdict not in ("invalid", "") else "-",
+            f"[{style}]{verdict}[/]" if style else verdict,
         )
     return table
 
 
-def relative_verdicts(result: ProbeResult) -> dict[str, str]:
-    """Each dtype's verdict against the others (rich markup): float32 is the floor the self-check
-    holds; among the other dtypes the lowest k3 is "lowest", the rest "Nx <lowest>"."""
-    out: dict[str, str] = {}
+def _reference(results: Mapping[str, Any]) -> str:
+    """The dtype the k3 factors are relative to: float16 when measured, else the lowest."""
     k3 = {
-        name: r.metrics.k3_kl
-        for name, r in result.results.items()
-        if name != SELF_CHECK_DTYPE and math.isfinite(r.metrics.k3_kl)
+        n: r.get("k3_kl")
+        for n, r in results.items()
+        if n != SELF_CHECK_DTYPE and isinstance(r.get("k3_kl"), (int, float)) and r["k3_kl"] > 0
     }
-    best = min(k3, key=k3.__getitem__) if k3 else None
-    for name in result.results:
-        if not result.valid:
-            out[name] = "[bold red]invalid[/]"
-        elif name == SELF_CHECK_DTYPE:
-            out[name] = "[green]floor[/]"
-        elif name not in k3 or best is None:
-            out[name] = "-"
-        elif k3[best] <= 0 or k3[name] <= _SAME_FACTOR * k3[best]:
-            out[name] = "[green]lowest[/]" if len(k3) > 1 else "[green]measured[/]"
-        else:
-            factor = k3[name] / k3[best]
-            style = "red" if factor >= 8 else "yellow"
-            out[name] = f"[{style}]{factor:.0f}x {_SHORT.get(best, best)}[/]"
-    return out
+    if "float16" in k3 or not k3:
+        return "float16"
+    return min(k3, key=k3.__getitem__)
 
 
-def _num(value: float) -> str:
-    return "-" if value != value else f"{value:.1e}"
+def _factor(name: str, results: Mapping[str, Any], reference: str) -> str:
+    if name == SELF_CHECK_DTYPE:
+        return "floor"
+    a, b = results[name].get("k3_kl"), results.get(reference, {}).get("k3_kl")
+    if not (isinstance(a, (int, float)) and isinstance(b, (int, float))) or b <= 0:
+        return "n/a"
+    ratio = a / b
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
 
 
-def _ratio(a: float, b: float) -> str:
-    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0 or a < 0:
-        return "-"
-    return f"{a / b:.0f}x" if a / b >= 10 else f"{a / b:.1f}x"
+def _num(value: Any) -> str:
+    return f"{value:.1e}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
-def _caption(result: ProbeResult) -> str:
-    s = result.config.metrics
-    lines = [
-        f"* self-check: {result.self_check.message}",
-        "verdict: k3 KL against the lowest-mismatch dtype (float32 is the floor); bf16 ÷ fp16: "
-        "theory ~64x for k3, ~8x for |Δp| (unit roundoff 2^-8 vs 2^-11).",
-        "k1 KL = mean(log μ − log π) is signed: small negative values are noise, only its size "
-        "matters. |seq|/1K: slope of |Σ log π − log μ| against length, per 1,000 tokens (the "
-        "signed slope is in --json).",
-        f"verl: prob_diff_mean < {s.prob_diff_ok:g} ok, <= {s.prob_diff_bad:g} watch, > "
-        f"{s.prob_diff_bad:g} problem (verl's absolute thresholds).",
+def _fixed(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
+def _caption(data: Mapping[str, Any]) -> str:
+    consequence = data.get("consequence") or {}
+    lines = [d["line"] for d in consequence.get("dtypes", {}).values() if d.get("line")]
+    if not lines:
+        lines = [f"* self-check: {data['self_check']['message']}"]
+    if consequence.get("advice"):
+        lines.append(consequence["advice"])
+    target = consequence.get("target_length")
+    bounds = consequence.get("bounds", {})
+    trl = bounds.get("seq_mask_fraction_trl", {}).get("kept", "w ≤ 3")
+    verl = bounds.get("seq_mask_fraction_verl", {}).get("kept", "0.5 ≤ w ≤ 2")
+    lines += [
+        "",
+        "k3 KL: mean(r − 1 − log r), r = π/μ per sampled token; ÷: its factor over the reference "
+        "(theory: bf16 ÷ fp16 ≈ 64). |seq|/1K: slope of |Σ log π − log μ| per 1,000 tokens.",
+        f"ESS: effective share of the batch under sequence importance weights w = π/μ; masked: "
+        f"share of sequences TRL's default sequence_mask ({trl}) and verl's Seq-MIS preset "
+        f"({verl}) drop, as measured.",
+        (f"at {target:,}: " if target else "")
+        + "the share of the batch that still counts at the target length (the least of the "
+        "ESS and each mask's kept share), projected with S(L) ~ Normal(drift·L, variance·L); "
+        "90 % intervals in the lines above.",
+        "consequence: negligible < 1 % lost; noticeable: kept ≥ 0.5; costly: ≥ 0.3; severe "
+        "below (0.5 and 0.3: verl's rollout-correction ESS guidance).",
     ]
-    counts = {r.metrics.tokens for r in result.results.values()}
-    if len(counts) > 1:
-        lines.append(
-            "tokens differ per dtype: each dtype samples its own completions, which reach "
-            "<eos> at different points."
-        )
     return "\n".join(lines)
 
 
@@ -181,3 +201,55 @@ def _headroom_caption(check: Any) -> str:
             f"(vLLM refusals, families known to overflow)."
         )
     return "\n".join(lines)
+
+
+def render_layerwise_table(result: ProbeResult | Mapping[str, Any]) -> Any:
+    """A rich ``Table`` of the layerwise replay: per stage and dtype, the divergence of the two
+    sides in rounding units (each side on its own, and the stage alone), float16 saturation;
+    the caption says where the sides part. ``None`` without a replay."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    data = result.to_dict() if isinstance(result, ProbeResult) else result
+    layerwise = data.get("layerwise")
+    if not layerwise or not layerwise.get("dtypes"):
+        return None
+    dtypes = layerwise["dtypes"]
+    lines = [d["line"] for d in dtypes.values()]
+    lines.append(
+        "u: the dtype's unit roundoff (2^-11 float16, 2^-8 bfloat16). alone: the stage fed the "
+        "trainer's input (the error it adds itself). A stage parts when it adds more than "
+        f"{layerwise.get('part_factor', 4):g}x the median stage's error."
+    )
+    table = Table(
+        title="layerwise: rollout vs trainer hidden states, in units of rounding (u)",
+        caption=escape("\n".join(lines)),
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("stage", overflow="fold")
+    for name in dtypes:
+        table.add_column(f"{_SHORT.get(name, name)} u", justify="right", no_wrap=True)
+        table.add_column(f"{_SHORT.get(name, name)} alone", justify="right", no_wrap=True)
+    if "float16" in dtypes:
+        table.add_column("fp16 at/near max", justify="right", no_wrap=True)
+    first = next(iter(dtypes.values()))
+    for i, stage in enumerate(first["stages"]):
+        cells = []
+        for d in dtypes.values():
+            s = d["stages"][i] if i < len(d["stages"]) else {}
+            mark = " ◀" if d.get("parted_at") == stage["name"] else ""
+            cells += [_units(s.get("units")), _units(s.get("local_units")) + mark]
+        if "float16" in dtypes:
+            fp16 = dtypes["float16"]["stages"]
+            s = fp16[i] if i < len(fp16) else {}
+            cells.append(f"{s.get('saturated', 0)}/{s.get('near_limit', 0)}")
+        table.add_row(escape(stage["name"]), *cells)
+    return table
+
+
+def _units(value: Any) -> str:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.3g}"

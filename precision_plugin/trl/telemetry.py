@@ -13,9 +13,11 @@ trainer for the length of ``train()`` (``attach``). The mask is TRL's ``completi
 (times ``tool_mask``). Each rollout slice is counted once even when TRL reuses it
 (``num_iterations > 1``); evaluation batches are not counted.
 
-Per process the wrappers add [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums]; at a
-due log every process gathers them, so the figures are token-weighted over the whole batch and
-two processes report what one process reports on the same data.
+Per process the wrappers add [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums] and
+[`consequence_sums`][precision_plugin.consequence.consequence_sums] (the effective sample size,
+the shares TRL's and verl's sequence masks drop, the share of tokens a TIS clip at 2.0 clips);
+at a due log every process gathers them, so the figures are token-weighted over the whole
+batch and two processes report what one process reports on the same data.
 """
 
 from __future__ import annotations
@@ -39,13 +41,17 @@ class MismatchAccumulator:
     def __init__(self) -> None:
         import torch
 
+        from precision_plugin.consequence import COUNT_FIELDS
         from precision_plugin.mismatch import SUM_FIELDS
 
         self._torch = torch
         # Created on the first micro-batch's device: no host copy (a device sync) per batch.
         self._size = len(SUM_FIELDS)
+        self._counts_size = len(COUNT_FIELDS)
         self.sums: Any = None
         self.maxima: Any = None
+        self.counts: Any = None  # consequence counts (add up)
+        self.log_moments: Any = None  # [log Σ w, log Σ w²] over sequences (combine by logsumexp)
         self.capturing = False
         self.captured: Any = None
         # id -> weak reference: a WeakSet would compare tensors with == on a hash collision.
@@ -63,20 +69,27 @@ class MismatchAccumulator:
 
     def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
         """Add one micro-batch: ``[batch, seq]`` log-probs of both sides and TRL's mask."""
+        from precision_plugin.consequence import consequence_sums
         from precision_plugin.mismatch import mismatch_sums
 
-        sums, top = mismatch_sums(train_logps.detach(), rollout_logps.detach(), mask)
+        train, rollout = train_logps.detach(), rollout_logps.detach()
+        sums, top = mismatch_sums(train, rollout, mask)
+        counts, moments = consequence_sums(train, rollout, mask)
         if self.sums is None:
-            self.sums, self.maxima = self._empty(sums.device)
+            self.sums, self.maxima, self.counts, self.log_moments = self._empty(sums.device)
         self.sums += sums.to(self.sums.device)  # no-op copies: both on the training device
         self.maxima = self._torch.maximum(self.maxima, top.to(self.maxima.device))
+        self.counts += counts.to(self.counts.device)
+        self.log_moments = self._torch.logaddexp(self.log_moments, moments.to(self.counts.device))
 
-    def _empty(self, device: Any) -> tuple[Any, Any]:
-        """Zero sums and a ``-inf`` maximum on ``device``."""
+    def _empty(self, device: Any) -> tuple[Any, Any, Any, Any]:
+        """Zero sums and counts, a ``-inf`` maximum and ``-inf`` log-moments on ``device``."""
         torch = self._torch
         return (
             torch.zeros(self._size, dtype=torch.float64, device=device),
             torch.full((1,), -torch.inf, dtype=torch.float64, device=device),
+            torch.zeros(self._counts_size, dtype=torch.float64, device=device),
+            torch.full((2,), -torch.inf, dtype=torch.float64, device=device),
         )
 
     def flush(self, gather: Callable[[Any], Any] | None = None) -> dict[str, float]:
@@ -85,16 +98,25 @@ class MismatchAccumulator:
         ``gather`` concatenates a tensor across processes (``accelerator.gather``); every
         process must call ``flush`` at the same log.
         """
+        from precision_plugin.consequence import CONSEQUENCE_METRICS, consequence_from_sums
         from precision_plugin.mismatch import metrics_from_sums
 
-        sums, maxima = self.sums, self.maxima
+        sums, maxima, counts, moments = self.sums, self.maxima, self.counts, self.log_moments
         if sums is None:
-            sums, maxima = self._empty("cpu")
+            sums, maxima, counts, moments = self._empty("cpu")
         if gather is not None:
-            sums = gather(sums).reshape(-1, sums.numel()).sum(dim=0)
-            maxima = gather(maxima)
-        self.sums, self.maxima = None, None
-        return metrics_from_sums(sums.cpu(), maxima.cpu())
+            # One collective: every process's sums, maximum, counts and log-moments in a row.
+            row = self._torch.cat([sums, maxima, counts, moments])
+            rows = gather(row).reshape(-1, row.numel())
+            sums, maxima, counts, moments = rows.split(
+                [sums.numel(), 1, counts.numel(), moments.numel()], dim=1
+            )
+            sums, counts = sums.sum(dim=0), counts.sum(dim=0)
+            maxima = maxima.reshape(-1)
+        self.sums, self.maxima, self.counts, self.log_moments = None, None, None, None
+        metrics = metrics_from_sums(sums.cpu(), maxima.cpu())
+        consequence = consequence_from_sums(counts.cpu(), moments.cpu())
+        return {**metrics, **{k: getattr(consequence, k) for k in CONSEQUENCE_METRICS}}
 
 
 def accumulator(trainer: Any) -> MismatchAccumulator | None:

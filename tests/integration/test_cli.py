@@ -54,11 +54,13 @@ def test_probe_on_a_saved_model_writes_json_and_png(
 ) -> None:
     out_json, out_png = tmp_path / "probe.json", tmp_path / "probe.png"
     args = ["probe", "--model", str(qwen_checkpoint), "--num-prompts", "8"]
-    args += ["--max-new-tokens", "64", "--device", "cpu", "--seed", "1"]
+    args += ["--max-new-tokens", "64", "--device", "cpu", "--seed", "1", "--target-length", "2048"]
     rc = main([*args, "--json", str(out_json), "--plot", str(out_png)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    assert "float32*" in captured.out and "bfloat16" in captured.out  # the table
+    out = " ".join(captured.out.split())
+    assert "float32 (the self-check)" in out and "bfloat16 at 2,048 tokens: keeps" in out
+    assert "do: " in out and "layerwise" not in out  # the table and its lines
     data = json.loads(out_json.read_text())
     assert data["model"] == str(qwen_checkpoint) and data["engine"] == "hf"
     provenance = data["provenance"]  # what produced the file, for published figures
@@ -68,6 +70,7 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     assert k3["float32"] < 1e-9
     assert k3["bfloat16"] > 10 * k3["float16"]
     assert data["bf16_over_fp16_k3"] == pytest.approx(k3["bfloat16"] / k3["float16"])
+    assert data["consequence"]["target_length"] == 2048
     assert out_png.read_bytes()[:8] == PNG_MAGIC
     assert out_png.stat().st_size > 20_000
 

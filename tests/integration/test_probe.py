@@ -71,10 +71,44 @@ def test_json_schema_is_stable(default_run: ProbeResult) -> None:
         "min_new_tokens": 0,
         "prompts": "built-in",
         "seed": 0,
+        "target_length": 4096,
+        "layerwise": False,
     }
-    assert data["notes"] == []
+    assert data["notes"] == [] and "layerwise" not in data
+    assert data["peak_rss_mb"] > 100  # torch and transformers alone take more
     effect = data["results"]["bfloat16"]["length_effect"]
     assert effect["sequences"] == 8 and sum(b["sequences"] for b in effect["buckets"]) == 8
+
+
+@pytest.mark.slow
+def test_the_consequence_section_follows_the_sequences(default_run: ProbeResult) -> None:
+    """Measured figures recomputed from the JSON's own per-sequence log-ratios; the buckets are
+    length_effect's; each low-precision dtype gets a verdict and a line, and one line says what
+    to do."""
+    data = json.loads(default_run.to_json())
+    section = data["consequence"]
+    assert section["target_length"] == 4096 and section["advice"].startswith("do: ")
+    for name, res in data["results"].items():
+        c = section["dtypes"][name]
+        sums = res["seq_log_ratio"]
+        top = max(sums)
+        w = [math.exp(s - top) for s in sums]
+        assert c["measured"]["ess"] == pytest.approx(sum(w) ** 2 / (len(w) * sum(x * x for x in w)))
+        n = len(sums)
+        assert c["measured"]["seq_mask_fraction_trl"] == sum(s > math.log(3) for s in sums) / n
+        verl = sum(not math.log(0.5) <= s <= math.log(2) for s in sums) / n
+        assert c["measured"]["seq_mask_fraction_verl"] == verl
+        buckets = res["length_effect"]["buckets"]
+        assert [(b["min_length"], b["max_length"]) for b in c["buckets"]] == [
+            (b["min_length"], b["max_length"]) for b in buckets
+        ]
+        assert c["at_target"]["length"] == 4096
+        assert c["line"].startswith(name)
+        if name != "float32":
+            assert res["verdict"] == c["verdict"] in ("negligible", "noticeable", "costly", "severe")
+            assert res["verdict_reason"] == c["line"]
+    kept = {n: section["dtypes"][n]["kept_at_target"] for n in ("float16", "bfloat16")}
+    assert kept["float16"] > kept["bfloat16"]
 
 
 @pytest.mark.slow

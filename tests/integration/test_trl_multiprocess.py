@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+from precision_plugin.consequence import CONSEQUENCE_METRICS, compute_consequence
 from precision_plugin.mismatch import compute_mismatch
 from tests.integration import ds_cpu
 from tests.integration.trl_two_rank_worker import fixed_batch
@@ -46,7 +47,9 @@ def _launch(tmp_path: Path, world: int) -> dict[int, dict]:
 def test_two_processes_equal_one_process(tmp_path):
     one = _launch(tmp_path, 1)[0]
     two = _launch(tmp_path, 2)
-    whole = compute_mismatch(*fixed_batch()).to_dict()
+    whole = compute_mismatch(*fixed_batch()).to_dict() | compute_consequence(*fixed_batch()).to_dict()
+    assert set(CONSEQUENCE_METRICS) <= set(one["fixed"])
+    assert 0 < whole["seq_mask_fraction_verl"] < 1 and 0 < whole["ess"] < 1
     for name, value in one["fixed"].items():
         assert value == pytest.approx(whole[name], rel=1e-12), name
         for rank in (0, 1):  # the fixed batch split over two ranks: the same figures
@@ -57,5 +60,6 @@ def test_two_processes_equal_one_process(tmp_path):
     for entry in two[0]["logs"]:
         assert entry["precision/tokens"] == pytest.approx(entry["completions/mean_length"] * 8)
         assert 0 <= entry["precision/k3_kl"] < 1e-4
+        assert 0 < entry["precision/ess"] <= 1 and entry["precision/seq_mask_fraction_verl"] >= 0
     for entry in one["logs"]:
         assert entry["precision/tokens"] == pytest.approx(entry["completions/mean_length"] * 4)

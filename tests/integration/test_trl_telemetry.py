@@ -24,6 +24,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"
 CORE = (
     "k1_kl", "k3_kl", "prob_diff_mean", "prob_diff_max", "logp_abs_diff_mean",
     "seq_log_ratio_slope_per_1k", "tokens", "nan_tokens",
+    "ess", "seq_mask_fraction_trl", "seq_mask_fraction_verl", "tis_clip_fraction",
 )  # fmt: skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_accelerator_state")]
@@ -66,6 +67,9 @@ def test_metrics_every_logging_step_token_weighted(tmp_path, config):
         assert entry["precision/tokens"] > 0 and entry["precision/nan_tokens"] == 0
         assert 0 <= entry["precision/k3_kl"] < 1e-4
         assert entry["precision/prob_diff_max"] >= entry["precision/prob_diff_mean"] >= 0
+        # A k3 this small (the same dtype on both sides) costs no sample.
+        assert entry["precision/ess"] == pytest.approx(1.0, abs=1e-4)
+        assert entry["precision/seq_mask_fraction_verl"] == entry["precision/tis_clip_fraction"] == 0
     # Every sampled completion token counted exactly once: TRL's completion lengths, summed.
     generated = sum(
         e["completions/mean_length"] * 4 for e in logs if "completions/mean_length" in e

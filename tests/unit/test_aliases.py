@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from precision_plugin.consequence import CONSEQUENCE_METRICS, compute_consequence
 from precision_plugin.mismatch import ALIASES, Alias, aliases_for, compute_mismatch
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # log π, log μ, mask: [rows, T] float64
@@ -26,8 +27,9 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # log π, log μ, mask:
 LENGTHS = (9, 3, 14, 1, 6, 11)  # ragged: padded to 14; any split of the rows has tokens
 
 
-def ragged(seed: int = 0, nan_tokens: bool = False) -> Batch:
-    """A padded batch of sampled-token log-probs with a realistic spread and a small mismatch."""
+def ragged(seed: int = 0, nan_tokens: bool = False, noise: float = 0.05) -> Batch:
+    """A padded batch of sampled-token log-probs with a realistic spread and a mismatch of
+    ``noise`` per token (small by default; the consequence metrics need one that masks)."""
     g = torch.Generator().manual_seed(seed)
     rows, width = len(LENGTHS), max(LENGTHS)
     mask = torch.zeros(rows, width, dtype=torch.float64)
@@ -36,7 +38,7 @@ def ragged(seed: int = 0, nan_tokens: bool = False) -> Batch:
     # Sampled tokens are mostly likely ones, with a tail down to 1e-3.
     u = torch.rand(rows, width, generator=g, dtype=torch.float64)
     log_pi = torch.log(1e-3 + (1 - 1e-3) * u**0.25)
-    log_mu = torch.clamp(log_pi + 0.05 * torch.randn(rows, width, generator=g), max=0.0)
+    log_mu = torch.clamp(log_pi + noise * torch.randn(rows, width, generator=g), max=0.0)
     # Padding holds finite junk, as a padded forward leaves it.
     junk = -5.0 * torch.rand(rows, width, generator=g, dtype=torch.float64)
     log_pi = torch.where(mask.bool(), log_pi, junk)
@@ -247,6 +249,127 @@ def trl(key: str, batch: Batch, processes: int = 1, generation_batches: int = 1)
     return sum(valid) / len(valid)
 
 
+# --- the consequence metrics: verl's rollout correction, TRL's sequence mask -----------------
+
+VERL_SAFETY_BOUND = 20.0  # rollout_corr_helper.py SAFETY_BOUND
+
+
+def _verl_masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None):
+    # verl/utils/torch_functional.py masked_sum (masked_mean divides by mask.sum + 1e-8)
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum(axis=axis)
+
+
+def _verl_masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None):
+    return _verl_masked_sum(values, mask, axis) / (mask.sum(axis=axis) + 1e-8)
+
+
+def verl_is_metric(key: str, batch: Batch, rollout_is: str, micro_batches: int | None = None):
+    """rollout_corr_helper.py compute_rollout_correction_weights + compute_is_metrics with the
+    default rollout_is_threshold=2.0 (TIS: one upper bound)."""
+
+    def one(old_log_prob, rollout_log_prob, response_mask) -> float:
+        threshold = 2.0
+        log_ratio = old_log_prob - rollout_log_prob
+        if rollout_is == "token":
+            log_ratio_safe = torch.clamp(log_ratio, min=-VERL_SAFETY_BOUND, max=VERL_SAFETY_BOUND)
+            raw_rollout_is_weights = torch.exp(log_ratio_safe)
+        else:
+            log_ratio_sum = _verl_masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
+            log_ratio_sum_safe = torch.clamp(log_ratio_sum, -VERL_SAFETY_BOUND, VERL_SAFETY_BOUND)
+            raw_rollout_is_weights = torch.exp(log_ratio_sum_safe).expand_as(log_ratio)
+        raw_rollout_is_weights = raw_rollout_is_weights * response_mask
+        rollout_is_weights = raw_rollout_is_weights.clamp(max=threshold)
+        if key == "rollout_is_ratio_fraction_high":
+            assert rollout_is == "token"
+            above = raw_rollout_is_weights > threshold
+            return _verl_masked_mean(above.float().double(), response_mask).item()
+        weights_for_ess = rollout_is_weights.clamp(min=0.0, max=threshold)
+        mean_for_ess = _verl_masked_mean(weights_for_ess, response_mask)
+        is_weights_normalized = weights_for_ess / (mean_for_ess + 1e-8)
+        return 1.0 / _verl_masked_mean(is_weights_normalized.square(), response_mask).item()
+
+    if micro_batches is None:  # verl >= 0.8 outside bypass mode: once per batch
+        return one(*batch)
+    return float(np.mean([one(*part) for part in rows(batch, micro_batches)]))
+
+
+def verl_seq_mis(batch: Batch, micro_batches: int | None = None) -> float:
+    """rollout_corr_helper.py compute_rollout_rejection_mask with decoupled_seq_is_rs()'s
+    rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0": the option's seq_masked_fraction."""
+
+    def one(old_log_prob, rollout_log_prob, response_mask) -> float:
+        lower_log, upper_log = math.log(0.5), math.log(2.0)
+        log_ratio = old_log_prob - rollout_log_prob
+        log_ratio_safe = torch.clamp(log_ratio, min=-VERL_SAFETY_BOUND, max=VERL_SAFETY_BOUND)
+        token_k1 = -log_ratio_safe
+        seq_valid_mask = response_mask.sum(dim=-1) > 0
+        seq_stat = _verl_masked_sum(token_k1, response_mask, axis=-1)
+        seq_keep_bool_direct = (seq_stat >= lower_log) & (seq_stat <= upper_log)
+        token_keep_bool = seq_keep_bool_direct.unsqueeze(-1).expand_as(response_mask.bool())
+        seq_keep_bool_tensor = (~((~token_keep_bool) & response_mask.bool())).all(dim=-1)
+        seq_valid_float = seq_valid_mask.double()
+        seq_keep_float = seq_keep_bool_tensor.double()
+        return (((1.0 - seq_keep_float) * seq_valid_float).sum() / seq_valid_float.sum()).item()
+
+    if micro_batches is None:
+        return one(*batch)
+    return float(np.mean([one(*part) for part in rows(batch, micro_batches)]))
+
+
+def trl_sequence_mask_zeros(batch: Batch) -> float:
+    """grpo_trainer.py (TRL 1.16) _generate_and_score_completions, mode "sequence_mask" with the
+    default clip_max=3.0, clip_min=None: the share of completions whose ratio it sets to 0."""
+    old_per_token_logps, sampling_per_token_logps, mask = batch
+    per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask
+    per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)
+    per_sequence_logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    vllm_importance_sampling_ratio = torch.exp(per_sequence_logps_diff)
+    min_val, max_val = -math.inf, 3.0
+    invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (
+        vllm_importance_sampling_ratio > max_val
+    )
+    ratio = vllm_importance_sampling_ratio.masked_fill(invalid_mis_mask, value=0.0)
+    has_tokens = mask.sum(dim=-1) > 0
+    return float((ratio.squeeze(-1)[has_tokens] == 0).double().mean())
+
+
+def equal_lengths(batch: Batch, length: int = 3) -> Batch:
+    """Every row with ``length`` tokens (a shorter row borrows row 0's tokens)."""
+    pi, mu, mask = (t.clone() for t in batch)
+    for i in range(pi.shape[0]):
+        n = int(mask[i].sum())
+        if n < length:
+            pi[i, n:length], mu[i, n:length] = pi[0, n:length], mu[0, n:length]
+    mask.zero_()
+    mask[:, :length] = 1.0
+    return pi, mu, mask
+
+
+def one_heavy_sequence(batch: Batch) -> Batch:
+    """``equal_lengths`` with row 1's sequence weight raised to about e (above verl's 2.0)."""
+    pi, mu, mask = equal_lengths(batch)
+    mu[1, 0] = pi[1, 0] - 1.0 - (pi[1, 1:3] - mu[1, 1:3]).sum()
+    return pi, mu, mask
+
+
+def calm_nan_rows(batch: Batch) -> Batch:
+    """Rows 0 and 2 (where ``ragged`` puts its NaN tokens) with a mismatch 100x smaller, so
+    both sides keep them and a NaN token is what changes the other system's decision."""
+    pi, mu, mask = (t.clone() for t in batch)
+    for i in (0, 2):
+        mu[i] = pi[i] + 0.01 * (mu[i] - pi[i])
+    return pi, mu, mask
+
+
+def token_beyond_verl_clamp(batch: Batch) -> Batch:
+    """Row 0 gets tokens with log-ratios +21 and -20: S = 1 is masked by [0.5, 2], but verl
+    clamps +21 to +20 first and keeps the row."""
+    pi, mu, mask = (t.clone() for t in batch)
+    pi[0, :2], mu[0, :2] = torch.tensor([-1.0, -30.0]), torch.tensor([-22.0, -10.0])
+    mu[0, 2 : int(mask[0].sum())] = pi[0, 2 : int(mask[0].sum())]
+    return pi, mu, mask
+
+
 # --- the table ---------------------------------------------------------------------------------
 
 
@@ -260,6 +383,7 @@ class Case:
     breaks: tuple[dict[str, Any], ...] = ()
     prepare: Callable[[Batch], Batch] | None = None  # makes the data meet the condition
     rel_tol: float = 1e-9  # what the system's own rounding leaves (verl and NeMo add 1e-8)
+    noise: float = 0.05  # the data's mismatch per token: the masks need one that masks
 
 
 def _curry(fn: Callable[..., float], *args: Any) -> Callable[..., float]:
@@ -332,6 +456,36 @@ CASES: dict[tuple[str, str, str], Case] = {
     ("prob_pearson", "verl", "training/rollout_actor_probs_pearson_corr"): Case(
         _curry(verl_debug, "pearson_corr")
     ),
+    ("ess", "verl", "rollout_corr/rollout_is_eff_sample_size"): Case(
+        lambda b, **kw: verl_is_metric("rollout_is_eff_sample_size", b, "sequence", **kw),
+        prepare=equal_lengths,
+        breaks=(
+            {"prepare": lambda b: b},  # ragged lengths: verl weights each sequence by its tokens
+            {"prepare": one_heavy_sequence},  # a weight above 2.0: verl clips it first
+            {"micro_batches": 2},
+        ),
+        rel_tol=1e-7,  # verl divides by mean + 1e-8
+        noise=0.15,
+    ),
+    ("seq_mask_fraction_trl", "TRL", "importance_sampling_ratio"): Case(
+        trl_sequence_mask_zeros, noise=0.6
+    ),
+    (
+        "seq_mask_fraction_verl",
+        "verl",
+        "rollout_corr/rollout_rs_seq_sum_k1_seq_masked_fraction",
+    ): Case(
+        verl_seq_mis,
+        prepare=calm_nan_rows,
+        breaks=({"prepare": token_beyond_verl_clamp}, {"micro_batches": 4}),
+        noise=0.6,
+    ),
+    ("tis_clip_fraction", "verl", "rollout_corr/rollout_is_ratio_fraction_high"): Case(
+        lambda b, **kw: verl_is_metric("rollout_is_ratio_fraction_high", b, "token", **kw),
+        breaks=({"micro_batches": 2},),
+        rel_tol=1e-7,
+        noise=0.6,
+    ),
 }
 
 ENTRIES: list[tuple[str, Alias]] = [(m, a) for m, aliases in ALIASES.items() for a in aliases]
@@ -339,6 +493,8 @@ IDS = [f"{m}-{a.system}-{a.name}" for m, a in ENTRIES]
 
 
 def _ours(metric: str, batch: Batch) -> float:
+    if metric in CONSEQUENCE_METRICS:
+        return float(getattr(compute_consequence(*batch), metric))
     return float(getattr(compute_mismatch(*batch), metric))
 
 
@@ -362,7 +518,7 @@ def test_every_alias_has_a_reimplementation():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_alias_agrees_where_its_condition_holds(metric: str, alias: Alias, seed: int):
     case = CASES[metric, alias.system, alias.name]
-    batch = ragged(seed)
+    batch = ragged(seed, noise=case.noise)
     if case.prepare:
         batch = case.prepare(batch)
     theirs, ours = case.theirs(batch, **case.holds), _ours(metric, batch)
@@ -383,7 +539,8 @@ def test_conditional_alias_differs_when_its_condition_fails(metric: str, alias: 
     for breaking in case.breaks:
         settings = dict(breaking)
         prepare = settings.pop("prepare", case.prepare)
-        batch = prepare(ragged()) if prepare else ragged()
+        batch = ragged(noise=case.noise)
+        batch = prepare(batch) if prepare else batch
         theirs, ours = case.theirs(batch, **{**case.holds, **settings}), _ours(metric, batch)
         assert math.isfinite(theirs) and math.isfinite(ours)
         assert not math.isclose(theirs, ours, rel_tol=1e-6), (
@@ -396,11 +553,11 @@ def test_conditional_alias_differs_when_its_condition_fails(metric: str, alias: 
 def test_nan_tokens_under_the_mask(metric: str, alias: Alias):
     """We skip NaN tokens; only systems marked ``skips_nan`` give the same figure."""
     case = CASES[metric, alias.system, alias.name]
-    batch = ragged(nan_tokens=True)
+    batch = ragged(nan_tokens=True, noise=case.noise)
     if case.prepare:
         batch = case.prepare(batch)
     theirs, ours = case.theirs(batch, **case.holds), _ours(metric, batch)
-    assert math.isfinite(ours) and compute_mismatch(*batch).nan_tokens == 2
+    assert math.isfinite(ours) and compute_mismatch(*batch).nan_tokens >= 1
     agrees = _agree(theirs, ours, case.rel_tol)
     assert agrees == alias.skips_nan, f"{alias.system} {alias.name}: {theirs!r} vs {ours!r}"
 

@@ -927,6 +927,40 @@ CASES: list[Case] = [
         cli("probe", "--max-new-tokens", "100000"),
         names=("max_position_embeddings",),
     ),
+    Case(
+        "cli target-length 0",
+        "cli",
+        cli("probe", "--target-length", "0"),
+        names=("--target-length",),
+    ),
+    Case(
+        "probe config target_length",
+        "numbers",
+        lambda t: __import__("precision_plugin.probe", fromlist=["x"]).ProbeConfig(target_length=0),
+        names=("target-length",),
+    ),
+    Case(
+        "cli gguf-checkpoint missing source",
+        "cli",
+        cli("gguf-checkpoint", lambda t: str(t / "no.gguf"), lambda t: str(t / "out")),
+        names=("does not exist",),
+    ),
+    Case(
+        "cli gguf-checkpoint not a package",
+        "cli",
+        cli("gguf-checkpoint", "no-such-package-x", lambda t: str(t / "out")),
+        names=("neither a .gguf file nor an installed package",),
+    ),
+    Case(
+        "cli gguf-checkpoint out not empty",
+        "cli",
+        cli(
+            "gguf-checkpoint",
+            lambda t: str(write(t, "m.gguf", b"GGUF")),
+            lambda t: str(write(t, "out/x", "x").parent),
+        ),
+        names=("not an empty folder",),
+    ),
     Case("cli json folder", "cli", cli("probe", "--json", lambda t: str(t)), names=("folder",)),
     Case(
         "cli json no parent",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from precision_plugin.consequence import CONSEQUENCE_METRICS
 from precision_plugin.mismatch import ALIASES, alias_table, compute_mismatch
 from precision_plugin.policy import field_help
 
@@ -36,5 +37,6 @@ def test_concepts_page_defines_every_metric():
     text = (DOCS / "concepts.md").read_text()
     defined = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `")}
     scalar = set(compute_mismatch([-0.1], [-0.2]).to_dict()) - {"tokens", "nan_tokens", "sequences"}
+    scalar |= set(CONSEQUENCE_METRICS)
     missing = {m for m in scalar if f"`{m}`" not in defined}
     assert not missing, f"docs/concepts.md's metric table misses {sorted(missing)}"

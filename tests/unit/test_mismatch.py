@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from precision_plugin.consequence import CONSEQUENCE_METRICS
 from precision_plugin.mismatch import ALIASES, compute_mismatch, prefixed, verdict
 from precision_plugin.policy import MetricSettings
 
@@ -171,5 +172,5 @@ def test_prefixed_and_aliases():
     logged = prefixed(m)
     assert set(logged) >= {"precision/k3_kl", "precision/prob_diff_mean", "precision/tokens"}
     assert "seq_log_ratio" not in m.to_dict()
-    assert set(ALIASES) <= set(m.to_dict())
+    assert set(ALIASES) <= set(m.to_dict()) | set(CONSEQUENCE_METRICS)
     assert {"logp_abs_diff_max", "prob_diff_std", "mult_prob_error"} <= set(m.to_dict())

@@ -105,3 +105,11 @@ def test_block_views_keep_their_own_lines(results_dir):
 def test_an_unknown_view_names_the_known_ones(results_dir):
     with pytest.raises(KeyError, match="value:PATH"):
         render_docs.rendered("<!-- results: demo nosuchview -->x<!-- /results -->")
+
+
+def test_a_marker_quoted_in_prose_does_not_swallow_the_next_block(results_dir):
+    text = (
+        "blocks sit between `<!-- results: NAME VIEW -->` markers.\n\n"
+        "ratio <!-- results: demo value:ratio:.0f -->9<!-- /results -->x\n"
+    )
+    assert render_docs.rendered(text) == text.replace("-->9<", "-->47<")
