@@ -327,6 +327,16 @@ class PrecisionPolicy:
             "coerces it to the policy and logs a warning, 'error' refuses with an error."
         ),
     )
+    float32_buffers: bool = field(
+        default=True,
+        metadata=_help(
+            "Learner side: where the plugin casts a learner to float16/bfloat16 wholesale (a "
+            "DeepSpeed fp16/bf16 engine's module, ZeRO-3 zero.Init included), keep in float32 the "
+            "buffers vLLM keeps in float32 (RoPE inverse frequencies, the MoE routing bias "
+            "e_score_correction_bias), so learner and rollout compute positions alike. The "
+            "rollout copies (HFRollout, the probe's HF engine) always keep them."
+        ),
+    )
     loss_scaler: LossScalerSettings = field(
         default_factory=LossScalerSettings, metadata=_help("Dynamic loss-scaler settings.")
     )

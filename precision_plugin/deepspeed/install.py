@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precision_plugin import frameworks
+from precision_plugin.buffers import float32_buffers, keep_float32_buffers
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
 from precision_plugin.deepspeed.device import build_notice, check_engine_dtype, pending_cpu_build
 from precision_plugin.deepspeed.telemetry import track_engine
@@ -55,9 +56,30 @@ def _initialize(
     pending = pending_cpu_build()
     if pending is not None:
         log.warning("precision_plugin: %s.", build_notice(pending))
+    model = arguments.get("model")
+    saved = float32_buffers(model) if resolved.float32_buffers and model is not None else {}
     result = original(*bound.args, **bound.kwargs)
+    if resolved.float32_buffers and resolved.dtype != "float32":
+        _keep_float32_buffers(getattr(result[0], "module", None), saved)
     track_engine(result[0], resolved)
     return result
+
+
+def _keep_float32_buffers(module: Any, saved: dict[str, Any]) -> None:
+    """The buffers vLLM keeps in float32 back in float32 after DeepSpeed's module cast (older
+    DeepSpeed casts the whole module, newer ones buffers with ``data_types.buffer_dtype``;
+    ZeRO-3's ``zero.Init`` creates them in the training dtype)."""
+    if module is None:
+        return
+    done = keep_float32_buffers(module, saved)
+    if done:
+        log.info(
+            "precision_plugin: DeepSpeed cast %d buffer(s) vLLM keeps in float32; back in "
+            "float32 (policy.float32_buffers): %s",
+            len(done),
+            ", ".join(f"{name} ({how})" for name, how in list(done.items())[:3])
+            + (" ..." if len(done) > 3 else ""),
+        )
 
 
 def _precision_off(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Rollout engines for the probe: the interface and the built-in HF engine.
 
 A rollout engine samples completions the way an RL rollout does and returns, for every sampled
-token, the log-probability the engine itself assigned to it (temperature 1, full vocabulary,
-no top-k/top-p), so it can be compared with the trainer's full-sequence log-softmax.
+token, the log-probability the engine itself assigned to it (for the probe: temperature 1, full
+vocabulary, no top-k/top-p), so it can be compared with the trainer's full-sequence log-softmax.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
+from precision_plugin.sampling import LogitsProcessor, SamplingSettings
 
 __all__ = [
     "HFRolloutEngine",
@@ -57,27 +59,33 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 class HFRolloutEngine:
     """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
 
-    Samples token by token over the full vocabulary (no top-k/top-p, no repetition penalty: the
-    checkpoint's generation defaults play no part) at ``temperature`` (1 by default). The
-    log-prob of each sampled token is ``log_softmax`` in float32 of the engine's own ``dtype``
-    logits divided by the temperature, as vLLM computes it, recorded as the token is sampled:
-    only the current step's logits are alive, so memory does not grow with the generation
-    length beyond the KV cache. Prompts of any lengths are batched with left padding, an
-    attention mask that hides the pads and position ids ``0..T-1`` counted from each row's first
-    real token, exactly as in a trainer's unpadded full forward.
+    The copy is [`cast_model`][precision_plugin.buffers.cast_model]'s: the weights in ``dtype``,
+    the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
+    model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
+    Samples token by token with [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]
+    applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
+    checkpoint's generation defaults play no part) and records, as each token is sampled, the
+    log-prob its ``logprobs_mode`` names: ``raw_logprobs`` (the default) is ``log_softmax`` in
+    float32 of the engine's own ``dtype`` logits, ``processed_logprobs`` that of the
+    distribution it sampled from. Only the current step's logits are alive, so memory does not
+    grow with the generation length beyond the KV cache. Prompts of any lengths are batched with
+    left padding, an attention mask that hides the pads and position ids ``0..T-1`` counted from
+    each row's first real token, exactly as in a trainer's unpadded full forward.
     Used by the probe and by TRL's [`HFRollout`][precision_plugin.trl.HFRollout].
     """
 
     name = "hf"
 
-    def __init__(self, model: Any, dtype: str, device: str) -> None:
+    def __init__(
+        self, model: Any, dtype: str, device: str, *, float32_buffers: bool = True
+    ) -> None:
         import torch
 
-        from precision_plugin.policy import torch_dtype
+        from precision_plugin.buffers import cast_model
 
         self.dtype = dtype
         self.device = device
-        self.model = model.to(device=device, dtype=torch_dtype(dtype)).eval()
+        self.model = cast_model(model, dtype, device, float32=float32_buffers).eval()
         self._eos: set[int] = set()
         # Some checkpoints name their EOS ids only in generation_config.json.
         for source in (self.model.config, getattr(self.model, "generation_config", None)):
@@ -94,10 +102,12 @@ class HFRolloutEngine:
         self._torch = torch
 
     @classmethod
-    def from_pretrained(cls, model_path: str, dtype: str, device: str) -> HFRolloutEngine:
+    def from_pretrained(
+        cls, model_path: str, dtype: str, device: str, *, float32_buffers: bool = True
+    ) -> HFRolloutEngine:
         """Load ``model_path`` and keep a ``dtype`` copy of its weights on ``device``."""
         model, _ = load_causal_lm(model_path, device)
-        return cls(model, dtype, device)
+        return cls(model, dtype, device, float32_buffers=float32_buffers)
 
     def generate(
         self,
@@ -105,7 +115,7 @@ class HFRolloutEngine:
         max_new_tokens: int,
         seed: int,
         *,
-        temperature: float = 1.0,
+        sampling: SamplingSettings | None = None,
         min_new_tokens: int = 0,
     ) -> list[RolloutSample]:
         """Sample one completion per prompt; a completion stops after its first EOS token.
@@ -116,14 +126,20 @@ class HFRolloutEngine:
         from its own generator seeded with ``seed + i``, so its completion does not depend on
         which other prompts share the batch (the global RNG is left alone).
 
-        ``min_new_tokens``: no EOS is sampled before that many tokens (EOS is removed from the
-        sampling distribution); the recorded log-prob is still that of the unmasked
-        distribution, which is what the trainer scores, so both paths compare the same
-        quantity. Extra settings are keyword-only.
+        ``sampling``: temperature, top-k/top-p/min-p, penalties and the log-prob mode
+        ([`SamplingSettings`][precision_plugin.sampling.SamplingSettings]; default: full
+        distribution at temperature 1, raw log-probs). ``min_new_tokens``: no EOS is sampled
+        before that many tokens (vLLM's ``min_tokens``: EOS set to ``-inf`` first); a raw
+        log-prob is still that of the unmasked distribution, which is what the trainer scores.
+        Extra settings are keyword-only.
         """
         torch = self._torch
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+        sampling = sampling if sampling is not None else SamplingSettings()
+        if not isinstance(sampling, SamplingSettings):
+            raise PrecisionConfigError(
+                f"generate(sampling=...): expected a SamplingSettings, got "
+                f"{type(sampling).__name__}; pass e.g. SamplingSettings(temperature=0.7)."
+            )
         if not prompts:
             return []
         if any(not p for p in prompts):
@@ -140,7 +156,7 @@ class HFRolloutEngine:
         ]
         with torch.inference_mode():
             return self._generate_batch(
-                ids, real, max_new_tokens, generators, temperature, min_new_tokens
+                ids, real, max_new_tokens, generators, sampling, min_new_tokens, prompts
             )
 
     def _attention_mask(self, ids: Any, real: Any) -> Any:
@@ -164,8 +180,9 @@ class HFRolloutEngine:
         real: Any,
         max_new_tokens: int,
         generators: list[Any],
-        temperature: float,
+        sampling: SamplingSettings,
         min_new_tokens: int,
+        prompts: list[list[int]],
     ) -> list[RolloutSample]:
         torch = self._torch
         batch = ids.shape[0]
@@ -177,17 +194,21 @@ class HFRolloutEngine:
         done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=ids.device)
         logits, past = self._forward(ids, mask, positions, None)
+        processor = LogitsProcessor(sampling, prompts, logits.shape[-1], ids.device)
+        processed_mode = sampling.logprobs_mode == "processed_logprobs"
         next_position = positions[:, -1:] + 1
         for t in range(max_new_tokens):
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [batch, vocab]
-            probs = logp.exp()
-            if t < min_new_tokens and eos.numel():
-                probs[:, eos] = 0.0  # sample without EOS; logp stays the unmasked one
+            processed = processor.process(logits, eos if t < min_new_tokens else None)
+            probs = processed.softmax(dim=-1)  # [batch, vocab], float32
             token = torch.cat(
                 [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)]
             )[:, None]  # [batch, 1]
+            logp = processed if processed_mode else logits
+            token_logp[:, t : t + 1] = logp.log_softmax(dim=-1, dtype=torch.float32).gather(
+                -1, token
+            )
             tokens[:, t : t + 1] = token
-            token_logp[:, t : t + 1] = logp.gather(-1, token)
+            processor.add(token)
             ended = ~done & torch.isin(token.squeeze(-1), eos)
             lengths[ended] = t + 1
             done |= ended
@@ -218,7 +239,11 @@ class HFRolloutEngine:
             self._torch.cuda.empty_cache()
 
 
-def hf_engine_factory(model_path: str, dtype: str, device: str, seed: int) -> HFRolloutEngine:
+def hf_engine_factory(
+    model_path: str, dtype: str, device: str, seed: int, *, float32_buffers: bool = True
+) -> HFRolloutEngine:
     """``precision_probe_engines`` factory of the built-in ``hf`` engine."""
     del seed  # sampling is seeded per generate() call
-    return HFRolloutEngine.from_pretrained(model_path, dtype, device)
+    return HFRolloutEngine.from_pretrained(
+        model_path, dtype, device, float32_buffers=float32_buffers
+    )

@@ -9,11 +9,13 @@ and on GPUs too small for vLLM.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import zlib
 from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.sampling import SamplingSettings
 
 log = logging.getLogger("precision_plugin")
 
@@ -24,13 +26,17 @@ class HFRollout:
     Follows TRL 1.16's ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids",
     "logprobs"}`` contract: one completion per prompt (TRL's sampler already repeats each
     prompt ``num_generations`` times), tokenized as TRL tokenizes them (chat template included),
-    sampled at the trainer's ``temperature`` for at most ``max_completion_length`` tokens, with
-    the engine's log-prob of every sampled token. The inference copy is built on the first call
-    and refreshed from the learner whenever the optimizer has stepped since (TRL's own rule for
-    syncing vLLM), by a plain ``.to(dtype)`` of the learner's (fp32 master) weights, the same
-    rounding vLLM applies when it loads them. ``dtype`` defaults to the active policy's
-    ([`resolve_policy()`][precision_plugin.manager.resolve_policy]); top-k/top-p are not applied
-    (the full distribution is sampled, as the trainer's log-probs assume).
+    sampled for at most ``max_completion_length`` tokens with the trainer's sampling settings
+    applied as TRL's vLLM path applies them (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, then ``generation_kwargs`` over them; see
+    [`sampling_settings`][precision_plugin.trl.rollout.sampling_settings]), recording each sampled
+    token's log-prob under the distribution it was drawn from (vLLM's ``processed_logprobs``,
+    what TRL asks vLLM for). The inference copy is built on the first call and refreshed from
+    the learner whenever the optimizer has stepped since (TRL's own rule for syncing vLLM), by a
+    ``.to(dtype)`` of the learner's (fp32 master) weights, the same rounding vLLM applies when it
+    loads them, with the buffers vLLM keeps in float32 kept in float32
+    ([`precision_plugin.buffers`][precision_plugin.buffers]). ``dtype`` defaults to the active
+    policy's ([`resolve_policy()`][precision_plugin.manager.resolve_policy]).
     """
 
     def __init__(
@@ -59,25 +65,15 @@ class HFRollout:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """Sample one completion per prompt; TRL's ``rollout_func`` contract."""
+        sampling, max_tokens = sampling_settings(trainer)
         self._sync(trainer)
         prompt_ids = self._tokenize(prompts, trainer)
         args = trainer.args
-        temperature = float(getattr(trainer, "temperature", None) or args.temperature or 1.0)
-        top_p, top_k = getattr(args, "top_p", 1.0), getattr(args, "top_k", None)
-        if self._calls == 0 and ((top_p is not None and top_p < 1.0) or (top_k or 0) > 0):
-            log.info(
-                "precision_plugin: HFRollout samples the full distribution; top_p=%s/top_k=%s "
-                "are not applied (the trainer's log-probs do not apply them either)",
-                top_p,
-                top_k,
-            )
         base = args.seed if self._seed is None else self._seed
         process = getattr(trainer.accelerator, "process_index", 0)
         seed = zlib.crc32(f"{base}:{trainer.state.global_step}:{process}:{self._calls}".encode())
         self._calls += 1
-        samples = self.engine.generate(
-            prompt_ids, int(args.max_completion_length), seed, temperature=temperature
-        )
+        samples = self.engine.generate(prompt_ids, max_tokens, seed, sampling=sampling)
         return {
             "prompt_ids": [s.prompt_ids for s in samples],
             "completion_ids": [s.completion_ids for s in samples],
@@ -95,6 +91,7 @@ class HFRollout:
         """Build or refresh the inference copy when the learner's weights moved."""
         import torch
 
+        from precision_plugin.buffers import keeps_float32
         from precision_plugin.policy import torch_dtype
 
         step = trainer.state.global_step
@@ -122,9 +119,62 @@ class HFRollout:
                 for name, tensor in self.engine.model.state_dict(keep_vars=True).items():
                     source = self._sources.get(name)
                     if source is not None and tensor.is_floating_point():
-                        tensor.copy_(source.detach().to(wanted))  # vLLM's cast of fp32 masters
+                        # vLLM's cast of the fp32 masters; its float32 buffers stay float32
+                        kept = keeps_float32(name) and tensor.dtype == torch.float32
+                        tensor.copy_(source.detach() if kept else source.detach().to(wanted))
         self.synced_step = step
         self.syncs += 1
+
+
+#: The trainer's sampling settings TRL's vLLM path passes to ``SamplingParams`` (TRL 1.16
+#: ``trl/generation/vllm_generation.py``, ``VLLMGeneration.generate``).
+TRAINER_SETTINGS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+#: The ``generation_kwargs`` keys HFRollout applies (vLLM ``SamplingParams`` names, as TRL's
+#: vLLM path passes them); any other key is refused.
+GENERATION_KWARGS: tuple[str, ...] = (
+    *TRAINER_SETTINGS,
+    "frequency_penalty",
+    "presence_penalty",
+    "max_tokens",
+)
+
+
+def sampling_settings(trainer: Any) -> tuple[SamplingSettings, int]:
+    """The trainer's sampling settings as TRL's vLLM path builds them, and the token budget.
+
+    TRL 1.16 (colocate mode) passes the trainer's ``temperature``, ``top_p``, ``top_k``,
+    ``min_p`` (``None`` as 0) and ``repetition_penalty`` with ``max_tokens =
+    max_completion_length``, then updates them with ``args.generation_kwargs``; the log-probs are
+    vLLM's ``processed_logprobs``. A ``generation_kwargs`` key HFRollout cannot apply (``stop``,
+    ``seed``, ``n``, ...) is refused with
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError], never ignored.
+    """
+    from precision_plugin.errors import PrecisionConfigError
+
+    args = trainer.args
+    values: dict[str, Any] = {
+        name: getattr(trainer, name, getattr(args, name, None)) for name in TRAINER_SETTINGS
+    }
+    values["max_tokens"] = int(args.max_completion_length)
+    extra = getattr(args, "generation_kwargs", None) or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra)
+    unknown = sorted(set(extra) - set(GENERATION_KWARGS))
+    if unknown:
+        raise PrecisionConfigError(
+            f"HFRollout: generation_kwargs {unknown} cannot be applied; HFRollout applies "
+            f"{', '.join(GENERATION_KWARGS)} exactly as vLLM does and refuses the rest rather "
+            f"than ignore them. Fix: drop {unknown} from GRPOConfig.generation_kwargs, or sample "
+            f"with vLLM (use_vllm=True)."
+        )
+    values.update(extra)
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                "repetition_penalty": 1.0}  # fmt: skip
+    for name, default in defaults.items():
+        if values.get(name) is None:
+            values[name] = default
+    max_tokens = values.pop("max_tokens")
+    return SamplingSettings(**values, logprobs_mode="processed_logprobs"), int(max_tokens)
 
 
 def _inference_copy(learner: Any) -> Any:

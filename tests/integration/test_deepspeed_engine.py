@@ -106,6 +106,34 @@ def test_strict_policy_refuses_bf16_config(deepspeed):
         _init(deepspeed, ds_cpu.ds_config(2))
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["float32_buffers", "off"])
+def test_fp16_engine_keeps_the_buffers_vllm_keeps_in_float32(deepspeed, keep, caplog):
+    """DeepSpeed casts buffers with data_types.buffer_dtype (older releases cast the whole
+    module); policy.float32_buffers puts the RoPE frequencies back, exactly."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pp.enable(float32_buffers=keep)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, max_position_embeddings=64)
+    )  # fmt: skip
+    reference = {name: buf.clone() for name, buf in model.named_buffers()}
+    cfg = ds_cpu.ds_config(0, data_types={"buffer_dtype": "fp16"})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.INFO, logger="precision_plugin"):
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+    assert {p.dtype for p in engine.module.parameters()} == {torch.float16}
+    buffers = dict(engine.module.named_buffers())
+    assert set(buffers) == {"model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"}
+    for name, buf in buffers.items():
+        if keep:
+            assert buf.dtype == torch.float32 and torch.equal(buf, reference[name])
+        else:  # what DeepSpeed's cast leaves without the option
+            assert buf.dtype == torch.float16 and not torch.equal(buf.float(), reference[name])
+    assert ("back in float32" in caplog.text) == keep
+
+
 def test_disable_restores_initialize(deepspeed):
     original = deepspeed.initialize
     pp.enable()
