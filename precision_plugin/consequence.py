@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import masked_log_ratio
+from precision_plugin.mismatch import drift_fit, masked_log_ratio
 
 
 @dataclass(frozen=True)
@@ -272,12 +272,10 @@ def fit_growth(
         )
     if n == 0:
         return GrowthFit(0, 0, nan, nan, nan, nan, nan, Interval(nan, nan, nan))
-    drift = sum(s for s, _ in pairs) / tokens
+    drift, stderr, variance = drift_fit([length for _, length in pairs], [s for s, _ in pairs])
     if n < 2:
-        variance = low = high = stderr = nan
+        low = high = nan
     else:
-        variance = sum((s - drift * length) ** 2 / length for s, length in pairs) / (n - 1)
-        stderr = math.sqrt(variance / tokens)
         dof = n - 1
         tail = (1.0 - COVERAGE) / 2.0
         low = variance * dof / chi2_quantile(1.0 - tail, dof)

@@ -9,7 +9,7 @@ vLLM returns ``None``/``NaN`` for some tokens: such tokens are excluded and coun
 =============================== ==================================================== ==========
 metric                          formula (over valid tokens; r = π/μ)                  healthy
 =============================== ==================================================== ==========
-``k1_kl``                       mean(log μ − log π)                                  ~0
+``k1_kl``                       mean(log μ − log π)  (estimates KL(μ‖π) ≥ 0)         < 1e-4
 ``k3_kl``                       mean(r − 1 − log r)  (≥ 0, low variance)             < 1e-4
 ``prob_diff_mean``              mean |π − μ|                                          < 0.005
 ``prob_diff_max``               max |π − μ|
@@ -20,8 +20,14 @@ metric                          formula (over valid tokens; r = π/μ)          
 ``mult_prob_error``             mean exp|log π − log μ| = mean max(r, 1/r)  (≥ 1)    < 1.05
 ``prob_pearson``                Pearson correlation of π and μ                        ~1
 ``seq_log_ratio``               Σ_t (log π − log μ) per sequence
-``seq_log_ratio_slope_per_1k``  least-squares slope of seq_log_ratio vs length ×1000
+``drift_per_1k``                −1000·k1: Σ(log π − log μ) per 1,000 tokens          > −0.1
+``drift_per_1k_se``             its standard error (the random-walk fit, ``drift_fit``)
 =============================== ==================================================== ==========
+
+Why the drift is −1000·k1: under the rollout policy, E_μ[Σ_t (log π − log μ)] = −L·KL(μ‖π) for
+a sequence of L tokens, so the token-weighted mean of log π − log μ, times 1,000, is how much the
+sequence log-ratio drifts per 1,000 tokens (the paper's Fig. 5 slope: BF16 −1.01, FP16 −0.07).
+A least-squares slope of |Σ| against length measures the random walk's spread instead.
 
 ``ALIASES`` says which names other RL systems log for the same numbers, and when the two agree;
 ``tests/unit/test_aliases.py`` recomputes each of them with that system's own formula.
@@ -295,8 +301,8 @@ class MismatchMetrics:
     logp_sq_diff_half_mean: float
     mult_prob_error: float
     prob_pearson: float
-    seq_log_ratio_slope_per_1k: float
-    seq_abs_log_ratio_slope_per_1k: float
+    drift_per_1k: float
+    drift_per_1k_se: float
     tokens: int
     nan_tokens: int
     sequences: int
@@ -344,15 +350,35 @@ def _as_2d(x: Any, what: str) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 1 else t
 
 
-def _slope_per_1k(lengths: torch.Tensor, values: torch.Tensor) -> float:
-    """Least-squares slope of ``values`` vs ``lengths`` per 1,000 tokens (NaN if undefined)."""
-    if lengths.numel() < 2:
-        return math.nan
-    x = lengths - lengths.mean()
-    denom = (x * x).sum()
-    if denom <= 0:
-        return math.nan
-    return float((x * (values - values.mean())).sum() / denom * 1000.0)
+def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
+    """``(drift, stderr, variance)`` per token of sequences' log-ratios ``S_i`` (sums of
+    log π − log μ) and lengths ``L_i``, under the random walk ``S ~ Normal(drift·L, variance·L)``.
+
+    ``drift = Σ S / Σ L`` (the token mean of log π − log μ, i.e. −k1; weighted least squares),
+    ``variance = Σ (S − drift·L)² / L / (n − 1)`` and ``stderr = sqrt(variance / Σ L)``; the
+    last two NaN below two sequences, all three NaN without a token. ``lengths`` and ``sums``
+    are sequences of numbers or 1-D tensors; sequences of length 0 are left out.
+    """
+    x = torch.as_tensor(lengths, dtype=torch.float64).reshape(-1)
+    y = torch.as_tensor(sums, dtype=torch.float64).reshape(-1)
+    keep = x > 0
+    x, y = x[keep], y[keep]
+    total = float(x.sum())
+    if total <= 0:
+        return math.nan, math.nan, math.nan
+    drift = float(y.sum()) / total
+    n = x.numel()
+    if n < 2:
+        return drift, math.nan, math.nan
+    variance = float(((y - drift * x) ** 2 / x).sum()) / (n - 1)
+    return drift, math.sqrt(variance / total), variance
+
+
+def drift_per_1k(lengths: Any, sums: Any) -> tuple[float, float]:
+    """The drift per 1,000 tokens (``1000 · Σ S / Σ L``, that is −1000·k1) and its standard
+    error, from [`drift_fit`][precision_plugin.mismatch.drift_fit]."""
+    drift, stderr, _ = drift_fit(lengths, sums)
+    return 1000.0 * drift, 1000.0 * stderr
 
 
 def compute_mismatch(
@@ -403,8 +429,7 @@ def compute_mismatch(
         return MismatchMetrics(
             k1_kl=nan, k3_kl=nan, prob_diff_mean=nan, prob_diff_max=nan, prob_diff_std=nan,
             logp_abs_diff_mean=nan, logp_abs_diff_max=nan, logp_sq_diff_half_mean=nan,
-            mult_prob_error=nan, prob_pearson=nan,
-            seq_log_ratio_slope_per_1k=nan, seq_abs_log_ratio_slope_per_1k=nan,
+            mult_prob_error=nan, prob_pearson=nan, drift_per_1k=nan, drift_per_1k_se=nan,
             tokens=0, nan_tokens=nan_tokens, sequences=0,
         )  # fmt: skip
 
@@ -426,6 +451,7 @@ def compute_mismatch(
         pearson = math.nan
 
     lengths, sums = seq_len[has_tokens], seq_ratio[has_tokens]
+    drift, drift_se = drift_per_1k(lengths, sums)
     return MismatchMetrics(
         k1_kl=mean(-log_ratio),
         k3_kl=mean(k3),
@@ -437,8 +463,8 @@ def compute_mismatch(
         logp_sq_diff_half_mean=mean(0.5 * log_ratio * log_ratio),
         mult_prob_error=mean(torch.where(valid, abs_log_ratio.exp(), zeros)),
         prob_pearson=pearson,
-        seq_log_ratio_slope_per_1k=_slope_per_1k(lengths, sums),
-        seq_abs_log_ratio_slope_per_1k=_slope_per_1k(lengths, sums.abs()),
+        drift_per_1k=drift,
+        drift_per_1k_se=drift_se,
         tokens=n,
         nan_tokens=nan_tokens,
         sequences=int(has_tokens.sum()),
@@ -502,8 +528,7 @@ SUM_FIELDS: tuple[str, ...] = (
     "sequences",
     "seq_len",
     "seq_ratio",
-    "seq_len_sq",
-    "seq_len_ratio",
+    "seq_ratio_sq_per_len",
 )
 
 
@@ -548,8 +573,8 @@ def mismatch_sums(
 
     Returns ``(sums, maxima)``: ``sums`` a float64 tensor ordered as ``SUM_FIELDS`` (token and
     sequence counts, the per-token sums of ``log μ − log π``, of k3, of ``|π − μ|`` and of
-    ``|log π − log μ|``, and the moments of (sequence length, sequence log-ratio) that the
-    least-squares slope needs); ``maxima`` a one-element tensor, ``max |π − μ|`` (``-inf``
+    ``|log π − log μ|``, and the moments of (sequence length, sequence log-ratio) the drift's
+    standard error needs); ``maxima`` a one-element tensor, ``max |π − μ|`` (``-inf``
     with no valid token). Summing ``sums`` and taking the max of ``maxima`` over shards
     (processes, micro-batches) and then calling
     [`metrics_from_sums`][precision_plugin.mismatch.metrics_from_sums] gives what
@@ -577,8 +602,7 @@ def mismatch_sums(
             has.sum().to(torch.float64),
             x.sum(),
             y.sum(),
-            (x * x).sum(),
-            (x * y).sum(),
+            (y * y / x).sum(),
         ]
     )
     top = prob_diff[valid].max() if bool(valid.any()) else d.new_tensor(-math.inf)
@@ -589,8 +613,9 @@ def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, flo
     """The core metrics from (summed) [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums].
 
     Returns ``k1_kl``, ``k3_kl``, ``prob_diff_mean``, ``prob_diff_max``,
-    ``logp_abs_diff_mean``, ``seq_log_ratio_slope_per_1k``, ``tokens`` and ``nan_tokens``;
-    means are NaN with no valid token, the slope NaN with fewer than two distinct lengths.
+    ``logp_abs_diff_mean``, ``drift_per_1k``, ``drift_per_1k_se``, ``tokens`` and
+    ``nan_tokens``; means are NaN with no valid token, the standard error NaN below two
+    sequences (see [`drift_per_1k`][precision_plugin.mismatch.drift_per_1k]).
     """
     s = dict(zip(SUM_FIELDS, (float(v) for v in sums.double().cpu()), strict=True))
     n, seqs = s["tokens"], s["sequences"]
@@ -599,11 +624,16 @@ def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, flo
     def mean(name: str) -> float:
         return s[name] / n if n > 0 else nan
 
-    slope = nan
-    if seqs >= 2:
-        sxx = s["seq_len_sq"] - s["seq_len"] ** 2 / seqs
-        if sxx > 0:
-            slope = (s["seq_len_ratio"] - s["seq_len"] * s["seq_ratio"] / seqs) / sxx * 1000.0
+    drift = drift_se = nan
+    if s["seq_len"] > 0:
+        ratio = s["seq_ratio"] / s["seq_len"]
+        drift = 1000.0 * ratio
+        if seqs >= 2:
+            # drift_fit's Σ (S − r·L)² / L from the sums: ΣS²/L − 2rΣS + r²ΣL (≥ 0 but rounding)
+            residual = s["seq_ratio_sq_per_len"] - 2 * ratio * s["seq_ratio"]
+            residual += ratio * ratio * s["seq_len"]
+            variance = max(residual, 0.0) / (seqs - 1)
+            drift_se = 1000.0 * math.sqrt(variance / s["seq_len"])
     top = float(maxima.double().max()) if maxima.numel() else nan
     return {
         "k1_kl": mean("k1"),
@@ -611,7 +641,8 @@ def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, flo
         "prob_diff_mean": mean("prob_diff"),
         "prob_diff_max": top if n > 0 else nan,
         "logp_abs_diff_mean": mean("logp_abs_diff"),
-        "seq_log_ratio_slope_per_1k": slope,
+        "drift_per_1k": drift,
+        "drift_per_1k_se": drift_se,
         "tokens": n,
         "nan_tokens": s["nan_tokens"],
     }

@@ -1,5 +1,7 @@
-"""The length effect: how the sequence log-ratio grows with the completion length (the paper's
-Fig. 5), by length bucket, with least-squares slopes and their standard errors."""
+"""The length effect: how the sequence log-ratio drifts with the completion length (the paper's
+Fig. 5), by length bucket: the drift per 1,000 tokens (−1000·k1, token-weighted) with its
+standard error, per bucket and overall, and the least-squares slope of the log-ratio against
+length as a cross-check."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from precision_plugin.mismatch import drift_per_1k
 
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
 MIN_PER_BUCKET = 4
@@ -19,8 +23,8 @@ class LengthBucket:
     """The sequences whose completion length lies in ``[min_length, max_length]``.
 
     ``mean_log_ratio``/``std_log_ratio``: mean and sample spread of Σ(log π − log μ) per
-    sequence; ``mean_abs_log_ratio``: mean of its absolute value; ``k3_kl``: token-mean k3 over
-    the bucket's tokens (the per-token mismatch at that length).
+    sequence; ``drift_per_1k``: 1000 × the token mean of log π − log μ over the bucket's tokens;
+    ``k3_kl``: token-mean k3 over the bucket's tokens (the per-token mismatch at that length).
     """
 
     min_length: int
@@ -30,25 +34,28 @@ class LengthBucket:
     mean_length: float
     mean_log_ratio: float
     std_log_ratio: float
-    mean_abs_log_ratio: float
+    drift_per_1k: float
     k3_kl: float
 
 
 @dataclass(frozen=True)
 class LengthEffect:
-    """Sequence log-ratio against length: the buckets and the fitted slopes per 1,000 tokens.
+    """Sequence log-ratio against length: the buckets and the drift per 1,000 tokens.
 
-    ``slope_per_1k`` fits the signed log-ratio, ``abs_slope_per_1k`` its absolute value (how
-    fast the two policies drift apart, whatever the sign); ``*_stderr_per_1k`` are the slopes'
-    standard errors (NaN below 3 sequences or 2 distinct lengths).
+    ``drift_per_1k`` is 1000 × the token mean of log π − log μ (−1000·k1; E_μ[Σ(log π − log μ)]
+    = −L·KL(μ‖π)), ``drift_per_1k_se`` its standard error with sequences as the units (see
+    [`drift_per_1k`][precision_plugin.mismatch.drift_per_1k]). ``slope_per_1k`` and
+    ``slope_stderr_per_1k`` fit the sequence log-ratio against length by least squares: the
+    same drift where the per-token mismatch does not change with position, estimated far less
+    precisely (NaN below 3 sequences or 2 distinct lengths).
     """
 
     sequences: int
     buckets: list[LengthBucket] = field(default_factory=list)
+    drift_per_1k: float = math.nan
+    drift_per_1k_se: float = math.nan
     slope_per_1k: float = math.nan
     slope_stderr_per_1k: float = math.nan
-    abs_slope_per_1k: float = math.nan
-    abs_slope_stderr_per_1k: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (buckets as a list of dicts)."""
@@ -88,7 +95,7 @@ def length_effect(
     rollout: Sequence[Sequence[float]],
     num_buckets: int | None = None,
 ) -> LengthEffect:
-    """Bucket the sequences by completion length and fit the log-ratio against length.
+    """Bucket the sequences by completion length; the drift per 1,000 tokens and the slope.
 
     Lengths and sums count only tokens where both log-probs are finite (as the metrics do).
     Buckets hold equal numbers of sequences (sorted by length), ``len // MIN_PER_BUCKET`` of
@@ -124,18 +131,18 @@ def length_effect(
                 mean_length=tokens / len(group),
                 mean_log_ratio=mean,
                 std_log_ratio=spread,
-                mean_abs_log_ratio=sum(abs(r) for r in ratios) / len(ratios),
+                drift_per_1k=1000.0 * sum(ratios) / tokens,
                 k3_kl=sum(s[2] for s in group) / tokens,
             )
         )
     lengths = [float(s[0]) for s in seqs]
+    drift, drift_se = drift_per_1k(lengths, [s[1] for s in seqs])
     slope, slope_se = fit_slope(lengths, [s[1] for s in seqs])
-    abs_slope, abs_se = fit_slope(lengths, [abs(s[1]) for s in seqs])
     return LengthEffect(
         sequences=n,
         buckets=buckets,
+        drift_per_1k=drift,
+        drift_per_1k_se=drift_se,
         slope_per_1k=slope * 1000.0,
         slope_stderr_per_1k=slope_se * 1000.0,
-        abs_slope_per_1k=abs_slope * 1000.0,
-        abs_slope_stderr_per_1k=abs_se * 1000.0,
     )

@@ -4,13 +4,14 @@ One row per dtype, axes shared per column so the rows compare at a glance: left,
 token's probability gap |π − μ| between the trainer (π) and the rollout engine (μ) against π,
 both on log scales (most sampled tokens of a trained model have π below 0.01; the gap grows
 with the token's probability, and each dtype sits at its own height: float32 at the floor,
-bfloat16 about eight times above float16); middle, each sequence's |Σ(log π − log μ)| against
-its length, with the least-squares slope per 1,000 tokens (± its standard error) and each
-length bucket's mean; right, the consequence: the share of an RL batch that still counts (the
-ESS, and the shares TRL's and verl's default sequence masks keep) measured per length bucket and
-projected to the target length with its 90 % band. With ``--layerwise`` a last row shows, per
-stage of the network, how far the two sides' hidden states differ in rounding units, and where
-they part. The figures of each panel are in its title, off the data.
+bfloat16 about eight times above float16); middle, each sequence's Σ(log π − log μ) against its
+length, with the drift per 1,000 tokens (−1000·k1: E_μ[Σ] = −L·KL(μ‖π), a line through the
+origin, ± its standard error) and each length bucket's mean; right, the consequence: the share
+of an RL batch that still counts (the ESS, and the shares TRL's and verl's default sequence
+masks keep) measured per length bucket and projected to the target length with its 90 % band.
+With ``--layerwise`` a last row shows, per stage of the network, how far the two sides' hidden
+states differ in rounding units, and where they part. The figures of each panel are in its
+title, off the data.
 """
 
 from __future__ import annotations
@@ -119,36 +120,45 @@ def _token_gaps(ax: Any, r: Any, name: str, color: str) -> None:
 
 def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
     m = r.metrics
-    lengths, ratios = m.seq_lengths, [abs(v) for v in m.seq_log_ratio]
+    lengths, ratios = m.seq_lengths, list(m.seq_log_ratio)
     effect = r.length_effect()
     ax.scatter(lengths, ratios, s=18, color=color, alpha=0.6 if effect.buckets else 0.8)
-    # Each length bucket's mean |log-ratio| (>= 4 sequences each): the paper's Fig. 5 at length.
+    # Each length bucket's mean log-ratio (>= 4 sequences each): the paper's Fig. 5 at length.
     full = [b for b in effect.buckets if b.sequences > 1]
     if full:
         ax.plot(
             [b.mean_length for b in full],
-            [b.mean_abs_log_ratio for b in full],
+            [b.mean_log_ratio for b in full],
             "D-",
             color="black",
             ms=4,
             lw=0.8,
             label="length-bucket mean",
         )
-        ax.legend(loc="upper left", fontsize=7, frameon=False)
-    slope = m.seq_abs_log_ratio_slope_per_1k
-    if len(lengths) >= 2 and math.isfinite(slope):
-        mean_x = sum(lengths) / len(lengths)
-        mean_y = sum(ratios) / len(ratios)
-        xs = [min(lengths), max(lengths)]
-        ax.plot(xs, [mean_y + slope / 1000.0 * (x - mean_x) for x in xs], color=color, lw=1.5)
+    drift, se = effect.drift_per_1k, effect.drift_per_1k_se
+    if lengths and math.isfinite(drift):
+        # E_mu[sum log pi - log mu] = -L KL: a line through the origin, its band +- 1 SE.
+        xs = [0.0, float(max(lengths))]
+        ax.plot(xs, [drift / 1000.0 * x for x in xs], color=color, lw=1.5, label="drift")
+        if math.isfinite(se):
+            ax.fill_between(
+                xs,
+                [(drift - se) / 1000.0 * x for x in xs],
+                [(drift + se) / 1000.0 * x for x in xs],
+                color=color,
+                alpha=0.15,
+                lw=0,
+            )
+        ax.legend(loc="lower left", fontsize=7, frameon=False)
+    ax.axhline(0.0, color="grey", lw=0.6)
+    se_text = f" ± {se:.1e}" if math.isfinite(se) else ""
     ax.set_title(
-        f"{name}: |sequence log-ratio| vs length\n"
-        f"slope {slope:+.2e} ± {effect.abs_slope_stderr_per_1k:.1e} per 1K tokens · "
-        f"seq KL {m.seq_kl:.1e}",
+        f"{name}: sequence log-ratio vs length\n"
+        f"drift {drift:+.2e}{se_text} per 1K tokens (−1000·k1) · seq KL {m.seq_kl:.1e}",
         fontsize=9,
     )
     ax.set_xlabel("completion length (tokens)")
-    ax.set_ylabel("|Σ log π − log μ|")
+    ax.set_ylabel("Σ log π − log μ")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     ax.grid(True, alpha=0.3)
 

@@ -2,7 +2,7 @@
 report); the CLI only prints it, and the docs render it from a results file.
 
 The table reads top to bottom: a row per dtype with the size of its mismatch (k3 KL, its factor
-over float16, the probability gap, the length effect), what that mismatch does to an RL batch
+over float16, the probability gap, the drift with length), what that mismatch does to an RL batch
 as measured (ESS, the shares TRL's and verl's default sequence masks drop) and at the target
 length (the share of the batch that still counts, the verdict); under it one line per dtype
 with the figures and their intervals, then the line that says what to do, then the legend.
@@ -34,7 +34,7 @@ _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("k3 KL", "k3_kl"),
     ("|Δp|\nmean", "prob_diff_mean"),
-    ("|seq|\n/1K", "seq_abs_log_ratio_slope_per_1k"),
+    ("drift\n/1K", "drift_per_1k"),  # signed, ± its standard error on a second line
 )
 
 
@@ -83,7 +83,7 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
             name,
             _num(r.get("k3_kl")),
             _factor(name, results, reference),
-            *(_num(r.get(key)) for _, key in _COLUMNS[1:]),
+            *(_cell(r, key) for _, key in _COLUMNS[1:]),
             _fixed(measured.get("ess")),
             f"{percent(measured.get('seq_mask_fraction_trl'))}·"
             f"{percent(measured.get('seq_mask_fraction_verl'))}",
@@ -119,6 +119,16 @@ def _num(value: Any) -> str:
     return f"{value:.1e}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
+def _cell(r: Mapping[str, Any], key: str) -> str:
+    """A metric's cell; the drift signed, with its standard error under it."""
+    if key != "drift_per_1k":
+        return _num(r.get(key))
+    value, se = r.get(key), r.get("drift_per_1k_se")
+    if not (isinstance(value, (int, float)) and math.isfinite(value)):
+        return "n/a"
+    return f"{value:+.1e}" + (f"\n±{se:.0e}" if isinstance(se, (int, float)) else "")
+
+
 def _fixed(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
@@ -137,7 +147,8 @@ def _caption(data: Mapping[str, Any]) -> str:
     lines += [
         "",
         "k3 KL: mean(r − 1 − log r), r = π/μ per sampled token; ÷: its factor over the reference "
-        "(theory: bf16 ÷ fp16 ≈ 64). |seq|/1K: slope of |Σ log π − log μ| per 1,000 tokens.",
+        "(theory: bf16 ÷ fp16 ≈ 64). drift/1K: −1000·k1, how far Σ log π − log μ drifts per "
+        "1,000 tokens (E_μ = −L·KL(μ‖π): the paper's Fig. 5 slope), ± its standard error.",
         f"ESS: effective share of the batch under sequence importance weights w = π/μ; masked: "
         f"share of sequences TRL's default sequence_mask ({trl}) and verl's Seq-MIS preset "
         f"({verl}) drop, as measured.",

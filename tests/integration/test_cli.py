@@ -64,7 +64,9 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     data = json.loads(out_json.read_text())
     assert data["model"] == str(qwen_checkpoint) and data["engine"] == "hf"
     provenance = data["provenance"]  # what produced the file, for published figures
-    assert provenance["command"] == shlex.join(["precision-plugin", *args, "--json", str(out_json), "--plot", str(out_png)])
+    assert provenance["command"] == shlex.join(
+        ["precision-plugin", *args, "--json", str(out_json), "--plot", str(out_png)]
+    )
     assert provenance["versions"]["torch"] == torch.__version__
     k3 = {name: r["k3_kl"] for name, r in data["results"].items()}
     assert k3["float32"] < 1e-9

@@ -450,7 +450,9 @@ def test_documented_command_runs_as_written(command, sandbox):
     # The Accelerate DeepSpeed YAMLs leave mixed_precision out on purpose: no warning about it.
     assert "mixed_precision='no'" not in output, output[-4000:]
     if how.progress:  # run with pipes, as in CI or under nohup: plain lines, not a silent bar
-        phases = re.findall(r"^precision-plugin: \[\d+:\d\d:\d\d\] (.+?)(?: \d+/\d+)?$", proc.stderr, re.M)
+        phases = re.findall(
+            r"^precision-plugin: \[\d+:\d\d:\d\d\] (.+?)(?: \d+/\d+)?$", proc.stderr, re.M
+        )
         assert phases[0] == "loading the trainer model", proc.stderr[-4000:]
         assert "float16: rollout (hf)" in phases and "float16: trainer forward" in phases
     if how.expect is not None:

@@ -25,7 +25,8 @@ SCHEMA_KEYS = {
     "prob_diff_mean",
     "prob_diff_max",
     "logp_abs_diff_mean",
-    "seq_log_ratio_slope_per_1k",
+    "drift_per_1k",
+    "drift_per_1k_se",
     "tokens",
     "verdict",
 }
@@ -78,6 +79,11 @@ def test_json_schema_is_stable(default_run: ProbeResult) -> None:
     assert data["peak_rss_mb"] > 100  # torch and transformers alone take more
     effect = data["results"]["bfloat16"]["length_effect"]
     assert effect["sequences"] == 8 and sum(b["sequences"] for b in effect["buckets"]) == 8
+    bf16 = data["results"]["bfloat16"]
+    # the JSON's drift is -1000 k1 (token-weighted), the same in the metrics and length_effect
+    assert effect["drift_per_1k"] == pytest.approx(-1000 * bf16["k1_kl"], rel=1e-9)
+    assert effect["drift_per_1k"] == bf16["drift_per_1k"]
+    assert effect["drift_per_1k_se"] == bf16["drift_per_1k_se"] > 0
 
 
 @pytest.mark.slow
@@ -118,7 +124,7 @@ def test_completion_lengths_are_spread_for_the_length_fit(default_run: ProbeResu
     assert budgets == [12, 24, 36, 48, 60, 72, 84, 96]
     assert all(n <= b for n, b in zip(lengths, budgets, strict=True))
     assert len(set(lengths)) > 4
-    assert math.isfinite(default_run.results["bfloat16"].metrics.seq_log_ratio_slope_per_1k)
+    assert math.isfinite(default_run.results["bfloat16"].length_effect().slope_per_1k)
 
 
 class _PadMaskingEngine(HFRolloutEngine):

@@ -23,7 +23,7 @@ from precision_plugin.trl import HFRollout
 RECIPE = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"
 CORE = (
     "k1_kl", "k3_kl", "prob_diff_mean", "prob_diff_max", "logp_abs_diff_mean",
-    "seq_log_ratio_slope_per_1k", "tokens", "nan_tokens",
+    "drift_per_1k", "drift_per_1k_se", "tokens", "nan_tokens",
     "ess", "seq_mask_fraction_trl", "seq_mask_fraction_verl", "tis_clip_fraction",
 )  # fmt: skip
 
@@ -97,7 +97,7 @@ def test_float16_mismatch_is_far_below_bfloat16_on_the_same_seed(tmp_path):
     fp16, fp16_logs = _mean_k3(tmp_path, "float16")
     bf16, bf16_logs = _mean_k3(tmp_path, "bfloat16")
     for entry in fp16_logs + bf16_logs:
-        assert all(math.isfinite(entry[f"precision/{k}"]) for k in CORE if "slope" not in k)
+        assert all(math.isfinite(entry[f"precision/{k}"]) for k in CORE)
     assert fp16 > 0 and bf16 / fp16 >= 10, (fp16, bf16)
 
 

@@ -34,7 +34,9 @@ def test_hand_computed_single_sequence():
     assert (m.tokens, m.nan_tokens, m.sequences) == (2, 0, 1)
     assert m.seq_log_ratio == pytest.approx([math.log(1.25) + math.log(0.8)], abs=1e-6)
     assert m.seq_lengths == [2]
-    assert math.isnan(m.seq_log_ratio_slope_per_1k)  # one sequence: no slope
+    # the drift is -1000 k1 (token-weighted); one sequence has no standard error
+    assert m.drift_per_1k == pytest.approx(-1000 * m.k1_kl, rel=1e-12)
+    assert math.isnan(m.drift_per_1k_se)
 
 
 def test_identical_policies_are_zero():
@@ -79,21 +81,30 @@ def test_all_nan():
     assert (m.tokens, m.nan_tokens) == (0, 4) and math.isnan(m.k1_kl)
 
 
-def test_slope_of_sequence_log_ratio_per_1k_tokens():
-    # Per-token log-ratio of -0.001 on every token: seq log-ratio = -0.001 * length.
-    lengths = [100, 200, 400]
-    width = max(lengths)
-    pi = torch.full((3, width), math.log(0.5))
-    mu = pi + 0.001
+def test_drift_per_1k_tokens_is_minus_1000_k1_with_a_sequence_level_error():
+    """Per-token log-ratios d (log π − log μ) of three sequences: the drift is 1000 ΣS / ΣL,
+    its standard error that of the random-walk fit, computed here by hand."""
+    rows = [[-1e-3, -3e-3, 2e-3], [-2e-3] * 5, [5e-4, -1e-3]]
+    width = max(map(len, rows))
+    mu = torch.full((3, width), math.log(0.5), dtype=torch.float64)
+    pi = mu.clone()
     mask = torch.zeros(3, width)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = 1
+    for i, d in enumerate(rows):
+        pi[i, : len(d)] += torch.tensor(d, dtype=torch.float64)
+        mask[i, : len(d)] = 1
     m = compute_mismatch(pi, mu, mask)
-    assert m.seq_lengths == lengths
-    assert m.seq_log_ratio == pytest.approx([-0.1, -0.2, -0.4], rel=1e-4)
-    assert m.seq_log_ratio_slope_per_1k == pytest.approx(-1.0, rel=1e-4)
-    assert m.seq_abs_log_ratio_slope_per_1k == pytest.approx(1.0, rel=1e-4)
-    assert m.seq_kl == pytest.approx(0.7 / 3, rel=1e-4)
+    sums = [sum(d) for d in rows]  # -2e-3, -1e-2, -5e-4
+    lengths = [3, 5, 2]
+    r = sum(sums) / sum(lengths)  # -0.00125
+    # the random walk S ~ Normal(drift·L, variance·L): variance per token, its error on the drift
+    variance = sum((s - r * n) ** 2 / n for s, n in zip(sums, lengths, strict=True)) / 2
+    se = math.sqrt(variance / sum(lengths))
+    assert m.seq_lengths == lengths and m.seq_log_ratio == pytest.approx(sums, abs=1e-15)
+    assert m.drift_per_1k == pytest.approx(1000 * r, rel=1e-12)
+    assert 1000 * r == pytest.approx(-1.25, rel=1e-12)
+    assert m.drift_per_1k == pytest.approx(-1000 * m.k1_kl, rel=1e-12)
+    assert m.drift_per_1k_se == pytest.approx(1000 * se, rel=1e-12)
+    assert m.seq_kl == pytest.approx(-sum(sums) / 3, rel=1e-12)
 
 
 def test_float16_and_bfloat16_inputs_accepted():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import compute_mismatch, metrics_from_sums, mismatch_sums
+from precision_plugin.mismatch import SUM_FIELDS, compute_mismatch, metrics_from_sums, mismatch_sums
 
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -27,7 +27,7 @@ def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_shards_add_up_to_the_whole_batch(cuts: tuple[int, ...]) -> None:
     train, rollout, mask = _batch()
     whole = compute_mismatch(train, rollout, mask).to_dict()
-    sums, maxima, start = torch.zeros(11, dtype=torch.float64), [], 0
+    sums, maxima, start = torch.zeros(len(SUM_FIELDS), dtype=torch.float64), [], 0
     for end in cuts:
         s, m = mismatch_sums(train[start:end], rollout[start:end], mask[start:end])
         sums, start = sums + s, end
@@ -35,7 +35,7 @@ def test_shards_add_up_to_the_whole_batch(cuts: tuple[int, ...]) -> None:
     got = metrics_from_sums(sums, torch.cat(maxima))
     assert set(got) == {
         "k1_kl", "k3_kl", "prob_diff_mean", "prob_diff_max", "logp_abs_diff_mean",
-        "seq_log_ratio_slope_per_1k", "tokens", "nan_tokens",
+        "drift_per_1k", "drift_per_1k_se", "tokens", "nan_tokens",
     }  # fmt: skip
     for name, value in got.items():
         assert value == pytest.approx(whole[name], rel=1e-9, abs=1e-15), name

@@ -1,4 +1,5 @@
-"""The length effect: buckets with enough sequences, and slopes that recover a known trend."""
+"""The length effect: buckets with enough sequences, the drift per 1K tokens that recovers a
+known trend, and per-bucket figures pinned to values computed by hand."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def test_buckets_hold_enough_sequences_and_cover_every_length() -> None:
     assert sum(b.tokens for b in effect.buckets) == sum(lengths)
     assert [b.min_length for b in effect.buckets] == sorted(b.min_length for b in effect.buckets)
     assert all(b.min_length <= b.mean_length <= b.max_length for b in effect.buckets)
-    # A drift per token of 1e-4 is a slope of 0.1 per 1K tokens, recovered within its error.
+    # A drift per token of 1e-4 is 0.1 per 1K tokens: the drift recovers it within its error,
+    # more precisely than the least-squares slope of the sequence sums.
+    assert effect.drift_per_1k == pytest.approx(0.1, abs=4 * effect.drift_per_1k_se)
     assert effect.slope_per_1k == pytest.approx(0.1, abs=4 * effect.slope_stderr_per_1k)
-    assert 0 < effect.slope_stderr_per_1k < 0.05
+    assert 0 < effect.drift_per_1k_se < effect.slope_stderr_per_1k
 
 
 def test_slope_matches_least_squares_and_its_standard_error() -> None:
@@ -60,6 +63,50 @@ def test_nan_tokens_are_left_out_and_empty_input_is_handled() -> None:
     effect = length_effect(train, rollout)
     assert effect.sequences == 1 and effect.buckets[0].tokens == 2
     assert effect.buckets[0].mean_log_ratio == pytest.approx(1.0)
+    assert effect.drift_per_1k == pytest.approx(500.0) and math.isnan(effect.drift_per_1k_se)
     assert math.isnan(effect.slope_per_1k)
     assert length_effect([], []).sequences == 0
     assert length_effect([[]], [[]]).buckets == []
+
+
+def test_bucket_figures_are_token_weighted_exactly() -> None:
+    """Two buckets of two sequences of different lengths: the bucket's k3 and drift are means
+    over its tokens (a mean of per-sequence means would weight the short sequence's tokens up)."""
+    d = {  # log π − log μ of every token, by sequence
+        "a": [0.1, -0.2],
+        "b": [0.05, 0.05, 0.05, -0.3, 0.0, 0.02],
+        "c": [-0.01] * 8,
+        "d": [0.2] + [0.0] * 9,
+    }
+    rollout = [[-1.0] * len(v) for v in d.values()]
+    train = [
+        [r + x for r, x in zip(roll, v, strict=True)]
+        for roll, v in zip(rollout, d.values(), strict=True)
+    ]
+    effect = length_effect(train, rollout, num_buckets=2)
+    short, long_ = effect.buckets
+
+    def k3(values):
+        return sum(math.expm1(v) - v for v in values)
+
+    a, b, c, e = d["a"], d["b"], d["c"], d["d"]
+    assert (short.min_length, short.max_length, short.tokens) == (2, 6, 8)
+    assert (long_.min_length, long_.max_length, long_.tokens) == (8, 10, 18)
+    assert short.k3_kl == pytest.approx((k3(a) + k3(b)) / 8, rel=1e-12)
+    assert long_.k3_kl == pytest.approx((k3(c) + k3(e)) / 18, rel=1e-12)
+    assert short.k3_kl != pytest.approx((k3(a) / 2 + k3(b) / 6) / 2, rel=1e-3)  # per sequence
+    assert short.drift_per_1k == pytest.approx(1000 * (sum(a) + sum(b)) / 8, rel=1e-12)
+    assert long_.drift_per_1k == pytest.approx(1000 * (sum(c) + sum(e)) / 18, rel=1e-12)
+    assert short.mean_log_ratio == pytest.approx((sum(a) + sum(b)) / 2, rel=1e-12)
+    assert short.std_log_ratio == pytest.approx(abs(sum(a) - sum(b)) / math.sqrt(2), rel=1e-12)
+    sums = [sum(v) for v in d.values()]
+    lengths = [len(v) for v in d.values()]
+    r = sum(sums) / sum(lengths)
+    variance = sum((s - r * n) ** 2 / n for s, n in zip(sums, lengths, strict=True)) / 3
+    se = math.sqrt(variance / sum(lengths))
+    assert effect.drift_per_1k == pytest.approx(1000 * r, rel=1e-12)
+    assert effect.drift_per_1k_se == pytest.approx(1000 * se, rel=1e-12)
+    slope, slope_se = fit_slope([float(n) for n in lengths], sums)
+    assert (effect.slope_per_1k, effect.slope_stderr_per_1k) == pytest.approx(
+        (1000 * slope, 1000 * slope_se), rel=1e-12
+    )

@@ -101,3 +101,15 @@ def test_a_failed_self_check_makes_every_verdict_invalid():
     text = _text(result)
     assert all(_row(text, n)[-1] == "invalid" for n in ("float32", "float16", "bfloat16"))
     assert "do: fix the set-up first" in " ".join(text.split())
+
+
+def test_drift_column_shows_the_signed_drift_and_its_standard_error():
+    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032})
+    text = _text(result)
+    lines = text.splitlines()
+    for name in ("float16", "bfloat16"):
+        m = result.results[name].metrics
+        row = next(i for i, ln in enumerate(lines) if ln.strip().startswith(name + " "))
+        assert f"{m.drift_per_1k:+.1e}" in lines[row].split()
+        assert f"±{m.drift_per_1k_se:.0e}" in lines[row + 1].split()
+    assert "drift/1K: −1000·k1" in " ".join(text.split()) and "|seq|" not in text

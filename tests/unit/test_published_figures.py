@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _renderer():
-    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    spec = importlib.util.spec_from_file_location(
+        "render_docs", ROOT / "scripts" / "render_docs.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -27,7 +29,9 @@ def _renderer():
 render_docs = _renderer()
 
 
-@pytest.mark.parametrize("path", render_docs.published_files(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", render_docs.published_files(), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_published_blocks_equal_their_results_files(path):
     text = path.read_text(encoding="utf-8")
     assert render_docs.rendered(text) == text, (
