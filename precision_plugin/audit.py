@@ -3,10 +3,12 @@
 [`audit_run`][precision_plugin.audit.audit_run] reads, without changing anything, the learner
 (training-args flags, Accelerate's mixed precision, the dtype the training forward produced,
 trainable and frozen parameter dtypes, the loss scaler and its settings, the DeepSpeed
-precision sections) and the rollout engine (a colocated vLLM engine's ``model_config.dtype``,
-a vLLM server's via ``/server_info``, or ``HFRollout``'s dtype), and lists every contradiction
-with the policy. ``PrecisionCallback`` logs it as a table at train begin and before the first
-optimizer step, and raises on a contradiction under ``strictness="error"``.
+precision sections) and the rollout engine as it runs: ``HFRollout``'s copy (its parameters'
+and float32 buffers' dtypes, once built; before that, the dtype it was asked for), a colocated
+vLLM engine's ``model_config.dtype`` (``LLM.llm_engine.vllm_config.model_config``, vLLM 0.33
+``v1/engine/llm_engine.py`` lines 69-70), a vLLM server's via ``/server_info``, and lists every
+contradiction with the policy. ``PrecisionCallback`` logs it as a table at train begin and
+before the first optimizer step, and raises on a contradiction under ``strictness="error"``.
 """
 
 from __future__ import annotations
@@ -91,8 +93,43 @@ def learner_side(
     }
 
 
+def _copy_side(engine_name: str, asked: str, model: Any) -> dict[str, Any]:
+    """A rollout copy as it runs: its parameters' dtypes (``dtype``: the dtype most of them
+    have) and those of the buffers vLLM keeps in float32; ``None`` before the copy exists."""
+    side: dict[str, Any] = {"engine": engine_name, "asked": _short(asked)}
+    if model is None:
+        return {**side, "dtype": None, "state": "not built yet (built at the first rollout)"}
+    from precision_plugin.buffers import buffer_dtypes
+
+    params: Counter[str] = Counter()
+    for param in model.parameters():
+        params[str(_short(param.dtype))] += param.numel()
+    return {
+        **side,
+        "dtype": params.most_common(1)[0][0] if params else None,
+        "params": dict(sorted(params.items())),
+        "float32_buffers": buffer_dtypes(model),
+    }
+
+
+def colocated_vllm_dtype(llm: Any) -> Any:
+    """The dtype a colocated vLLM ``LLM`` runs: ``llm.llm_engine.vllm_config.model_config.dtype``
+    (vLLM 0.33 ``entrypoints/llm.py`` line 341, ``v1/engine/llm_engine.py`` lines 69-70), else
+    ``llm.llm_engine.model_config`` or ``llm.model_config`` (line 344); ``None`` when absent."""
+    engine = getattr(llm, "llm_engine", None)
+    config = getattr(engine, "vllm_config", None)
+    for model_cfg in (
+        getattr(config, "model_config", None),
+        getattr(engine, "model_config", None),
+        getattr(llm, "model_config", None),
+    ):
+        if model_cfg is not None:
+            return getattr(model_cfg, "dtype", None)
+    return None
+
+
 def rollout_side(trainer: Any) -> dict[str, Any]:
-    """Which engine samples the rollouts, and in which dtype (``None`` when unknown)."""
+    """Which engine samples the rollouts, and in which dtype it runs (``None`` when unknown)."""
     if trainer is None:
         return {"engine": "unknown (the callback does not know the trainer)", "dtype": None}
     if not hasattr(trainer, "rollout_func") and not hasattr(trainer, "use_vllm"):
@@ -100,17 +137,15 @@ def rollout_side(trainer: Any) -> dict[str, Any]:
     rollout_func = getattr(trainer, "rollout_func", None)
     dtype = getattr(rollout_func, "dtype", None)
     if rollout_func is not None and isinstance(dtype, str):
-        return {"engine": type(rollout_func).__name__, "dtype": _short(dtype)}
+        model = getattr(getattr(rollout_func, "engine", None), "model", None)
+        return _copy_side(type(rollout_func).__name__, dtype, model)
     if getattr(trainer, "use_vllm", False):
         generation = getattr(trainer, "vllm_generation", None)
         mode = getattr(trainer.args, "vllm_mode", None)
         if mode == "server":
             return _server(getattr(generation, "vllm_client", None))
         llm = getattr(generation, "llm", None)
-        engine = getattr(llm, "llm_engine", llm)
-        config = getattr(engine, "vllm_config", None)
-        model_cfg = getattr(config, "model_config", None) or getattr(engine, "model_config", None)
-        return {"engine": "vLLM (colocate)", "dtype": _short(getattr(model_cfg, "dtype", None))}
+        return {"engine": "vLLM (colocate)", "dtype": _short(colocated_vllm_dtype(llm))}
     if rollout_func is not None:
         return {"engine": f"rollout_func {getattr(rollout_func, '__name__', rollout_func)!r}",
                 "dtype": None}  # fmt: skip
@@ -135,6 +170,8 @@ FIXES: dict[str, str] = {
     "rollout": "run the rollout engine in the learner's dtype: HFRollout(dtype=...) or no dtype "
     "(it follows the policy), enable() before building the trainer for a colocated vLLM, "
     "PRECISION_PLUGIN=<dtype> (or --dtype) for a vLLM server",
+    "rollout_buffers": "build the rollout copy with precision_plugin.buffers.cast_model (what "
+    "HFRollout does), not a plain .to(dtype)",
     "trainable": "call precision_plugin.enable() before building the trainer, or load the "
     "model in float32 (fp32 master weights, autocast computes in the policy dtype)",
 }
@@ -145,8 +182,10 @@ def contradictions(
 ) -> dict[str, str]:
     """Each way what runs contradicts the policy: ``{kind: sentence}`` (empty if consistent).
 
-    Kinds are ``forward`` (the training forward's dtype), ``rollout`` (the rollout engine's
-    dtype against the learner's) and ``trainable`` (non-fp32 trainable weights under a scaler).
+    Kinds are ``forward`` (the training forward's dtype), ``rollout`` (the dtype the rollout
+    engine runs, or before it exists the one it was asked for, against the learner's),
+    ``rollout_buffers`` (a rollout copy that rounded the buffers vLLM keeps in float32) and
+    ``trainable`` (non-fp32 trainable weights under a scaler).
     """
     found: dict[str, str] = {}
     ran = learner.get("forward_dtype")
@@ -154,12 +193,20 @@ def contradictions(
         found["forward"] = (
             f"learner: the training forward ran in {ran}, the policy is {policy.dtype}"
         )
-    roll = rollout.get("dtype")
+    roll, verb = rollout.get("dtype"), "runs"
+    if roll is None and rollout.get("asked") is not None:
+        roll, verb = rollout["asked"], "is asked to run"
     learner_dtype = ran or policy.dtype
     if roll is not None and (roll != policy.dtype or roll != learner_dtype):
         found["rollout"] = (
-            f"rollout: {rollout['engine']} runs {roll} while the learner runs {learner_dtype} "
+            f"rollout: {rollout['engine']} {verb} {roll} while the learner runs {learner_dtype} "
             f"(policy {policy.dtype})"
+        )
+    rounded = set(rollout.get("float32_buffers") or {}) - {"float32"}
+    if rounded:
+        found["rollout_buffers"] = (
+            f"rollout: {rollout['engine']}'s copy holds the buffers vLLM keeps in float32 (RoPE "
+            f"frequencies) in {sorted(rounded)}: positions are computed unlike vLLM's"
         )
     trainable = learner.get("trainable_params") or {}
     if policy.uses_loss_scaler and learner.get("loss_scaler") and set(trainable) - {"float32"}:

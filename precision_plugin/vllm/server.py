@@ -56,7 +56,7 @@ def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
         return dict(info["vllm_config"]), version, f"vLLM server at {server}"
     if hasattr(server, "get_server_info"):
         where = getattr(server, "base_url", None)
-        return dict(server.get_server_info()), None, f"vLLM server at {where or server!r}"
+        return dict(server.get_server_info()), None, f"vLLM server at {where or repr(server)}"
     raise PrecisionConfigError(
         f"verify_server(): expected a TRL VLLMClient, a base URL or the /server_info JSON, got "
         f"{type(server).__name__}."

@@ -45,39 +45,115 @@ def _train_logs(trainer) -> list[dict]:
     return [h for h in trainer.state.log_history if "loss" in h]
 
 
+class _EnvMaskRollout(HFRollout):
+    """HFRollout whose completions hide every third token from the loss, as an environment's
+    feedback tokens are hidden: TRL 1.16 turns a ``rollout_func``'s ``env_mask`` into its
+    ``tool_mask`` (grpo_trainer.py, "Support custom env_mask from rollout_func")."""
+
+    def __call__(self, prompts, trainer):
+        out = super().__call__(prompts, trainer)
+        out["env_mask"] = [[int(i % 3 != 1) for i in range(len(c))] for c in out["completion_ids"]]
+        return out
+
+
+_INPUTS = ("sampling_per_token_logps", "old_per_token_logps", "completion_mask", "tool_mask")
+
+
+def _spy(trainer) -> list[dict]:
+    """What each ``_compute_loss`` call receives, and the first per-token log-probs computed in
+    it (π when TRL keeps no ``old_per_token_logps``), recorded on the trainer instance."""
+    calls: list[dict] = []
+    compute, logps = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
+    inside = [False]
+
+    def spy_compute(model, inputs):
+        calls.append({k: inputs[k].detach().clone() for k in _INPUTS if inputs.get(k) is not None})
+        inside[0] = True
+        try:
+            return compute(model, inputs)
+        finally:
+            inside[0] = False
+
+    def spy_logps(*args, **kwargs):
+        result = logps(*args, **kwargs)
+        if inside[0] and "pi" not in calls[-1]:
+            calls[-1]["pi"] = result[0].detach().clone()
+        return result
+
+    trainer._compute_loss, trainer._get_per_token_logps_and_entropies = spy_compute, spy_logps
+    return calls
+
+
+def _expected(call: dict) -> dict[str, float]:
+    """The logged metrics of one rollout slice, computed here in float64 from its tensors."""
+    pi = call.get("old_per_token_logps", call.get("pi")).double()
+    mu = call["sampling_per_token_logps"].double()
+    mask = call["completion_mask"].bool()
+    if "tool_mask" in call:
+        mask = mask & call["tool_mask"].bool()
+    d = (pi - mu)[mask]  # log π − log μ over the counted tokens
+    rows = [i for i in range(len(mask)) if mask[i].any()]
+    sums = [float((pi - mu)[i][mask[i]].sum()) for i in rows]  # S per sequence
+    lengths = [int(mask[i].sum()) for i in rows]
+    r = sum(sums) / sum(lengths)
+    n = len(sums)
+    # the random walk S ~ Normal(drift·L, variance·L)
+    variance = sum((s - r * x) ** 2 / x for s, x in zip(sums, lengths, strict=True)) / (n - 1)
+    weights = [math.exp(s) for s in sums]  # sequence importance weights π(y)/μ(y)
+    return {
+        "tokens": float(mask.sum()),
+        "k1_kl": float((mu - pi)[mask].mean()),  # log μ − log π: KL(μ‖π), positive on average
+        "k3_kl": float((torch.expm1(d) - d).mean()),
+        "prob_diff_mean": float((pi.exp() - mu.exp())[mask].abs().mean()),
+        "prob_diff_max": float((pi.exp() - mu.exp())[mask].abs().max()),
+        "logp_abs_diff_mean": float(d.abs().mean()),
+        "drift_per_1k": 1000 * r,
+        "drift_per_1k_se": 1000 * math.sqrt(variance / sum(lengths)),
+        "ess": sum(weights) ** 2 / (n * sum(w * w for w in weights)),
+        "seq_mask_fraction_trl": sum(w > 3 for w in weights) / n,  # TRL: sequence_mask, max 3
+        "seq_mask_fraction_verl": sum(not 0.5 <= w <= 2 for w in weights) / n,  # Seq-MIS
+        "tis_clip_fraction": float((d > math.log(2.0)).double().mean()),  # π/μ > 2
+    }
+
+
 @pytest.mark.parametrize(
     "config",
     [
         {"vllm_importance_sampling_correction": True},
-        {"vllm_importance_sampling_correction": False},
+        {"vllm_importance_sampling_correction": False, "temperature": 0.7},
         # generation every 2 steps: TRL computes old_per_token_logps, the trainer side used then
         {"vllm_importance_sampling_correction": False, "steps_per_generation": 2},
+        {"env_mask": True, "temperature": 1.3},
     ],
-    ids=["is-on", "is-off", "old-logps"],
+    ids=["is-on", "is-off-T0.7", "old-logps", "tool-mask-T1.3"],
 )
-def test_metrics_every_logging_step_token_weighted(tmp_path, config):
+def test_metrics_every_logging_step_pinned_to_the_trainers_own_tensors(tmp_path, config):
+    """Each logged figure equals the one computed here from the tensors TRL hands
+    ``_compute_loss`` (π, μ, completion_mask × tool_mask), for temperatures other than 1 and a
+    real tool_mask: the sides, the k1 sign, the mask and the token weighting are pinned."""
     pp.enable()
-    trainer = _recipe().build_trainer(str(tmp_path), 4, **config)
+    config = dict(config)
+    rollout = _EnvMaskRollout() if config.pop("env_mask", False) else HFRollout()
+    trainer = _recipe().build_trainer(str(tmp_path), 4, rollout_func=rollout, **config)
+    calls = _spy(trainer)
     trainer.train()
     logs = _train_logs(trainer)
-    assert len(logs) == 4
-    for entry in logs:
-        for name in CORE:
-            assert f"precision/{name}" in entry, (name, entry)
-        assert entry["precision/tokens"] > 0 and entry["precision/nan_tokens"] == 0
-        assert 0 <= entry["precision/k3_kl"] < 1e-4
-        assert entry["precision/prob_diff_max"] >= entry["precision/prob_diff_mean"] >= 0
-        # A k3 this small (the same dtype on both sides) costs no sample.
-        assert entry["precision/ess"] == pytest.approx(1.0, abs=1e-4)
-        assert entry["precision/seq_mask_fraction_verl"] == entry["precision/tis_clip_fraction"] == 0
-    # Every sampled completion token counted exactly once: TRL's completion lengths, summed.
+    assert len(logs) == len(calls) == 4
+    for entry, call in zip(logs, calls, strict=True):
+        assert set(f"precision/{name}" for name in CORE) <= set(entry), entry
+        assert entry["precision/nan_tokens"] == 0
+        if rollout.__class__ is _EnvMaskRollout:
+            assert "tool_mask" in call and not call["tool_mask"].bool().all()
+        for name, value in _expected(call).items():
+            assert entry[f"precision/{name}"] == pytest.approx(value, rel=1e-9, abs=1e-15), name
+    # Every sampled completion token counted exactly once: TRL's completion lengths, summed
+    # (TRL counts only tool_mask=1 tokens too).
+    per_generation = 8 if config.get("steps_per_generation") == 2 else 4
     generated = sum(
-        e["completions/mean_length"] * 4 for e in logs if "completions/mean_length" in e
+        e["completions/mean_length"] * per_generation
+        for e in logs
+        if "completions/mean_length" in e
     )
-    if config.get("steps_per_generation") == 2:
-        generated = sum(
-            e["completions/mean_length"] * 8 for e in logs if "completions/mean_length" in e
-        )
     assert sum(e["precision/tokens"] for e in logs) == pytest.approx(generated)
 
 
@@ -123,10 +199,52 @@ def test_hfrollout_follows_the_learner_after_each_optimizer_step(tmp_path):
     assert rollout.synced_step == 2 and trainer.state.global_step == 3
     rollout._sync(trainer)  # what the next rollout would do: refresh from the stepped learner
     assert rollout.synced_step == 3 and rollout.syncs == 4
-    learner = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    learner_model = trainer.accelerator.unwrap_model(trainer.model)
+    learner = learner_model.state_dict()
     for name, tensor in rollout.engine.model.state_dict().items():
         # exactly the learner's fp32 master weights rounded by .to(float16), as vLLM loads them
+        assert tensor.dtype == torch.float16, name
         assert torch.equal(tensor, learner[name].to(torch.float16)), name
+    # the RoPE frequencies (non-persistent buffers) stay float32, as vLLM keeps them
+    buffers = dict(learner_model.named_buffers())
+    for name, buf in rollout.engine.model.named_buffers():
+        assert buf.dtype == torch.float32 and torch.equal(buf, buffers[name]), name
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"temperature": 0.7}, {"temperature": 1.3, "top_p": 0.9, "top_k": 12,
+                            "repetition_penalty": 1.2, "min_p": 0.05}],
+    ids=["T0.7", "all-settings"],
+)  # fmt: skip
+def test_hfrollout_samples_with_the_trainers_settings(tmp_path, settings):
+    """Each recorded log-prob is the one vLLM's processed_logprobs would give: the logits the
+    copy produced, processed as vLLM does with the trainer's settings (temperature once),
+    recomputed here by tests/sampling_reference.py."""
+    from tests.sampling_reference import logprob, processed_logits
+
+    pp.enable()
+    rollout = HFRollout()
+    trainer = _recipe().build_trainer(str(tmp_path), 1, rollout_func=rollout, **settings)
+    rollout._sync(trainer)  # build the copy now, to watch its logits
+    steps: list[torch.Tensor] = []
+    handle = rollout.engine.model.register_forward_hook(
+        lambda _m, _a, out: steps.append(out.logits[:, -1].detach().clone())
+    )
+    try:
+        out = rollout(["abc", "hello there", "say a word"], trainer)
+    finally:
+        handle.remove()
+    checked = 0
+    for row, (prompt, completion, logps) in enumerate(
+        zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], strict=True)
+    ):
+        assert 1 <= len(completion) == len(logps) <= 8
+        for t, token in enumerate(completion):
+            expected = processed_logits(steps[t][row], prompt, completion[:t], **settings)
+            assert logps[t] == logprob(expected, token), (row, t)
+            checked += 1
+    assert checked >= 6
 
 
 def test_audit_refuses_a_rollout_in_another_dtype_before_the_first_step(tmp_path):
@@ -136,7 +254,8 @@ def test_audit_refuses_a_rollout_in_another_dtype_before_the_first_step(tmp_path
     with pytest.raises(PrecisionMismatchError) as excinfo:
         trainer.train()
     message = str(excinfo.value)
-    assert "HFRollout runs float16" in message and "learner runs bfloat16" in message
+    # at train begin the copy does not exist yet: the request is refused as a request
+    assert "HFRollout is asked to run float16" in message and "learner runs bfloat16" in message
     assert trainer.state.global_step == 0
     after = trainer.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # no optimizer step
@@ -161,7 +280,11 @@ def test_consistent_run_audits_float16_on_both_sides(tmp_path, caplog):
     learner, rollout = audit["learner"], audit["rollout"]
     assert audit["consistent"] and audit["contradictions"] == {}
     assert learner["forward_dtype"] == "float16" and rollout["dtype"] == "float16"
-    assert rollout["engine"] == "HFRollout"
+    assert rollout["engine"] == "HFRollout" and rollout["asked"] == "float16"
+    # what the copy holds, read off it: every weight in float16, the RoPE buffers in float32
+    copy = trainer.rollout_func.engine.model
+    assert rollout["params"] == {"float16": sum(p.numel() for p in copy.parameters())}
+    assert rollout["float32_buffers"] == {"float32": sum(b.numel() for b in copy.buffers())}
     assert (learner["args_fp16"], learner["args_bf16"]) == (True, False)
     assert learner["accelerate_mixed_precision"] == "fp16"
     assert list(learner["trainable_params"]) == ["float32"]
@@ -237,7 +360,10 @@ def test_trl_qlora_adapter_cast_is_undone_on_peft_modules(tmp_path):
 
 
 def _mismatch_logs(trainer) -> list[dict]:
-    return [{k: v for k, v in e.items() if k.removeprefix("precision/") in CORE} for e in _train_logs(trainer)]
+    return [
+        {k: v for k, v in e.items() if k.removeprefix("precision/") in CORE}
+        for e in _train_logs(trainer)
+    ]
 
 
 def test_the_callback_alone_measures_what_enable_measures(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from precision_plugin import PrecisionPolicy
@@ -50,3 +52,152 @@ def test_plain_model_without_trainer_audits_parameters_and_renders():
     assert result["rollout"]["dtype"] is None
     text = render(result, "asked vs ran")
     assert "asked vs ran" in text and "trainable_params" in text
+
+
+# -- "ran" is read from what runs, not from what was asked ---------------------------------------
+def _tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)  # fmt: skip
+
+
+def _hfrollout(dtype: str, built: bool = True):
+    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin.trl import HFRollout
+
+    rollout = HFRollout(dtype=dtype)
+    if built:  # what its first call does: an inference copy of the learner in its dtype
+        rollout.engine = HFRolloutEngine(_tiny_llama(), dtype, "cpu")
+    return rollout
+
+
+def test_hfrollout_side_reads_its_copy_as_it_runs():
+    rollout = _hfrollout("float16")
+    params = sum(p.numel() for p in rollout.engine.model.parameters())
+    result = audit_run(PrecisionPolicy(), None, SimpleNamespace(rollout_func=rollout),
+                       forward_dtype=torch.float16)  # fmt: skip
+    assert result["rollout"] == {
+        "engine": "HFRollout",
+        "asked": "float16",
+        "dtype": "float16",
+        "params": {"float16": params},
+        "float32_buffers": {"float32": 8},  # inv_freq and original_inv_freq, 4 each
+    }
+    assert result["consistent"]
+
+
+def test_a_copy_that_differs_from_its_request_is_a_contradiction():
+    """HFRollout asked for float16, but its copy is float32 (the planted bug "the rollout copy
+    built in float32"): the audit reads the copy and sees it."""
+    rollout = _hfrollout("float16")
+    rollout.engine.model.float()
+    trainer = SimpleNamespace(rollout_func=rollout)
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    assert result["rollout"]["asked"] == "float16" and result["rollout"]["dtype"] == "float32"
+    assert result["contradictions"] == {
+        "rollout": "rollout: HFRollout runs float32 while the learner runs float16 (policy float16)"
+    }
+    rollout.engine.model.half()  # every buffer rounded too: a plain .to(float16)
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    assert set(result["contradictions"]) == {"rollout_buffers"}
+    assert "in ['float16']" in result["contradictions"]["rollout_buffers"]
+
+
+def test_before_the_first_rollout_the_request_is_audited_as_a_request():
+    trainer = SimpleNamespace(rollout_func=_hfrollout("bfloat16", built=False))
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    assert result["rollout"]["dtype"] is None and "not built yet" in result["rollout"]["state"]
+    assert result["contradictions"]["rollout"] == (
+        "rollout: HFRollout is asked to run bfloat16 while the learner runs float16 "
+        "(policy float16)"
+    )
+
+
+class _VllmModelConfig:
+    """vLLM's ModelConfig: the resolved dtype is ``dtype`` (a torch.dtype)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+
+class _VllmLLMEngine:
+    """vLLM 0.33 ``v1/engine/llm_engine.py`` lines 69-70."""
+
+    def __init__(self, model_config: _VllmModelConfig) -> None:
+        self.vllm_config = SimpleNamespace(model_config=model_config)
+        self.model_config = model_config
+
+
+class _VllmLLM:
+    """vLLM 0.33 ``entrypoints/llm.py`` lines 341-344 (TRL 1.16 keeps it as
+    ``trainer.vllm_generation.llm``)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.llm_engine = _VllmLLMEngine(_VllmModelConfig(dtype))
+        self.model_config = self.llm_engine.model_config
+
+
+def test_colocated_vllm_is_audited_from_its_model_config():
+    trainer = SimpleNamespace(
+        use_vllm=True,
+        rollout_func=None,
+        args=SimpleNamespace(vllm_mode="colocate"),
+        vllm_generation=SimpleNamespace(llm=_VllmLLM(torch.bfloat16)),
+    )
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    assert result["rollout"] == {"engine": "vLLM (colocate)", "dtype": "bfloat16"}
+    assert result["contradictions"]["rollout"] == (
+        "rollout: vLLM (colocate) runs bfloat16 while the learner runs float16 (policy float16)"
+    )
+    trainer.vllm_generation.llm = _VllmLLM(torch.float16)
+    assert audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)["consistent"]
+
+
+def test_a_vllm_server_is_audited_from_its_answer():
+    """TRL's own VLLMClient.get_server_info against a loopback /server_info."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    import requests
+    from trl.generation.vllm_client import VLLMClient
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}})
+            self.send_response(200 if self.path.startswith("/server_info") else 404)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = VLLMClient.__new__(VLLMClient)  # its __init__ needs vLLM installed
+        client.session, client.base_url = (
+            requests.Session(),
+            f"http://127.0.0.1:{httpd.server_port}",
+        )
+        trainer = SimpleNamespace(
+            use_vllm=True,
+            rollout_func=None,
+            args=SimpleNamespace(vllm_mode="server"),
+            vllm_generation=SimpleNamespace(vllm_client=client),
+        )
+        result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result["rollout"] == {"engine": f"vLLM server at {client.base_url}", "dtype": "bfloat16"}
+    assert "runs bfloat16 while the learner runs float16" in result["contradictions"]["rollout"]
