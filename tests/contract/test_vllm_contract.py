@@ -230,3 +230,180 @@ def test_enable_before_vllm_import_reaches_engines_whatever_vllm_plugins(llama_d
     assert out["IMPORTED"] == "False"
     assert out["ON"] == "torch.float16"
     assert out["OFF"] == "torch.bfloat16"
+
+
+# -- the rollout copy computes what vLLM computes (exact, vLLM 0.33) -----------------------------
+#: Exact comparisons follow the current vLLM's code (its sampler and RoPE modules moved since 0.10).
+current_vllm_only = pytest.mark.skipif(
+    VLLM_VERSION.release < (0, 33), reason="exact comparisons against vLLM 0.33's code"
+)
+
+ROPE = {
+    "default": {},
+    "linear": {"factor": 4.0},
+    "dynamic": {"factor": 4.0},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 128},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 128},
+    "longrope": {"short_factor": [1.0 + 0.1 * i for i in range(8)],
+                 "long_factor": [2.0 + i for i in range(8)],
+                 "original_max_position_embeddings": 128},
+}  # fmt: skip
+
+
+@needs_cpu_platform
+@current_vllm_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("rope_type", sorted(ROPE))
+def test_rollout_copy_cos_sin_equal_vllms_cache(llama_dir, rope_type, dtype):
+    """cos/sin of the rollout copy (precision_plugin.buffers.cast_model) at positions 0..511
+    equal vLLM's cos_sin_cache bit for bit; a plain .to(dtype) copy does not."""
+    import copy
+
+    import transformers
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from precision_plugin.buffers import cast_model
+
+    params = {"rope_type": rope_type, "rope_theta": 10000.0, **ROPE[rope_type]}
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, max_position_embeddings=512, rope_parameters=params,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    # vLLM's longrope reads max_model_len from the current config
+    with set_current_vllm_config(engine_args(llama_dir).create_engine_config()):
+        vllm_rope = get_rope(16, 512, True, rope_parameters=dict(params), dtype=dtype)
+    if rope_type == "longrope":  # its short rows, then its long rows (used past 128)
+        cache = vllm_rope.long_short_cos_sin_cache
+        windows = [(128, cache[:128]), (512, cache[128 : 128 + 512])]
+    else:  # (positions, vLLM's rows for them)
+        windows = [(512, vllm_rope.cos_sin_cache[:512])]
+
+    def cos_sin(rotary: torch.nn.Module, length: int) -> torch.Tensor:
+        with torch.no_grad():
+            cos, sin = rotary(torch.zeros(1, dtype=dtype), torch.arange(length)[None])
+        return torch.cat([cos[0, :, :8], sin[0, :, :8]], dim=-1)  # vLLM keeps half of each
+
+    ours = cast_model(copy.deepcopy(model), dtype).model.rotary_emb
+    plain = copy.deepcopy(model).to(dtype).model.rotary_emb
+    for length, expected in windows:
+        got = cos_sin(ours, length)
+        assert got.dtype == expected.dtype == dtype and torch.equal(got, expected), length
+    # the rounded frequencies of a plain .to(dtype): a quarter and more of the entries differ
+    length, expected = windows[0]
+    assert (cos_sin(plain, length) != expected).sum() > expected.numel() // 4
+
+
+SAMPLING = [
+    {"temperature": 0.7},
+    {"top_p": 0.8},
+    {"top_k": 5},
+    {"min_p": 0.05},
+    {"repetition_penalty": 1.5},
+    {"frequency_penalty": 0.5, "presence_penalty": 0.3},
+    {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.02, "repetition_penalty": 1.3,
+     "frequency_penalty": 0.5, "presence_penalty": 0.25},
+]  # fmt: skip
+
+
+def _vllm_logprobs(logits, prompts, outputs, settings):
+    """vLLM's own Sampler (V1) on CPU, full log-probs in the settings' logprobs_mode."""
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+
+    rows, vocab = logits.shape
+
+    def f32(value: float) -> torch.Tensor:
+        return torch.full((rows,), value, dtype=torch.float32)
+
+    processors = []
+    if settings.min_p > 0:  # the batch state InputBatch would give it, set directly
+        min_p = MinPLogitsProcessor.__new__(MinPLogitsProcessor)
+        min_p.min_p_count, min_p.min_p = rows, torch.full((rows, 1), settings.min_p)
+        processors.append(min_p)
+    width = max(map(len, prompts))
+    top_k = settings.top_k if 0 < settings.top_k < vocab else None
+    meta = SamplingMetadata(
+        temperature=f32(settings.temperature),
+        all_greedy=False,
+        all_random=True,
+        top_p=f32(settings.top_p) if settings.top_p < 1 else None,
+        top_k=None if top_k is None else torch.full((rows,), top_k, dtype=torch.int32),
+        generators={},
+        max_num_logprobs=-1,  # the whole distribution
+        no_penalties=not settings.penalties,
+        prompt_token_ids=torch.tensor([p + [vocab] * (width - len(p)) for p in prompts]),
+        frequency_penalties=f32(settings.frequency_penalty),
+        presence_penalties=f32(settings.presence_penalty),
+        repetition_penalties=f32(settings.repetition_penalty),
+        output_token_ids=[list(o) for o in outputs],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(processors),
+    )
+    # fp64 Gumbel noise: the CPU path without vLLM's compiled _C sampler
+    sampler = Sampler(logprobs_mode=settings.logprobs_mode, use_fp64_gumbel=True)
+    return sampler(logits.clone(), meta).logprobs_tensors.logprobs
+
+
+@needs_cpu_platform
+@current_vllm_only
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("settings", SAMPLING, ids=lambda s: ",".join(s))
+def test_sampling_log_probs_equal_vllms_sampler(llama_dir, settings, dtype, mode):
+    """The HF engine's processing (precision_plugin.sampling) gives the log-probs vLLM's V1
+    Sampler reports, bit for bit, in both logprobs modes."""
+    from vllm.config import set_current_vllm_config
+
+    from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+
+    ours = SamplingSettings(**settings, logprobs_mode=mode)
+    prompts, outputs = [[1, 5, 9, 9], [2, 7], [3, 30, 31, 5, 40]], [[5, 5, 6], [8, 8, 2], [9, 9, 1]]
+    generator = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 64, generator=generator)).to(dtype)
+    processor = LogitsProcessor(ours, prompts, 64, "cpu")
+    for t in range(3):
+        processor.add(torch.tensor([[o[t]] for o in outputs]))
+    processed = processor.process(logits)
+    expected = processed if mode == "processed_logprobs" else logits
+    with set_current_vllm_config(engine_args(llama_dir).create_engine_config()):
+        theirs = _vllm_logprobs(logits, prompts, outputs, ours)
+    assert torch.equal(expected.log_softmax(dim=-1, dtype=torch.float32), theirs)
+
+
+@needs_cpu_platform
+def test_audit_reads_colocated_vllm_where_vllm_keeps_its_dtype(llama_dir):
+    """TRL keeps a colocated engine as ``trainer.vllm_generation.llm`` (an ``LLM``); vLLM's
+    ``LLM.__init__`` sets ``llm_engine`` and ``LLMEngine.__init__`` sets ``vllm_config``: the
+    audit reads the real VllmConfig's model_config.dtype through them."""
+    import inspect
+    from types import SimpleNamespace
+
+    from vllm import LLM
+
+    from precision_plugin.audit import rollout_side
+
+    try:  # vLLM >= 0.11 (V1 only)
+        from vllm.v1.engine.llm_engine import LLMEngine
+    except ImportError:  # pragma: no cover
+        from vllm.engine.llm_engine import LLMEngine
+
+    assert "self.llm_engine = LLMEngine.from_engine_args(" in inspect.getsource(LLM.__init__)
+    assert "self.vllm_config = vllm_config" in inspect.getsource(LLMEngine.__init__)
+    config = engine_args(llama_dir, dtype="bfloat16").create_engine_config()
+    engine = object.__new__(LLMEngine)
+    engine.vllm_config = config  # what LLMEngine.__init__ sets, from the real engine config
+    llm = object.__new__(LLM)
+    llm.llm_engine = engine
+    trainer = SimpleNamespace(
+        use_vllm=True,
+        rollout_func=None,
+        args=SimpleNamespace(vllm_mode="colocate"),
+        vllm_generation=SimpleNamespace(llm=llm),
+    )
+    assert rollout_side(trainer) == {"engine": "vLLM (colocate)", "dtype": "bfloat16"}
