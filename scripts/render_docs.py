@@ -182,6 +182,27 @@ def _probe_layerwise(data: dict[str, Any]) -> str:
     return _rich_text(render_layerwise_table(data))
 
 
+@view("rope-buffers")
+def _rope_buffers(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_rope_buffers.py``: the probe with the rollout copy's RoPE
+    frequencies rounded (before) and in float32 (now), per length."""
+    rows = [
+        "| new tokens | bf16 ÷ fp16 k3, frequencies rounded | bf16 ÷ fp16 k3, float32 (as vLLM) "
+        "| fp16 k3 rounded → float32 | share of the rounded fp16 k3 that was the rounding |",
+        "|---|---|---|---|---|",
+    ]
+    runs = {(r["max_new_tokens"], r["rope_float32"]): r for r in data["runs"]}
+    for length, entry in data["lengths"].items():
+        before = runs[(int(length), False)]["dtypes"]["float16"]["k3_kl"]
+        after = runs[(int(length), True)]["dtypes"]["float16"]["k3_kl"]
+        rows.append(
+            f"| {int(length):,} | {entry['ratio_rounded']:.0f}x | "
+            f"**{entry['ratio_float32']:.0f}x** | {before:.2e} → {after:.2e} | "
+            f"{entry['fp16_k3_share_of_rounding']:.0%} |"
+        )
+    return "\n".join(rows)
+
+
 def render(name: str, view_name: str) -> str:
     """The text of block ``NAME VIEW``."""
     data = load(name)

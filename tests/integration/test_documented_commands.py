@@ -120,6 +120,13 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "CPU cores; the memory claim it measures is tested in tests/integration/"
         "test_probe_memory.py and test_probe_scoring.py"
     ),
+    ".venv/bin/python tests/benchmarks/bench_rope_buffers.py --tokens 256,1024 --json "
+    "docs/results/rope-buffers.json": Elsewhere(
+        "four probe runs, two at 1,024 tokens: 10-25 minutes on 2 CPU cores, and as written it "
+        "rewrites a published results file; the float32 RoPE buffers it compares are checked "
+        "exactly in tests/unit/test_buffers.py and against vLLM's cos/sin cache in "
+        "tests/contract/test_vllm_contract.py"
+    ),
     # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
     ".venv/bin/precision-plugin sanity --seeds 0,1,2 --grad-cosine --json docs/results/sanity.json "
     "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),

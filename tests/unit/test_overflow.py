@@ -67,6 +67,23 @@ def test_healthy_model_is_all_clear_with_margins():
     assert data["ok"] is True and len(data["modules"]) == 5
 
 
+def test_maxima_are_the_maximum_over_every_batch():
+    """Each module's figures are the maximum over the batches, equal to the largest of the
+    batches measured one at a time (not the last batch's, not the first's)."""
+    model = _healthy()
+    batches = [_ids(1), _ids(2), _ids(3)]
+    alone = [{m.path: m for m in headroom(model, b, margin_bits=3).modules} for b in batches]
+    combined = headroom(model, batches, margin_bits=3)
+    assert combined.batches == 3
+    assert {m.path for m in combined.modules} == set(alone[0])
+    for row in combined.modules:
+        assert row.max_abs == max(a[row.path].max_abs for a in alone), row.path
+        assert row.max_input_abs == max(a[row.path].max_input_abs for a in alone), row.path
+    # the batches disagree on where the maxima are: keeping any one batch's would fail above
+    for one in alone:
+        assert any(one[m.path].max_abs < m.max_abs for m in combined.modules)
+
+
 def test_headroom_flags_exactly_the_overflowing_layer():
     model = _overflowing()
     report = headroom(model, _ids(), margin_bits=3)
