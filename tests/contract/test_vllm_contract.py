@@ -16,6 +16,7 @@ import precision_plugin as pp
 from precision_plugin import vllm as adapter
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.patching import is_patched
+from tests.rope_variants import SCALED, rope_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VERSION = adapter.vllm_version().version
@@ -238,17 +239,7 @@ current_vllm_only = pytest.mark.skipif(
     VLLM_VERSION.release < (0, 33), reason="exact comparisons against vLLM 0.33's code"
 )
 
-ROPE = {
-    "default": {},
-    "linear": {"factor": 4.0},
-    "dynamic": {"factor": 4.0},
-    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 128},
-    "yarn": {"factor": 4.0, "original_max_position_embeddings": 128},
-    "longrope": {"short_factor": [1.0 + 0.1 * i for i in range(8)],
-                 "long_factor": [2.0 + i for i in range(8)],
-                 "original_max_position_embeddings": 128},
-}  # fmt: skip
+ROPE = ["default", *SCALED]
 
 
 @needs_cpu_platform
@@ -266,7 +257,7 @@ def test_rollout_copy_cos_sin_equal_vllms_cache(llama_dir, rope_type, dtype):
 
     from precision_plugin.buffers import cast_model
 
-    params = {"rope_type": rope_type, "rope_theta": 10000.0, **ROPE[rope_type]}
+    params = rope_parameters(rope_type)
     config = transformers.LlamaConfig(
         vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=4, max_position_embeddings=512, rope_parameters=params,

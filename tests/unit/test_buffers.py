@@ -19,21 +19,10 @@ from precision_plugin.buffers import (
     keeps_float32,
 )
 from tests.integration.test_probe_families import FAMILIES
+from tests.rope_variants import SCALED, rope_parameters
 
 #: Positions far beyond the checkpoints' contexts: where a rounded frequency shows most.
 POSITIONS = torch.arange(0, 4096).unsqueeze(0)
-#: Scaled RoPE variants, with an original context of 128 and max_position_embeddings 512, so the
-#: positions above cross both (dynamic recomputes past 512, longrope switches past 128).
-SCALED = {
-    "linear": {"factor": 4.0},
-    "dynamic": {"factor": 4.0},
-    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 128},
-    "yarn": {"factor": 4.0, "original_max_position_embeddings": 128},
-    "longrope": {"short_factor": [1.0 + 0.1 * i for i in range(8)],
-                 "long_factor": [2.0 + i for i in range(8)],
-                 "original_max_position_embeddings": 128},
-}  # fmt: skip
 
 
 def _small(name: str, **extra) -> transformers.PreTrainedModel:
@@ -60,8 +49,7 @@ def _family(family: str) -> transformers.PreTrainedModel:
 
 
 def _scaled(rope_type: str) -> transformers.PreTrainedModel:
-    parameters = {"rope_type": rope_type, "rope_theta": 10000.0, **SCALED[rope_type]}
-    return _small("LlamaConfig", rope_parameters=parameters)
+    return _small("LlamaConfig", rope_parameters=rope_parameters(rope_type))
 
 
 def _rotary(model: torch.nn.Module) -> torch.nn.Module:
