@@ -135,12 +135,12 @@ class DtypeResult:
     samples: list[Any] = field(default_factory=list, repr=False)
 
     def length_effect(self) -> LengthEffect:
-        """The sequence log-ratio against completion length, by bucket, with fitted slopes."""
+        """The sequence log-ratio against completion length: buckets, the drift per 1K tokens."""
         return length_effect(self.train_logprobs, self.rollout_logprobs)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: every scalar metric, the verdict, the per-sequence sums and the
-        length effect (``length_effect``: buckets and slopes)."""
+        length effect (``length_effect``: buckets, the drift per 1K tokens and the slope)."""
         out: dict[str, Any] = dict(self.metrics.to_dict())
         out["seq_kl"] = self.metrics.seq_kl
         out["seq_log_ratio"] = list(self.metrics.seq_log_ratio)
