@@ -165,30 +165,16 @@ def test_colocated_vllm_is_audited_from_its_model_config():
 def test_a_vllm_server_is_audited_from_its_answer():
     """TRL's own VLLMClient.get_server_info against a loopback /server_info."""
     import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
 
     import requests
     from trl.generation.vllm_client import VLLMClient
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}})
-            self.send_response(200 if self.path.startswith("/server_info") else 404)
-            self.end_headers()
-            self.wfile.write(body.encode())
+    from tests.loopback import Answer, loopback
 
-        def log_message(self, *args):
-            pass
-
-    httpd = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
+    body = json.dumps({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}}).encode()
+    with loopback(Answer("/server_info?config_format=json", body)) as server:
         client = VLLMClient.__new__(VLLMClient)  # its __init__ needs vLLM installed
-        client.session, client.base_url = (
-            requests.Session(),
-            f"http://127.0.0.1:{httpd.server_port}",
-        )
+        client.session, client.base_url = requests.Session(), server.url
         trainer = SimpleNamespace(
             use_vllm=True,
             rollout_func=None,
@@ -196,8 +182,5 @@ def test_a_vllm_server_is_audited_from_its_answer():
             vllm_generation=SimpleNamespace(vllm_client=client),
         )
         result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-    assert result["rollout"] == {"engine": f"vLLM server at {client.base_url}", "dtype": "bfloat16"}
+    assert result["rollout"] == {"engine": f"vLLM server at {server.url}", "dtype": "bfloat16"}
     assert "runs bfloat16 while the learner runs float16" in result["contradictions"]["rollout"]
