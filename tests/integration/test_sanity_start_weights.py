@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("trl")
 
 from precision_plugin.sanity import run as sanity_run
+from precision_plugin.sanity.schema import preset_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_accelerator_state")]
 
@@ -37,7 +38,7 @@ def test_every_dtype_starts_from_the_pretrained_weights(monkeypatch):
 
     monkeypatch.setattr(sanity_run, "pretrain", spy_pretrain)
     monkeypatch.setattr(GRPOTrainer, "train", spy_train)
-    config = sanity_run.smoke_config(steps=2, dtypes=("float16", "bfloat16"))
+    config = preset_config("default", smoke=True, steps=2, dtypes=("float16", "bfloat16"))
     sanity_run.run_sanity(config)
 
     assert pretrained and len(runs) >= 2
