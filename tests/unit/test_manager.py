@@ -241,7 +241,8 @@ def test_import_changes_nothing():
         import json, os, sys
         before = dict(os.environ)
         import precision_plugin
-        heavy = [m for m in ("deepspeed", "accelerate", "trl", "vllm", "transformers", "torch")
+        heavy = [m for m in ("deepspeed", "accelerate", "trl", "vllm", "transformers", "torch",
+                                  "beartype", "hypothesis")
                  if m in sys.modules]
         print(json.dumps({"heavy": heavy, "env_same": dict(os.environ) == before,
                           "policy": precision_plugin.current_policy()}))
