@@ -287,6 +287,16 @@ def checked(target: Any = None, /, **validators: Validator) -> Any:
     return decorate if target is None else decorate(target)
 
 
+def self_checked(cls: type) -> type:
+    """``@checked`` for a config class whose ``__post_init__`` validates every field itself,
+    types and values (the policy's sections, ``ProbeConfig``): the boundary binds the call (an
+    unknown argument gets a "did you mean") and checks the public methods; the fields are left
+    to the class, which accepts more than their annotations say (``dtype="fp16"``, a section as
+    a dict)."""
+    _check_class(cls, {}, typed=False)
+    return cls
+
+
 def boundary_of(obj: Any) -> Boundary | None:
     """The :class:`Boundary` of a checked function, method or class (``None`` when unchecked)."""
     if isinstance(obj, type):
@@ -306,6 +316,8 @@ class Boundary:
     validators: dict[str, Validator]
     owner: type | None = None
     skip_first: bool = False
+    #: False when the function checks its own arguments' types (``self_checked``).
+    typed: bool = True
     _signature: inspect.Signature | None = field(default=None, repr=False)
     _hints: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -345,7 +357,7 @@ class Boundary:
         except TypeError as exc:
             raise PrecisionConfigError(self._call_error(exc, kwargs)) from None
         try:
-            hints = self.hints()
+            hints = self.hints() if self.typed else {}
         except NameError:  # an unresolvable annotation: check the values only
             hints = {}
         changed = False
@@ -413,7 +425,9 @@ def _signature_text(spec: Boundary) -> str:
     return str(spec.signature.replace(parameters=params, return_annotation=inspect.Signature.empty))
 
 
-def _wrap(func: F, validators: dict[str, Validator], owner: type | None = None) -> F:
+def _wrap(
+    func: F, validators: dict[str, Validator], owner: type | None = None, typed: bool = True
+) -> F:
     if isinstance(func, (classmethod, staticmethod)):
         return type(func)(_wrap(func.__func__, validators, owner))  # type: ignore[return-value]
     params = list(inspect.signature(func).parameters)
@@ -424,7 +438,7 @@ def _wrap(func: F, validators: dict[str, Validator], owner: type | None = None) 
     is_method = owner is not None or "." in qualname
     skip_first = is_method and bool(params) and params[0] in ("self", "cls")
     name = qualname.removesuffix(".__init__") + "()"
-    spec = Boundary(name, func, dict(validators), owner, skip_first)
+    spec = Boundary(name, func, dict(validators), owner, skip_first, typed)
 
     @functools.wraps(func)
     def checked_call(*args: Any, **kwargs: Any) -> Any:
@@ -435,10 +449,10 @@ def _wrap(func: F, validators: dict[str, Validator], owner: type | None = None) 
     return checked_call  # type: ignore[return-value]
 
 
-def _check_class(cls: type, validators: dict[str, Validator]) -> type:
+def _check_class(cls: type, validators: dict[str, Validator], typed: bool = True) -> type:
     init = vars(cls).get("__init__")
     if init is not None and boundary_of(init) is None:
-        cls.__init__ = _wrap(init, validators, cls)  # type: ignore[misc]
+        cls.__init__ = _wrap(init, validators, cls, typed)  # type: ignore[misc]
     elif validators:
         raise TypeError(f"@checked: {cls.__qualname__} defines no __init__ of its own")
     for name, member in list(vars(cls).items()):
@@ -527,9 +541,12 @@ def _mismatch(value: Any, hint: Any, where: str = "") -> tuple[str, Any, str] | 
     if isinstance(value, bool) and hint in (int, float, complex):
         return where, value, _describe(hint)
     if origin in _SEQUENCES:
+        variadic = origin is tuple and len(args) == 2 and args[1] is Ellipsis
+        if variadic and isinstance(value, list):
+            origin = list  # a list where a tuple of any length is declared: what users pass
         if isinstance(value, (str, bytes)) or not _bearable(value, origin):
             return where, value, _describe(hint)
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if origin is tuple and args and not variadic:
             if len(value) != len(args):
                 return where, value, _describe(hint)
             items = list(zip(value, args, strict=True))

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from precision_plugin.boundary import self_checked
 from precision_plugin.errors import PrecisionConfigError
 
 #: Environment variable read by
@@ -303,6 +304,7 @@ class OverflowSettings:
         )
 
 
+@self_checked
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """What should run: one dtype on both sides, and how the plugin enforces and checks it.
@@ -374,11 +376,6 @@ class PrecisionPolicy:
         """Build a policy from a (possibly nested) dict; unknown keys are errors."""
         if data is None:
             return cls()
-        if not isinstance(data, Mapping):
-            raise PrecisionConfigError(
-                f"precision policy: expected a dict such as {{'dtype': 'float16'}}, "
-                f"got {type(data).__name__} {data!r}."
-            )
         return _build(cls, data, prefix="")
 
     def to_dict(self) -> dict[str, Any]:

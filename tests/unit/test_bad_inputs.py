@@ -15,7 +15,6 @@ import math
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ import torch
 import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.cli import main
-from precision_plugin.manager import active_patches, current_policy
+from tests.unit.state import assert_unchanged as _assert_unchanged
+from tests.unit.state import snapshot as _snapshot
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 INF = float("inf")
@@ -999,33 +999,6 @@ CASES: list[Case] = [
 ]
 
 
-def _snapshot() -> dict[str, Any]:
-    """What a bad input must not change."""
-    watched = {}
-    for module, owner, name in _WATCHED:
-        mod = sys.modules.get(module)
-        target = getattr(mod, owner, None) if mod is not None else None
-        if target is not None:
-            watched[f"{module}.{owner}.{name}"] = target.__dict__.get(name)
-    if "deepspeed" in sys.modules:
-        watched["deepspeed.initialize"] = sys.modules["deepspeed"].__dict__.get("initialize")
-    return {
-        "policy": current_policy(),
-        "patches": active_patches(),
-        "env": dict(os.environ),
-        "meta_path": list(sys.meta_path),
-        "watched": watched,
-    }
-
-
-_WATCHED = [
-    ("transformers.training_args", "TrainingArguments", "__post_init__"),
-    ("transformers.trainer", "Trainer", "__init__"),
-    ("accelerate.accelerator", "Accelerator", "__init__"),
-    ("accelerate.accelerator", "Accelerator", "prepare_model"),
-]
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(
     case: Case,
@@ -1077,16 +1050,6 @@ def test_bad_input(
     finally:
         pp.disable()
     _assert_unchanged(baseline, "enable()/disable() around the bad input left something")
-
-
-def _assert_unchanged(then: dict[str, Any], what: str) -> None:
-    """Same policy, patches, environment and import hooks; same framework attributes (those of
-    modules imported since are new, not changed)."""
-    now = _snapshot()
-    for key in ("policy", "patches", "env", "meta_path"):
-        assert now[key] == then[key], f"{what}: {key}"
-    for name, value in then["watched"].items():
-        assert now["watched"].get(name) is value, f"{what}: {name}"
 
 
 def test_the_catalogue_is_large_and_its_count_is_documented() -> None:
