@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -140,6 +141,7 @@ FIXES: dict[str, str] = {
 }
 
 
+@checked
 def contradictions(
     policy: PrecisionPolicy, learner: dict[str, Any], rollout: dict[str, Any]
 ) -> dict[str, str]:
@@ -170,6 +172,7 @@ def contradictions(
     return found
 
 
+@checked
 def audit_run(
     policy: PrecisionPolicy,
     args: Any,
@@ -186,6 +189,7 @@ def audit_run(
             "consistent": not found}  # fmt: skip
 
 
+@checked
 def render(audit: dict[str, Any], title: str) -> str:
     """The audit as a rich table (plain text)."""
     from rich.console import Console

@@ -14,8 +14,8 @@ def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn")
   policy's own validators are reused: :func:`policy_field` checks a value as the policy field
   it stands for, :func:`dtype_name` is the policy's dtype parser, and a parameter typed to take
   a ``PrecisionPolicy`` (a dict, a dtype name) is built into one by the policy itself.
-- Only arguments the caller passed are checked (defaults are the function's own), and a
-  parameter whose default is ``None`` takes ``None`` without its validator.
+- Only arguments the caller passed are checked, and a value that *is* the parameter's default
+  (``None``, a sentinel) passes unchecked: the default is the function's own.
 
 A wrong argument raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
 before the function body runs, in one line: ``name(): argument 'p' got ..., expected ...``.
@@ -69,9 +69,17 @@ class Validator:
     bad: tuple[Any, ...] = ()
     #: Bounds, for numeric validators: ``(low, high, integer)``.
     bounds: tuple[float | None, float | None, bool] | None = None
+    #: The fix a wrong *type* gets instead of "pass <the annotation>".
+    fix: str = ""
 
     def __call__(self, value: Any) -> Any:
         return self.check(value)
+
+
+def fix_hint(fix: str) -> Validator:
+    """No value check: ``fix`` replaces the generic fix of a wrong type for this parameter
+    (``"read a JSON file with load_config(path) first"``)."""
+    return Validator("", lambda value: value, (), None, fix)
 
 
 def in_range(
@@ -212,7 +220,7 @@ def duck(*attributes: str, what: str) -> Validator:
             raise Invalid(f"is not {what} (it has no {', '.join(missing)}); pass {what}")
         return value
 
-    return Validator(what, check, (None, "x", 0, object()))
+    return Validator(what, check, (None, "x", 0, object()), fix=f"pass {what}")
 
 
 def version_text(what: str) -> Validator:
@@ -253,6 +261,23 @@ def _capability(value: Any) -> Any:
 gpu_capability = Validator(
     "a (major, minor) tuple such as (8, 0), or None", _capability, ("9.0", (9,), (9, 0, 1), 9.0)
 )
+
+
+def _torch_device(value: Any) -> Any:
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise Invalid(
+            f"is not a torch device ({' '.join(str(exc).split())}); pass 'cuda', 'cpu', "
+            f"'cuda:1' or a torch.device"
+        ) from None
+    return value
+
+
+#: A device name torch parses (``"cpu"``, ``"cuda:1"``) or a ``torch.device``.
+torch_device = Validator("a torch device such as 'cpu' or 'cuda:1'", _torch_device, ("gpu0", ""))
 
 
 def existing_path(kind: str) -> Validator:
@@ -380,18 +405,25 @@ class Boundary:
         return (bound.args, bound.kwargs) if changed else (args, kwargs)
 
     def _one(self, name: str, value: Any, hint: Any, param: inspect.Parameter) -> Any:
+        if value is param.default:
+            return value  # the function's own default (a sentinel, None) passed on explicitly
         problem = _mismatch(value, hint)
         if problem is not None:
             where, item, expected = problem
             found = f"item {where} is {_kind(item)}" if where else f"got {_kind(item)}"
-            fix = f"pass {_describe(hint)} as {name}"
-            if isinstance(item, str) and expected.startswith(("a list", "a tuple", "a set")):
+            wanted = _describe(hint)
+            if not where and _takes_policy(hint) and str in _arms(hint):
+                tail = ", a dtype name or None" if "None" in wanted else " or a dtype name"
+                expected = wanted = "a PrecisionPolicy, a dict of its keys" + tail
+            fix = f"pass {wanted} as {name}"
+            custom = self.validators.get(param.name)
+            if custom is not None and custom.fix:
+                fix = custom.fix
+            elif isinstance(item, str) and expected.startswith(("a list", "a tuple", "a set")):
                 fix = f"a lone string would be read one character at a time; pass [{item!r}]"
             raise PrecisionConfigError(
                 f"{self.name}: argument {name!r} {found}, expected {expected} (fix: {fix})."
             )
-        if value is None and param.default is None:
-            return value
         validator = self.validators.get(param.name)
         if validator is None and _takes_policy(hint):
             validator = policy_arg

@@ -106,7 +106,9 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
     return outcomes
 
 
-def call_each_reported(hook_name: str, *, refusals: bool = True, **kwargs: Any) -> list[Any]:
+def call_each_reported(
+    hook_name: str, *, refusals: bool = True, strictness: str | None = None, **kwargs: Any
+) -> list[Any]:
     """[`call_each`][precision_plugin.manager.call_each], with failures settled: the non-``None``
     results, in call order.
 
@@ -115,20 +117,18 @@ def call_each_reported(hook_name: str, *, refusals: bool = True, **kwargs: Any) 
     warning naming it and skipped, so it neither hides the others nor stops the user's run. A
     deliberate refusal (``PrecisionPluginError``: strictness, bad config) is raised when
     ``refusals`` is true, and logged like a crash otherwise (``disable()`` must always finish).
+    Inside ``train()`` (``strictness`` given) only a refusal that stops training is raised
+    (see ``precision_plugin.shield``); a crash is warned about once per plugin and hook.
     """
+    from precision_plugin.shield import stops_training, warn_once
+
     results: list[Any] = []
     for name, outcome in call_each(hook_name, **kwargs):
-        if isinstance(outcome, PrecisionPluginError) and refusals:
+        stop = strictness is None or stops_training(outcome, strictness)
+        if isinstance(outcome, PrecisionPluginError) and refusals and stop:
             raise outcome
         if isinstance(outcome, Exception):
-            log.warning(
-                "precision_plugin: plugin %r failed in %s (%s: %s); it is skipped, the other "
-                "adapters ran",
-                name,
-                hook_name,
-                type(outcome).__name__,
-                outcome,
-            )
+            warn_once(f"plugin {name!r} in {hook_name} (the other adapters ran)", outcome)
         elif outcome is not None:
             results.append(outcome)
     return results
@@ -282,7 +282,9 @@ def disable() -> bool:
     """
     global _active
     from precision_plugin.patching import undo_tracked
+    from precision_plugin.shield import forget_warnings
 
+    forget_warnings()  # a new run warns anew
     undone = undo_tracked()
     if undone:
         log.info("precision_plugin: undid %s", "; ".join(undone))

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from precision_plugin.boundary import checked
+
 log = logging.getLogger("precision_plugin")
 
 _MISSING: Any = object()
@@ -51,6 +53,7 @@ def _own_entry(target: Any, name: str) -> Any:
         return getattr(target, name, _MISSING)
 
 
+@checked
 class Patcher:
     """Applies reversible patches and undoes all of them on
     [`restore`][precision_plugin.patching.Patcher.restore]."""
@@ -384,6 +387,7 @@ def _qualname(obj: Any) -> str:
     return name or f"<{type(obj).__name__} instance>"
 
 
+@checked
 def is_patched(func: Any) -> bool:
     """True when ``func`` is a wrapper installed by
     [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]."""

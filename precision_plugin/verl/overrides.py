@@ -8,6 +8,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from precision_plugin.boundary import checked, gpu_capability, one_of, version_text
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
@@ -17,6 +18,7 @@ from precision_plugin.verl.layout import (
     RAY_ENV_VARS,
     ROLLOUT,
     SHORT_NAME,
+    STRATEGIES,
     TURBO_AUTOCAST,
     TURBO_PARAM_DTYPE,
     VLLM_ENGINE_KWARGS,
@@ -39,6 +41,7 @@ def _changes(value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@checked
 def env_value(policy: PrecisionPolicy) -> str:
     """The ``PRECISION_PLUGIN`` value that carries ``policy`` into Ray workers, Hydra-quoted.
 
@@ -54,6 +57,7 @@ def env_value(policy: PrecisionPolicy) -> str:
     return "'" + json.dumps(data, sort_keys=True, separators=(",", ":")) + "'"
 
 
+@checked
 def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
     """Overrides for the actor, reference and critic learners of ``lay``.
 
@@ -89,6 +93,7 @@ def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
     return out
 
 
+@checked(vllm_version=version_text("vLLM"), capability=gpu_capability)
 def cascade_overrides(
     policy: PrecisionPolicy, *, vllm_version: Any = _AUTO, capability: Any = _AUTO
 ) -> list[str]:
@@ -111,6 +116,12 @@ def cascade_overrides(
     return []
 
 
+@checked(
+    verl_version=version_text("verl"),
+    strategy=one_of(*STRATEGIES),
+    vllm_version=version_text("vLLM"),
+    gpu_capability=gpu_capability,
+)
 def overrides(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
@@ -139,7 +150,7 @@ def overrides(
     ``rollout.dtype``; ``PRECISION_PLUGIN`` then reaches SGLang's ``sglang.srt.plugins`` entry
     point, which verifies the dtype in SGLang's processes).
     """
-    pol = resolve_policy(policy, what="precision_plugin.verl.overrides()")
+    pol = resolve_policy(policy)
     lay = layout(verl_version, strategy)
     if rollout == "sglang":
         from precision_plugin.verl.sglang import sglang_overrides

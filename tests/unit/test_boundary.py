@@ -69,7 +69,7 @@ def message(call) -> str:
         ({"margin": -1}, ("'margin'", "overflow.margin_bits", "[0, 16]")),
         ({"margin": math.nan}, ("'margin'", "not a finite number")),
         ({"policy": "fp8"}, ("'policy'", "fp8", "float16")),
-        ({"policy": 5}, ("'policy'", "int 5", "a PrecisionPolicy, a dict or a str or None")),
+        ({"policy": 5}, ("'policy'", "int 5", "a PrecisionPolicy, a dict of its keys, a dtype name or None")),
         ({"policy": {"dtyp": "fp16"}}, ("'policy'", "Did you mean 'dtype'")),
         ({"mode": "c"}, ("'mode'", "one of 'a', 'b'")),
         ({"rows": [[1.0], [2.0, "x"]]}, ("'rows'", "item [1][1] is str 'x'", "a float")),
