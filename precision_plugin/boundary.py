@@ -130,6 +130,20 @@ def at_least(low: float, *, integer: bool = True, why: str = "") -> Validator:
     return in_range(low, None, integer=integer, why=why)
 
 
+def positive(why: str = "") -> Validator:
+    """A finite number ``> 0``."""
+    allowed = "a finite number > 0" + (f" ({why})" if why else "")
+    base = in_range(why=why)
+
+    def check(value: Any) -> Any:
+        base(value)
+        if not value > 0:
+            raise Invalid(f"is out of range; allowed: {allowed}")
+        return value
+
+    return Validator(allowed, check, (0, 0.0, -1.0, math.nan, math.inf))
+
+
 def one_of(*choices: Any) -> Validator:
     """One of ``choices`` (compared by type and value: ``True`` is not ``1``)."""
     allowed = "one of " + ", ".join(repr(c) for c in choices)

@@ -367,9 +367,15 @@ def _log_probs(x: Any) -> torch.Tensor:
 
 #: The log-probs of the sampled tokens: ``[batch, seq]`` or ``[seq]``, <= 0, NaN/None where
 #: an engine returned none; converted to a float64 2-D tensor.
-log_probs_arg = Validator("log-probs of the sampled tokens, [batch, seq] or [seq]", _log_probs)
+log_probs_arg = Validator(
+    "log-probs of the sampled tokens, [batch, seq] or [seq]",
+    _log_probs,
+    ([[0.5, 0.25]], [[-0.1], [-0.2, -0.3]], [[[-0.1]]], "x", None),
+)
 #: A mask of the tokens that count, of the log-probs' shape; converted to a 2-D tensor.
-mask_arg = Validator("a [batch, seq] mask of the tokens that count", _as_2d)
+mask_arg = Validator(
+    "a [batch, seq] mask of the tokens that count", _as_2d, ([[1], [1, 0]], [[[1]]], "x")
+)
 
 
 def _slope_per_1k(lengths: torch.Tensor, values: torch.Tensor) -> float:

@@ -8,17 +8,14 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from precision_plugin.boundary import checked, non_empty, torch_device
 from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
 from precision_plugin.frameworks import grad_scaler
-from precision_plugin.policy import LossScalerSettings
-
-if TYPE_CHECKING:
-    from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked, non_empty
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
@@ -42,6 +43,7 @@ PROMPTS: tuple[str, ...] = (
 )
 
 
+@checked
 def resolve_device(device: str) -> str:
     """Turn ``"auto"`` into ``cuda``/``cpu``; refuse a device torch cannot use here."""
     import torch
@@ -93,6 +95,7 @@ TOKENIZER_FILES = (
 )
 
 
+@checked
 def check_model_dir(path: str) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
     folder = Path(path).expanduser()
@@ -120,6 +123,7 @@ def check_model_dir(path: str) -> Path:
     return folder
 
 
+@checked(num_prompts=at_least(1))
 def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
     """Tokenize the built-in prompts (cycled to ``num_prompts``), all cut to one length.
 
@@ -141,6 +145,7 @@ def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
     return [p[:length] for p in encoded]
 
 
+@checked(path=non_empty("the path of a prompts file"))
 def read_prompts_file(path: str) -> list[Prompt]:
     """Read a prompts file: JSONL or plain text, one prompt per line (blank lines skipped).
 
@@ -192,6 +197,7 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
     )
 
 
+@checked(prompts=non_empty("at least one prompt"), num_prompts=at_least(1))
 def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) -> list[list[int]]:
     """Tokenize the user's prompts (cycled to ``num_prompts``), each at its own length.
 
@@ -232,6 +238,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) 
     return encoded
 
 
+@checked(num_prompts=at_least(1), max_new_tokens=at_least(1))
 def completion_budgets(num_prompts: int, max_new_tokens: int) -> list[int]:
     """Per-completion length caps spread evenly up to ``max_new_tokens`` (for the length fit)."""
     return [max(1, math.ceil(max_new_tokens * (i + 1) / num_prompts)) for i in range(num_prompts)]

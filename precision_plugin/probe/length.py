@@ -8,12 +8,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked
+from precision_plugin.errors import PrecisionConfigError
+
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
 MIN_PER_BUCKET = 4
 #: At most this many buckets, however many sequences there are.
 MAX_BUCKETS = 8
 
 
+@checked
 @dataclass(frozen=True)
 class LengthBucket:
     """The sequences whose completion length lies in ``[min_length, max_length]``.
@@ -34,6 +38,7 @@ class LengthBucket:
     k3_kl: float
 
 
+@checked
 @dataclass(frozen=True)
 class LengthEffect:
     """Sequence log-ratio against length: the buckets and the fitted slopes per 1,000 tokens.
@@ -57,6 +62,7 @@ class LengthEffect:
         return out
 
 
+@checked
 def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares slope of ``ys`` against ``xs`` and its standard error (NaN if undefined)."""
     n = len(xs)
@@ -83,6 +89,7 @@ def bucket_slices(n: int, num_buckets: int | None = None) -> list[tuple[int, int
     return [(b * n // k, (b + 1) * n // k) for b in range(k)]
 
 
+@checked(num_buckets=at_least(1))
 def length_effect(
     train: Sequence[Sequence[float]],
     rollout: Sequence[Sequence[float]],
@@ -95,6 +102,12 @@ def length_effect(
     them up to ``MAX_BUCKETS`` unless ``num_buckets`` is given, so each has a mean and a spread
     even when a weak model ends most completions early.
     """
+    if [len(r) for r in train] != [len(r) for r in rollout]:
+        raise PrecisionConfigError(
+            f"length_effect(): arguments 'train' and 'rollout' hold {len(train)} and "
+            f"{len(rollout)} sequences of different lengths; pass the log-probs of the same "
+            f"tokens on both sides."
+        )
     seqs = []  # (length, Σ log-ratio, Σ k3)
     for train_row, roll_row in zip(train, rollout, strict=True):
         d = [a - b for a, b in zip(train_row, roll_row, strict=True) if math.isfinite(a - b)]

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.advice import assess
 from precision_plugin.probe.engine import (
@@ -61,6 +62,7 @@ from precision_plugin.progress import ProgressFn
 log = logging.getLogger("precision_plugin")
 
 
+@checked
 def available_engines() -> dict[str, EngineFactory]:
     """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
     from precision_plugin.manager import call_each
@@ -247,6 +249,7 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+@checked
 def model_notes(overflow: OverflowCheck, config: ProbeConfig) -> list[str]:
     """Say where a float16 row stands in for what vLLM would refuse to run (gemma2 and the
     other families of ``check_model_config``'s refusal table, found by the headroom check)."""
@@ -265,6 +268,7 @@ def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
     return encode_prompts(tokenizer, config.prompts, config.num_prompts)
 
 
+@checked
 def run_probe(
     config: ProbeConfig | None = None,
     *,
