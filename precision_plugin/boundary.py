@@ -14,8 +14,8 @@ def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn")
   policy's own validators are reused: :func:`policy_field` checks a value as the policy field
   it stands for, :func:`dtype_name` is the policy's dtype parser, and a parameter typed to take
   a ``PrecisionPolicy`` (a dict, a dtype name) is built into one by the policy itself.
-- Only arguments the caller passed are checked, and a value that *is* the parameter's default
-  (``None``, a sentinel) passes unchecked: the default is the function's own.
+- Only arguments the caller passed are checked; a value that *is* the parameter's default (a
+  sentinel) passes unchecked, and ``None``, where the annotation allows it, skips the validator.
 
 A wrong argument raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
 before the function body runs, in one line: ``name(): argument 'p' got ..., expected ...``.
@@ -438,6 +438,8 @@ class Boundary:
             raise PrecisionConfigError(
                 f"{self.name}: argument {name!r} {found}, expected {expected} (fix: {fix})."
             )
+        if value is None and any(a is None or a is type(None) for a in _arms(hint)):
+            return value  # the annotation names None: "not given", for the function to resolve
         validator = self.validators.get(param.name)
         if validator is None and _takes_policy(hint):
             validator = policy_arg
