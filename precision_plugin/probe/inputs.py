@@ -147,15 +147,18 @@ def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
 
 @checked(path=non_empty("the path of a prompts file"))
 def read_prompts_file(path: str) -> list[Prompt]:
-    """Read a prompts file: JSONL or plain text, one prompt per line (blank lines skipped).
+    """Read a prompts file: JSONL, a JSON array, or plain text, one prompt per line (blank lines
+    skipped); a UTF-8 byte-order mark is ignored.
 
     The file is JSONL when its first non-blank line starts with ``{``: every line is an object
     with a ``prompt`` (text, or a list of chat messages as in TRL's conversational datasets) or
-    a ``messages`` list of ``{"role", "content"}`` dicts. Otherwise each line is one prompt.
+    a ``messages`` list of ``{"role", "content"}`` dicts. A file that starts with ``[`` and
+    parses as JSON is an array of such objects or of prompt strings. Otherwise each line is one
+    prompt.
     """
     file = Path(path).expanduser()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise PrecisionConfigError(
@@ -168,9 +171,37 @@ def read_prompts_file(path: str) -> list[Prompt]:
             f'such as {{"prompt": "..."}} or '
             f'{{"messages": [{{"role": "user", "content": "..."}}]}}.'
         )
-    if not lines[0][1].lstrip().startswith("{"):
+    first = lines[0][1].lstrip()
+    if first.startswith("["):
+        array = _json_array(path, text, first)
+        if array is not None:
+            return array
+    if not first.startswith("{"):
         return [line for _, line in lines]
     return [_jsonl_prompt(path, n, line) for n, line in lines]
+
+
+def _json_array(path: str, text: str, first: str) -> list[Prompt] | None:
+    """The prompts of a JSON-array file; ``None`` when the file is text that starts with ``[``
+    (``[INST] ...`` prompts)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if first.rstrip() == "[" or text.rstrip().endswith("]"):
+            raise PrecisionConfigError(
+                f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
+                f"line {exc.lineno}); fix it, or write one prompt per line."
+            ) from None
+        return None
+    if not isinstance(data, list) or not data:
+        raise PrecisionConfigError(
+            f"prompts: {path!r} is a JSON {type(data).__name__ if data else 'empty array'}; "
+            f'write a JSON array of prompts such as ["...", {{"prompt": "..."}}], or JSONL.'
+        )
+    return [
+        item if isinstance(item, str) and item.strip() else _record_prompt(path, i, item)
+        for i, item in enumerate(data, 1)
+    ]
 
 
 def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
@@ -182,6 +213,11 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
             f"{where} is not JSON ({exc.msg}); the file is read as JSONL because its first "
             f"line starts with '{{', so every line must be one JSON object."
         ) from None
+    return _record_prompt(path, number, record, where)
+
+
+def _record_prompt(path: str, number: int, record: Any, where: str = "") -> Prompt:
+    where = where or f"prompts: {path!r} item {number}"
     value = record.get("messages", record.get("prompt")) if isinstance(record, dict) else None
     if isinstance(value, str) and value.strip():
         return value

@@ -307,6 +307,13 @@ def run_probe(
         prompts = _prompts(config, tokenizer)
         longest = max(len(p) for p in prompts)
         limit = getattr(model.config, "max_position_embeddings", None)
+        if limit and longest >= limit:
+            which = 1 + next(i for i, p in enumerate(prompts) if len(p) == longest)
+            raise PrecisionConfigError(
+                f"prompts: prompt {which} is {longest} tokens long, and the model reads at most "
+                f"max_position_embeddings={limit} tokens, prompt and completion together; "
+                f"shorten it to fewer than {limit} tokens (the probe uses prompts as written)."
+            )
         if limit and longest + config.max_new_tokens > limit:
             raise PrecisionConfigError(
                 f"max-new-tokens: {config.max_new_tokens} plus the longest prompt's {longest} "
