@@ -171,6 +171,9 @@ class PrecisionCallback(TrainerCallback):
             if model is not None:
                 self._overflow.start(model, self.policy)
         with self._shield("the training forward's dtype check"):
+            if self._probe is not None:  # left by a run that stopped on an exception
+                self._probe.remove()
+                self._probe = None
             if model is not None and self.forward_dtype is None:
                 self._probe = _ForwardProbe(model, exclude=self._overflow.fp32_modules(model))
         with self._shield("the asked-vs-ran audit"):

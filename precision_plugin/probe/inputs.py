@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def read_prompts_file(path: str) -> list[Prompt]:
         )
     first = lines[0][1].lstrip()
     if first.startswith("["):
-        array = _json_array(path, text, first)
+        array = _json_array(path, text)
         if array is not None:
             return array
     if not first.startswith("{"):
@@ -181,18 +182,18 @@ def read_prompts_file(path: str) -> list[Prompt]:
     return [_jsonl_prompt(path, n, line) for n, line in lines]
 
 
-def _json_array(path: str, text: str, first: str) -> list[Prompt] | None:
+def _json_array(path: str, text: str) -> list[Prompt] | None:
     """The prompts of a JSON-array file; ``None`` when the file is text that starts with ``[``
     (``[INST] ...`` prompts)."""
+    if not re.match(r'\[\s*($|["{\[\]\d-])', text.lstrip()):
+        return None  # "[INST] ..." is text
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        if first.rstrip() == "[" or text.rstrip().endswith("]"):
-            raise PrecisionConfigError(
-                f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
-                f"line {exc.lineno}); fix it, or write one prompt per line."
-            ) from None
-        return None
+        raise PrecisionConfigError(
+            f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
+            f"line {exc.lineno}); fix it, or write one prompt per line."
+        ) from None
     if not isinstance(data, list) or not data:
         raise PrecisionConfigError(
             f"prompts: {path!r} is a JSON {type(data).__name__ if data else 'empty array'}; "
