@@ -103,14 +103,13 @@ def in_range(
         allowed += f" ({why})"
 
     def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        from precision_plugin.policy import real_number
+
+        number = real_number(value)
+        if number is None:
             raise Invalid(f"expected {allowed}")
         if integer and not isinstance(value, int):
             raise Invalid(f"expected {allowed}, not a fraction")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
         if not math.isfinite(number):
             raise Invalid(f"is not a finite number; allowed: {allowed}")
         if (low is not None and value < low) or (high is not None and value > high):
@@ -164,7 +163,8 @@ def non_empty(what: str = "") -> Validator:
     allowed = what or "a non-empty value"
 
     def check(value: Any) -> Any:
-        empty = not value.strip() if isinstance(value, str) else len(value) == 0
+        seen = os.fspath(value) if isinstance(value, os.PathLike) else value
+        empty = not seen.strip() if isinstance(seen, str) else len(seen) == 0
         if empty:
             raise Invalid(f"is empty; pass {allowed}")
         return value

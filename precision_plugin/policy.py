@@ -470,12 +470,9 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
             )
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        number = real_number(value)
+        if number is None:
             raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
         if not math.isfinite(number):
             raise PrecisionConfigError(
                 f"{where}: {value!r} is not a finite number; pass a finite one (inf/nan would "
@@ -485,6 +482,17 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
     if origin is tuple:
         return _string_tuple(value, where)
     return value
+
+
+def real_number(value: Any) -> float | None:
+    """``value`` as a float when it is an ``int`` or ``float`` (not a ``bool``; an int too large
+    for a float is ``inf``), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _string_tuple(value: Any, where: str) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -97,7 +98,7 @@ TOKENIZER_FILES = (
 
 
 @checked
-def check_model_dir(path: str) -> Path:
+def check_model_dir(path: str | os.PathLike[str]) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
     folder = Path(path).expanduser()
     if not folder.exists():
@@ -147,7 +148,7 @@ def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
 
 
 @checked(path=non_empty("the path of a prompts file"))
-def read_prompts_file(path: str) -> list[Prompt]:
+def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
     """Read a prompts file: JSONL, a JSON array, or plain text, one prompt per line (blank lines
     skipped); a UTF-8 byte-order mark is ignored.
 
@@ -157,6 +158,7 @@ def read_prompts_file(path: str) -> list[Prompt]:
     parses as JSON is an array of such objects or of prompt strings. Otherwise each line is one
     prompt.
     """
+    path = os.fspath(path)  # named as given in every message
     file = Path(path).expanduser()
     try:
         text = file.read_text(encoding="utf-8-sig")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,7 @@ class ProbeConfig:
     the layer-by-layer replay of the longest sample per dtype.
     """
 
-    model: str | None = None
+    model: str | os.PathLike[str] | None = None
     engine: str = "hf"
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     num_prompts: int = DEFAULT_NUM_PROMPTS

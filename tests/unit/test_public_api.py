@@ -447,7 +447,7 @@ def test_an_unknown_argument_raises_only_the_plugins_error(entry: Entry, tmp_pat
 
 
 def test_the_count_of_entry_points(capsys: pytest.CaptureFixture[str]) -> None:
-    """The figure quoted in the closing note: entry points under these properties."""
+    """How many entry points these properties cover (printed: the figure of the closing note)."""
     with capsys.disabled():
-        print(f"\npublic entry points checked at the boundary: {len(CHECKED)}")
-    assert len(CHECKED) == len(ENTRIES) or test_every_public_entry_point_is_checked() is None
+        print(f"\npublic entry points checked at the boundary: {len(CHECKED)} of {len(ENTRIES)}")
+    assert len(CHECKED) == len(ENTRIES)
