@@ -359,6 +359,7 @@ class Boundary:
     typed: bool = True
     _signature: inspect.Signature | None = field(default=None, repr=False)
     _hints: dict[str, Any] | None = field(default=None, repr=False)
+    _plans: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def signature(self) -> inspect.Signature:
@@ -418,10 +419,23 @@ class Boundary:
                 changed = True
         return (bound.args, bound.kwargs) if changed else (args, kwargs)
 
+    def _plan(self, param: str, hint: Any) -> tuple[Callable[[Any], bool], bool, Any]:
+        """(a fast conformance test, whether None passes as "not given", the validator) of one
+        parameter, worked out once."""
+        plan = self._plans.get(param)
+        if plan is None:
+            validator = self.validators.get(param)
+            if validator is None and _takes_policy(hint):
+                validator = policy_arg
+            none_ok = any(a is None or a is type(None) for a in _arms(hint))
+            plan = self._plans[param] = (_fast(hint), none_ok, validator)
+        return plan
+
     def _one(self, name: str, value: Any, hint: Any, param: inspect.Parameter) -> Any:
         if value is param.default:
             return value  # the function's own default (a sentinel, None) passed on explicitly
-        problem = _mismatch(value, hint)
+        fast, none_ok, validator = self._plan(param.name, hint)
+        problem = None if fast(value) else _mismatch(value, hint)
         if problem is not None:
             where, item, expected = problem
             found = f"item {where} is {_kind(item)}" if where else f"got {_kind(item)}"
@@ -438,11 +452,8 @@ class Boundary:
             raise PrecisionConfigError(
                 f"{self.name}: argument {name!r} {found}, expected {expected} (fix: {fix})."
             )
-        if value is None and any(a is None or a is type(None) for a in _arms(hint)):
+        if value is None and none_ok:
             return value  # the annotation names None: "not given", for the function to resolve
-        validator = self.validators.get(param.name)
-        if validator is None and _takes_policy(hint):
-            validator = policy_arg
         if validator is None:
             return value
         try:
@@ -560,6 +571,45 @@ _SEQUENCES = {
     cabc.MutableSet,
 }
 _MAPPINGS = {dict, cabc.Mapping, cabc.MutableMapping}
+
+
+def _fast(hint: Any) -> Callable[[Any], bool]:
+    """A quick test that ``value`` conforms to ``hint`` (True), compiled once per parameter;
+    False sends the value to :func:`_mismatch`, which finds what does not conform and says it."""
+    if hint is Any or hint is object:
+        return lambda value: True
+    arms = _arms(hint)
+    if len(arms) > 1:
+        tests = [_fast(arm) for arm in arms]
+        return lambda value: any(test(value) for test in tests)
+    hint = arms[0]
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return lambda value: value is None
+    if origin is typing.Literal:
+        return lambda value: any(type(value) is type(a) and value == a for a in args)
+    if hint is int:
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in _SEQUENCES and args and not (origin is tuple and args[-1] is not Ellipsis):
+        item = _fast(args[0])
+        kinds = (list, tuple) if origin is tuple else origin
+        return lambda value: (
+            isinstance(value, kinds)
+            and not isinstance(value, (str, bytes))
+            and isinstance(value, cabc.Collection)
+            and all(item(v) for v in value)
+        )
+    if origin in _MAPPINGS and len(args) == 2:
+        key, item = _fast(args[0]), _fast(args[1])
+        return lambda value: isinstance(value, cabc.Mapping) and all(
+            key(k) and item(v) for k, v in value.items()
+        )
+    if isinstance(hint, type) and not args and not getattr(hint, "_is_protocol", False):
+        return lambda value: isinstance(value, hint)
+    return lambda value: False  # the general case: _mismatch (beartype) decides
 
 
 def _mismatch(value: Any, hint: Any, where: str = "") -> tuple[str, Any, str] | None:
