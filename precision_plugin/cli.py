@@ -411,18 +411,21 @@ def _cmd_openrlhf_args(args: argparse.Namespace) -> int:
     if argv and not args.check:
         raise _UsageError(f"unexpected arguments {argv!r}; to check them pass --check -- ARGS")
     if args.runtime_env:
-        sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
+        with _writing_stdout():
+            sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
         return EXIT_OK
     if not args.check:
         lines = openrlhf.args(policy, openrlhf_version=args.openrlhf_version)
-        sys.stdout.write("\n".join(lines) + "\n")
+        with _writing_stdout():
+            sys.stdout.write("\n".join(lines) + "\n")
         return EXIT_OK
     parsed = openrlhf.parse_args(argv)
     findings = openrlhf.find_problems(parsed, policy, openrlhf_version=args.openrlhf_version)
-    for f in findings:
-        sys.stdout.write(f"{f.status}: {f.message}\n" + (f"  fix: {f.fix}\n" if f.fix else ""))
     errors = sum(f.status == "error" for f in findings)
-    sys.stdout.write(f"{errors} contradiction(s) with the {policy.dtype} policy\n")
+    with _writing_stdout():
+        for f in findings:
+            sys.stdout.write(f"{f.status}: {f.message}\n" + (f"  fix: {f.fix}\n" if f.fix else ""))
+        sys.stdout.write(f"{errors} contradiction(s) with the {policy.dtype} policy\n")
     return EXIT_FAILED if errors else EXIT_OK
 
 

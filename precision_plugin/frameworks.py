@@ -214,12 +214,14 @@ def vllm_dtype(policy: PrecisionPolicy) -> str:
 
 
 # -- OpenRLHF --------------------------------------------------------------------------------
+@checked
 def openrlhf_param_dtype(policy: PrecisionPolicy) -> str | None:
     """OpenRLHF's ``--ds.param_dtype`` for ``policy``: ``fp16`` or ``bf16`` (Accelerate's
     spelling); ``None`` for float32, which OpenRLHF's learner cannot run (choices bf16, fp16)."""
     return None if policy.dtype == "float32" else _MIXED_PRECISION[policy.dtype]
 
 
+@checked
 def openrlhf_learner_dtype(param_dtype: str) -> str | None:
     """The policy dtype an OpenRLHF ``--ds.param_dtype`` value trains in, or ``None``."""
     found = [d for d, name in _MIXED_PRECISION.items() if name == param_dtype and d != "float32"]
@@ -239,12 +241,14 @@ SGLANG_DTYPE_CHOICES: dict[str, str | None] = {
 }
 
 
+@checked
 def sglang_dtype(policy: PrecisionPolicy) -> str:
     """SGLang's ``--dtype`` / ``ServerArgs.dtype`` for the policy: ``float16``, ``bfloat16`` or
     ``float32`` (never ``fp16``, which SGLang's parser refuses)."""
     return policy.dtype
 
 
+@checked
 def sglang_runs(value: Any) -> str | None:
     """The canonical dtype an SGLang ``dtype`` value runs; ``None`` for ``auto``/unset.
 

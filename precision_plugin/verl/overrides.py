@@ -121,6 +121,7 @@ def cascade_overrides(
     strategy=one_of(*STRATEGIES),
     vllm_version=version_text("vLLM"),
     gpu_capability=gpu_capability,
+    rollout=one_of("vllm", "sglang"),
 )
 def overrides(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -156,13 +157,8 @@ def overrides(
         from precision_plugin.verl.sglang import sglang_overrides
 
         engine = sglang_overrides(pol)
-    elif rollout == "vllm":
+    else:  # "vllm" (the boundary refused anything else)
         engine = cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability)
-    else:
-        raise PrecisionConfigError(
-            f"precision_plugin.verl.overrides(rollout={rollout!r}): the rollout engine must be "
-            f"'vllm' or 'sglang' (verl's actor_rollout_ref.rollout.name)."
-        )
     return [
         f"{ROLLOUT}.dtype={vllm_dtype(pol)}",
         *learner_overrides(pol, lay),

@@ -271,6 +271,7 @@ def candidates(tmp: Path) -> list[Any]:
         SanityConfig(),
         torch.zeros(11, dtype=torch.float64),  # mismatch_sums()'s sums
         {"actor_rollout_ref": {"rollout": {"dtype": "float16"}}},  # a verl config
+        {"actor": {"dtype": "float16"}},  # an AReaL config
         trainer,  # a trainer, as the boundary sees one
         types.SimpleNamespace(step=None, global_steps=0, optimizer=None),  # a DeepSpeed engine
         types.SimpleNamespace(model_config=types.SimpleNamespace(dtype="float16")),  # vllm.LLM
