@@ -739,6 +739,41 @@ NEW_SURFACES: list[Case] = [
         names=("no --json FILE", "results would be lost"),
         exit=74,
     ),
+    # OpenRLHF and SGLang: checks that would find nothing in the wrong kind of object
+    Case(
+        "openrlhf check_args 5",
+        "kinds",
+        lambda t: __import__("precision_plugin.openrlhf", fromlist=["x"]).check_args(5, STRICT),
+        names=("'args'", "parse_args"),
+    ),
+    Case(
+        "areal config a path",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_areal_config(
+            "areal.yaml", STRICT
+        ),
+        names=("'cfg'", "not a path"),
+    ),
+    Case(
+        "areal config nothing to check",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_areal_config(
+            {"experiment_name": "x"}, STRICT
+        ),
+        names=("'cfg'", "nothing to check"),
+    ),
+    Case(
+        "sglang verify_server not a URL",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).verify_server("x"),
+        names=("'url'", "http://localhost:30000"),
+    ),
+    Case(
+        "slime argv None",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_slime_args(None),
+        names=("'argv'", "NoneType"),
+    ),
     # the wrong kind of object anywhere: one line naming the parameter, no raw TypeError
     Case(
         "prepare_model swapped",
