@@ -72,12 +72,12 @@ class MismatchAccumulator:
 
     def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
         """Add one micro-batch: ``[batch, seq]`` log-probs of both sides and TRL's mask."""
-        from precision_plugin.consequence import consequence_sums
+        from precision_plugin.consequence import consequence_sums_of
         from precision_plugin.mismatch import sums_of
 
         train, rollout = train_logps.detach(), rollout_logps.detach()
         sums, top = sums_of(train, rollout, mask)  # both first: a failure adds nothing
-        counts, moments = consequence_sums(train, rollout, mask)
+        counts, moments = consequence_sums_of(train, rollout, mask)
         if self.sums is None:
             self.sums, self.maxima, self.counts, self.log_moments = self._empty(sums.device)
         self.sums += sums.to(self.sums.device)  # no-op copies: both on the training device

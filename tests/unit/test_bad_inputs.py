@@ -672,7 +672,7 @@ NEW_SURFACES: list[Case] = [
     Case(
         "sanity unknown option",
         "sanity",
-        lambda t: __import__("precision_plugin.sanity", fromlist=["x"]).smoke_config(colour=1),
+        lambda t: __import__("precision_plugin.sanity", fromlist=["x"]).preset_config(colour=1),
         names=("colour",),
     ),
     Case(

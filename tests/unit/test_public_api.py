@@ -219,11 +219,12 @@ def candidates(tmp: Path) -> list[Any]:
     passes its boundary check is used while another parameter gets a wrong one."""
     from packaging.version import Version
 
+    from precision_plugin.consequence import Interval, compute_consequence, fit_growth, project
     from precision_plugin.mismatch import compute_mismatch
     from precision_plugin.overflow import headroom
     from precision_plugin.patching import Patcher
     from precision_plugin.policy import LossScalerSettings, MetricSettings, OverflowSettings
-    from precision_plugin.probe import ProbeConfig, SelfCheck
+    from precision_plugin.probe import ProbeConfig, RolloutSample, SelfCheck
     from precision_plugin.sanity import SanityConfig
     from precision_plugin.scaler import ScalerStats
     from precision_plugin.vllm import cascade_decision
@@ -237,6 +238,7 @@ def candidates(tmp: Path) -> list[Any]:
         callback_handler=types.SimpleNamespace(callbacks=[]),
     )
     model = _fresh_model()
+    growth = fit_growth([0.1, -0.2, 0.3], [4, 8, 16])
     return [
         precision_plugin.PrecisionPolicy(),
         model,
@@ -276,6 +278,11 @@ def candidates(tmp: Path) -> list[Any]:
         types.SimpleNamespace(step=None, global_steps=0, optimizer=None),  # a DeepSpeed engine
         types.SimpleNamespace(model_config=types.SimpleNamespace(dtype="float16")),  # vllm.LLM
         types.SimpleNamespace(config=None, forward=None),  # a transformers model
+        RolloutSample([1], [2], [-0.5]),
+        compute_consequence([[-0.1, -0.2]], [[-0.2, -0.1]]),
+        growth,
+        project(growth, 100),
+        Interval(0.5, 0.4, 0.6),
     ]
 
 
