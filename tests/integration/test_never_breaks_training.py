@@ -10,23 +10,18 @@ import torch
 
 pytest.importorskip("accelerate")
 
-from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
 from precision_plugin.overflow.fallback import is_fp32
 from precision_plugin.patching import tracked
+from tests.integration.test_overflow_trainer import _data
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")
 
 OVERFLOW = {"detect": "always", "keep_fp32_modules": ["model.layers.*.self_attn", "*.down_*"]}
-
-
-def _data() -> Dataset:
-    ids = [[(i * 7 + j) % 64 for j in range(8)] for i in range(8)]
-    return Dataset.from_dict({"input_ids": ids, "labels": ids})
 
 
 class Boom(TrainerCallback):
