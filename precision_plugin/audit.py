@@ -17,6 +17,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -177,6 +178,7 @@ FIXES: dict[str, str] = {
 }
 
 
+@checked
 def contradictions(
     policy: PrecisionPolicy, learner: dict[str, Any], rollout: dict[str, Any]
 ) -> dict[str, str]:
@@ -217,6 +219,7 @@ def contradictions(
     return found
 
 
+@checked
 def audit_run(
     policy: PrecisionPolicy,
     args: Any,
@@ -233,6 +236,7 @@ def audit_run(
             "consistent": not found}  # fmt: skip
 
 
+@checked
 def render(audit: dict[str, Any], title: str) -> str:
     """The audit as a rich table (plain text)."""
     from rich.console import Console

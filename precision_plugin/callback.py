@@ -17,9 +17,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from precision_plugin.boundary import checked, duck
 from precision_plugin.errors import settle_conflict
 from precision_plugin.manager import call_each_reported, resolve_policy
+from precision_plugin.patching import track, untrack
 from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 
@@ -41,6 +44,7 @@ class _ForwardProbe:
         )
         if linear is not None:
             self._handle = linear.register_forward_hook(self._hook)
+            track(self.remove, f"PrecisionCallback: forward-dtype probe on {type(model).__name__}")
 
     def _hook(self, module: Any, inputs: Any, output: Any) -> None:
         import torch
@@ -50,6 +54,7 @@ class _ForwardProbe:
             self.remove()
 
     def remove(self) -> None:
+        untrack(self.remove)
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -75,6 +80,7 @@ def _calling_trainer(callback: TrainerCallback) -> Any:
     return None
 
 
+@checked
 class PrecisionCallback(TrainerCallback):
     """TrainerCallback for the HF Trainer and TRL trainers: checks precision, logs metrics.
 
@@ -85,12 +91,16 @@ class PrecisionCallback(TrainerCallback):
     dtype name) defaults to [`resolve_policy()`][precision_plugin.manager.resolve_policy]'s answer.
     The trainer is known when ``enable()`` is on (the plugin binds it) or after
     [`bind`][precision_plugin.callback.PrecisionCallback.bind].
+
+    It never stops training except on purpose (a strict-mode precision error): a problem of its
+    own is one warning and the check or metric is skipped. What it changes on the model (fp32
+    wrappers, detector and probe hooks) and trainer (telemetry wrappers) is undone at train end,
+    by [`release`][precision_plugin.callback.PrecisionCallback.release], by
+    ``precision_plugin.disable()``, and, with ``enable()``, when ``train()`` raises.
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
-        self._policy = (
-            resolve_policy(policy, what="PrecisionCallback()") if policy is not None else None
-        )
+        self._policy = policy
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
@@ -126,49 +136,82 @@ class PrecisionCallback(TrainerCallback):
         """The bound trainer, or ``None``."""
         return self._trainer()
 
+    @checked(trainer=duck("callback_handler", "args", what="a transformers Trainer"))
     def bind(self, trainer: Any) -> PrecisionCallback:
         """Give the callback its trainer (held weakly); return the callback."""
         self._trainer = weakref.ref(trainer)
         return self
 
+    def _shield(self, what: str) -> Any:
+        """Inside ``train()``: only a strict-mode precision error stops the run."""
+        try:
+            strictness = self.policy.strictness
+        except Exception:  # a policy that cannot be built: its own error, warned once
+            strictness = "warn"
+        return shielded(f"PrecisionCallback: {what}", strictness)
+
+    def _hooks(self, hook: str, **kwargs: Any) -> list[Any]:
+        """The adapters' ``hook``; a refusal stops training only when strictness says so."""
+        return call_each_reported(
+            hook, policy=self.policy, strictness=self.policy.strictness, **kwargs
+        )
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
-        if self.trainer is None:  # without enable(): the trainer calling this callback
-            trainer = _calling_trainer(self)
-            if trainer is not None:
-                self.bind(trainer)
-        call_each_reported(
-            "precision_train_begin",
-            policy=self.policy,
-            args=args,
-            state=state,
-            model=model,
-            trainer=self.trainer,
-        )
-        if model is not None:
-            self._overflow.start(model, self.policy)
-        if model is not None and self.forward_dtype is None:
-            self._probe = _ForwardProbe(model, exclude=self._overflow.fp32_modules(model))
         self._args, self._model = args, model
-        self._run_audit("asked vs ran (train begin)")
+        with self._shield("the train-begin checks"):
+            if self.trainer is None:  # without enable(): the trainer calling this callback
+                trainer = _calling_trainer(self)
+                if trainer is not None:
+                    self.bind(trainer)
+            self._hooks(
+                "precision_train_begin", args=args, state=state, model=model, trainer=self.trainer
+            )
+        with self._shield("the fp32 fallback and overflow detection"):
+            if model is not None:
+                self._overflow.start(model, self.policy)
+        with self._shield("the training forward's dtype check"):
+            if self._probe is not None:  # left by a run that stopped on an exception
+                self._probe.remove()
+                self._probe = None
+            if model is not None and self.forward_dtype is None:
+                self._probe = _ForwardProbe(model, exclude=self._overflow.fp32_modules(model))
+        with self._shield("the asked-vs-ran audit"):
+            self._run_audit("asked vs ran (train begin)")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._overflow.begin_step(state.global_step)
+        with self._shield("forward-overflow detection"):
+            self._overflow.begin_step(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._overflow.stop()
-        call_each_reported("precision_train_end", policy=self.policy, trainer=self.trainer)
+        self.release()
+
+    def release(self) -> None:
+        """Undo what this callback changed for the run: the fp32 fallback, detector and probe
+        hooks on the model, the adapters' per-trainer telemetry (``precision_train_end``).
+        Called at train end and, with ``enable()``, when ``train()`` raises; safe to call
+        again."""
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.remove()
+        with self._shield("undoing the run's changes"):
+            self._overflow.stop()
+        with self._shield("undoing the adapters' per-run changes"):
+            self._hooks("precision_train_end", trainer=self.trainer)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The first forward has run and nothing has been stepped yet: check what it ran in.
         if self._probe is not None:
-            self._finish_probe(args)
-            self._run_audit("asked vs ran (first step)")
+            with self._shield("the training forward's dtype check"):
+                self._finish_probe(args)
+                self._run_audit("asked vs ran (first step)")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        skips = self._consecutive_skips(kwargs.get("optimizer"))
-        self._overflow.end_step(skips, self.policy)
-        self._finish_probe(args)
+        with self._shield("forward-overflow detection"):
+            skips = self._consecutive_skips(kwargs.get("optimizer"))
+            self._overflow.end_step(skips, self.policy)
+        with self._shield("the training forward's dtype check"):
+            self._finish_probe(args)
 
     def _finish_probe(self, args: Any) -> None:
         probe, self._probe = self._probe, None
@@ -218,15 +261,16 @@ class PrecisionCallback(TrainerCallback):
             return
         # Mismatch metrics follow policy.metrics (enabled, every log_every-th log); the loss
         # scaler's telemetry is logged every time.
-        settings = self.policy.metrics
-        due = settings.enabled and self._logs_seen % settings.log_every == 0
-        self._logs_seen += 1
-        metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs, mismatch_due=due)
-        if not metrics:
-            return
-        logs.update(metrics)
-        if state.log_history:  # Trainer.log appended a copy of `logs` just before on_log
-            state.log_history[-1].update(metrics)
+        with self._shield("the precision/* metrics of this log"):
+            settings = self.policy.metrics
+            due = settings.enabled and self._logs_seen % settings.log_every == 0
+            self._logs_seen += 1
+            metrics = self.collect(optimizer=kwargs.get("optimizer"), logs=logs, mismatch_due=due)
+            if not metrics:
+                return
+            logs.update(metrics)
+            if state.log_history:  # Trainer.log appended a copy of `logs` just before on_log
+                state.log_history[-1].update(metrics)
 
     def _consecutive_skips(self, optimizer: Any) -> int:
         """The loss scaler's current run of skipped steps (0 when there is no scaler)."""
@@ -243,9 +287,8 @@ class PrecisionCallback(TrainerCallback):
             return 0  # a torch scaler without telemetry does not count skips
         # DeepSpeed's engine runs its own scaler; its adapter reports the count. No mismatch
         # metrics: they are gathered across processes at logging steps only.
-        results = call_each_reported(
+        results = self._hooks(
             "precision_collect_metrics",
-            policy=self.policy,
             trainer=self.trainer,
             logs={},
             optimizer=optimizer,
@@ -260,9 +303,8 @@ class PrecisionCallback(TrainerCallback):
         ``precision_collect_metrics`` (loss scaler telemetry; with ``mismatch_due``, the
         train/rollout mismatch), merged, the first-registered adapter winning a name clash."""
         merged: dict[str, float] = {}
-        results = call_each_reported(
+        results = self._hooks(
             "precision_collect_metrics",
-            policy=self.policy,
             trainer=self.trainer,
             logs=logs if logs is not None else {},
             optimizer=optimizer,

@@ -2,7 +2,9 @@
 ``openrlhf-args`` and ``gguf-checkpoint``.
 
 Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
-``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback).
+``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback); 74 the
+output could not be written (stdout closed or full; every file asked for is written first);
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM), temporary files removed either way.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,6 +26,72 @@ from precision_plugin.progress import ProgressFn
 
 PROG = "precision-plugin"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: The output could not be written (sysexits' EX_IOERR); SIGINT and SIGTERM as the shell counts.
+EXIT_OUTPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 74, 130, 143
+
+
+class _OutputLost(Exception):
+    """stdout is closed, full, or a pipe whose reader has gone."""
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` (temporary folders) runs."""
+
+
+def _stdout_usable() -> bool:
+    return sys.stdout is not None and not getattr(sys.stdout, "closed", False)
+
+
+@contextlib.contextmanager
+def _writing_stdout() -> Any:
+    """Turn a failed write to stdout into ``_OutputLost`` (one line, exit 74), not a traceback."""
+    if not _stdout_usable():
+        raise _OutputLost("stdout is closed")
+    try:
+        yield
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:  # ENOSPC, EPIPE; ValueError: closed underneath
+        raise _OutputLost(getattr(exc, "strerror", None) or str(exc)) from None
+
+
+def _say(text: str) -> None:
+    """Write to stderr; a closed or full stderr loses the line, never raises."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _silence_stdout() -> None:
+    """After a failed write, point stdout at /dev/null: the interpreter's own flush at exit
+    would otherwise print a traceback of the same failure."""
+    if sys.stdout is None:
+        return
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        sys.stdout = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """For the command's length, SIGTERM unwinds like Ctrl-C (temporary folders removed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -287,7 +357,8 @@ def _cmd_verl_overrides(args: argparse.Namespace) -> int:
     lines = overrides(
         policy, verl_version=args.verl_version, strategy=args.strategy, rollout=args.rollout
     )
-    sys.stdout.write("\n".join(lines) + "\n")
+    with _writing_stdout():
+        sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
 
 
@@ -340,18 +411,21 @@ def _cmd_openrlhf_args(args: argparse.Namespace) -> int:
     if argv and not args.check:
         raise _UsageError(f"unexpected arguments {argv!r}; to check them pass --check -- ARGS")
     if args.runtime_env:
-        sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
+        with _writing_stdout():
+            sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
         return EXIT_OK
     if not args.check:
         lines = openrlhf.args(policy, openrlhf_version=args.openrlhf_version)
-        sys.stdout.write("\n".join(lines) + "\n")
+        with _writing_stdout():
+            sys.stdout.write("\n".join(lines) + "\n")
         return EXIT_OK
     parsed = openrlhf.parse_args(argv)
     findings = openrlhf.find_problems(parsed, policy, openrlhf_version=args.openrlhf_version)
-    for f in findings:
-        sys.stdout.write(f"{f.status}: {f.message}\n" + (f"  fix: {f.fix}\n" if f.fix else ""))
     errors = sum(f.status == "error" for f in findings)
-    sys.stdout.write(f"{errors} contradiction(s) with the {policy.dtype} policy\n")
+    with _writing_stdout():
+        for f in findings:
+            sys.stdout.write(f"{f.status}: {f.message}\n" + (f"  fix: {f.fix}\n" if f.fix else ""))
+        sys.stdout.write(f"{errors} contradiction(s) with the {policy.dtype} policy\n")
     return EXIT_FAILED if errors else EXIT_OK
 
 
@@ -477,6 +551,9 @@ def _check_output_path(path: str | None, option: str, formats: Sequence[str] = (
     """Refuse an output path the run could not write, before the run (not after it)."""
     if path is None or (path == "-" and not formats):
         return
+    if not path.strip():
+        example = "probe.png" if formats else "results.json ('-' for stdout)"
+        raise _UsageError(f"{option}: the path is empty; pass a file path such as {example}")
     target = Path(path).expanduser()
     if target.is_dir():
         raise _UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
@@ -530,11 +607,17 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     )
 
     _check_output_path(args.json, "--json")
-    if args.plot:
+    if args.plot is not None:
         from precision_plugin.probe.plot import image_formats
 
         _check_output_path(args.plot, "--plot", image_formats())
-    prompts = read_prompts_file(args.prompts) if args.prompts else None
+    _check_results_kept(args)
+    if args.prompts is not None and not args.prompts.strip():
+        raise _UsageError(
+            "--prompts: the path is empty; pass a prompts file, or leave --prompts "
+            "out for the built-in prompts"
+        )
+    prompts = read_prompts_file(args.prompts) if args.prompts is not None else None
     num_prompts = args.num_prompts or (len(prompts) if prompts else DEFAULT_NUM_PROMPTS)
     config = ProbeConfig(
         model=args.model,
@@ -556,18 +639,21 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     # the table and JSON.
     with contextlib.redirect_stdout(sys.stderr):
         result = _with_progress(err, lambda progress: run_probe(config, progress=progress))
-    out.print(render_probe_table(result))
-    headroom = render_headroom_table(result)
-    if headroom is not None:
-        out.print(headroom)
-    if result.layerwise is not None:
-        out.print(render_layerwise_table(result))
-    _emit_json(args, result.to_json(), err)
+    # Files first: a closed or full stdout must not lose a whole run's results.
+    _emit_json(args, result.to_json(), err, to_file=True)
     if args.plot:
         from precision_plugin.probe.plot import plot_probe
 
         _write(args.plot, "--plot", lambda path: plot_probe(result, path))
         err.print(f"wrote {args.plot}")
+    with _writing_stdout():
+        out.print(render_probe_table(result))
+        headroom = render_headroom_table(result)
+        if headroom is not None:
+            out.print(headroom)
+        if result.layerwise is not None:
+            out.print(render_layerwise_table(result))
+    _emit_json(args, result.to_json(), err, to_file=False)
     if not result.valid:
         err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")
         return EXIT_FAILED
@@ -579,10 +665,11 @@ def _cmd_sanity(args: argparse.Namespace) -> int:
     from precision_plugin.sanity.table import render_sanity_table
 
     _check_output_path(args.json, "--json")
-    if args.plot:
+    if args.plot is not None:
         from precision_plugin.probe.plot import image_formats
 
         _check_output_path(args.plot, "--plot", image_formats())
+    _check_results_kept(args)
     check_engine(args.engine)
     config = preset_config(
         args.preset,
@@ -599,27 +686,40 @@ def _cmd_sanity(args: argparse.Namespace) -> int:
     out = err if args.json == "-" else _console()
     with contextlib.redirect_stdout(sys.stderr):
         result = _with_progress(err, lambda progress: run_sanity(config, progress=progress))
-    out.print(render_sanity_table(result))
-    _emit_json(args, result.to_json(), err)
+    _emit_json(args, result.to_json(), err, to_file=True)
     if args.plot:
         from precision_plugin.sanity.plot import plot_sanity
 
         _write(args.plot, "--plot", lambda path: plot_sanity(result, path))
         err.print(f"wrote {args.plot}")
+    with _writing_stdout():
+        out.print(render_sanity_table(result))
+    _emit_json(args, result.to_json(), err, to_file=False)
     return EXIT_OK
 
 
-def _emit_json(args: argparse.Namespace, text: str, err: Any) -> None:
-    """Write a command's JSON results (``--json FILE`` or ``-``) with their provenance: the
-    command line that produced them, the date, the versions and the machine."""
-    if not args.json:
+def _check_results_kept(args: argparse.Namespace) -> None:
+    """With stdout closed, refuse a long run whose results would go nowhere."""
+    if not _stdout_usable() and (args.json is None or args.json == "-"):
+        raise _OutputLost(
+            "stdout is closed and no --json FILE was given, so the results would be lost; "
+            "pass --json FILE, or run with stdout open"
+        )
+
+
+def _emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -> None:
+    """Write a command's JSON results (``--json FILE`` when ``to_file``, else ``--json -``) with
+    their provenance: the command line that produced them, the date, the versions and the
+    machine."""
+    if not args.json or (args.json == "-") == to_file:
         return
     from precision_plugin.provenance import cli_command, with_provenance
 
     data = with_provenance(json.loads(text), cli_command(args.argv))
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     if args.json == "-":
-        sys.stdout.write(text)
+        with _writing_stdout():
+            sys.stdout.write(text)
         return
     _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
     err.print(f"wrote {args.json}")
@@ -646,10 +746,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     frameworks = args.frameworks.split(",") if args.frameworks is not None else None
     report = run_doctor(doctor_policy(args.dtype), frameworks)
-    if args.json:
-        sys.stdout.write(report.to_json() + "\n")
-    else:
-        render_report(report, _console())
+    with _writing_stdout():
+        if args.json:
+            sys.stdout.write(report.to_json() + "\n")
+        else:
+            render_report(report, _console())
     return EXIT_FAILED if report.errors else EXIT_OK
 
 
@@ -664,7 +765,14 @@ def _quiet_transformers() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``precision-plugin``; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with _sigterm_as_interrupt():
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    if code == EXIT_OUTPUT:
+        _silence_stdout()
+    return code
+
+
+def _main(argv: list[str]) -> int:
     try:
         # Asking plugins for engines can be slow (vLLM); only the probe needs them.
         parser = build_parser(_engine_names() if "probe" in argv else ("hf",))
@@ -690,10 +798,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_doctor(args)
     except PrecisionPluginError as exc:
         message = " ".join(str(exc).split())
-        sys.stderr.write(f"{PROG}: error: {message}\n")
+        _say(f"{PROG}: error: {message}\n")
         return EXIT_USAGE
+    except _OutputLost as exc:
+        _say(f"{PROG}: error: cannot write the output: {exc}.\n")
+        return EXIT_OUTPUT
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except _Terminated:
+        _say(f"{PROG}: terminated\n")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: interrupted\n")
-        return 130
+        _say(f"{PROG}: interrupted\n")
+        return EXIT_INTERRUPTED

@@ -38,10 +38,12 @@ from typing import Any
 
 import torch
 
+from precision_plugin.boundary import at_least, checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import drift_fit, masked_log_ratio
+from precision_plugin.mismatch import drift_fit, log_probs_arg, mask_arg, masked_log_ratio
 
 
+@checked
 @dataclass(frozen=True)
 class SequenceMask:
     """A sequence-level importance-sampling mask: sequences whose ratio ``w = exp(S)`` lies
@@ -123,6 +125,7 @@ COUNT_FIELDS: tuple[str, ...] = (
 )
 
 
+@checked
 @dataclass(frozen=True)
 class Consequence:
     """The consequence metrics of a batch (see the module docstring); NaN without sequences."""
@@ -139,6 +142,7 @@ class Consequence:
         return asdict(self)
 
 
+@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def consequence_sums(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +156,15 @@ def consequence_sums(
     masking and NaN handling as for
     [`compute_mismatch`][precision_plugin.mismatch.compute_mismatch].
     """
+    return consequence_sums_of(train_logprobs, rollout_logprobs, mask)
+
+
+def consequence_sums_of(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[`consequence_sums`][precision_plugin.consequence.consequence_sums] without its boundary
+    check of the values (a device sync): for the training telemetry, on the trainer's own
+    tensors."""
     d, valid, _, _ = masked_log_ratio(
         train_logprobs, rollout_logprobs, mask, caller="consequence_sums"
     )
@@ -172,6 +185,7 @@ def consequence_sums(
     return counts, moments
 
 
+@checked
 def combine_log_moments(log_moments: torch.Tensor) -> torch.Tensor:
     """``[k, 2]`` (or flat ``[2k]``) shards' ``log_moments`` -> the ``[2]`` of their union."""
     rows = log_moments.to(torch.float64).reshape(-1, 2)
@@ -180,6 +194,7 @@ def combine_log_moments(log_moments: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(rows, dim=0)
 
 
+@checked
 def consequence_from_sums(counts: torch.Tensor, log_moments: torch.Tensor) -> Consequence:
     """The metrics from (summed) ``counts`` and (combined) ``log_moments``."""
     c = dict(zip(COUNT_FIELDS, (float(v) for v in counts.double().cpu()), strict=True))
@@ -197,6 +212,7 @@ def consequence_from_sums(counts: torch.Tensor, log_moments: torch.Tensor) -> Co
     )
 
 
+@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def compute_consequence(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> Consequence:
@@ -212,6 +228,7 @@ COVERAGE = 0.90
 _Z = 1.6448536269514722  # the standard normal's 95th percentile: a 90 % two-sided interval
 
 
+@checked
 @dataclass(frozen=True)
 class Interval:
     """A projected value with its ``COVERAGE`` interval."""
@@ -225,6 +242,7 @@ class Interval:
         return asdict(self)
 
 
+@checked
 @dataclass(frozen=True)
 class GrowthFit:
     """The sequence log-ratio as a random walk with drift: ``S(L) ~ Normal(drift·L,
@@ -256,6 +274,7 @@ class GrowthFit:
         return out
 
 
+@checked(clipped_tokens=at_least(0))
 def fit_growth(
     seq_log_ratio: Sequence[float], seq_lengths: Sequence[int], clipped_tokens: int = 0
 ) -> GrowthFit:
@@ -341,6 +360,7 @@ def mask_fraction(mask: SequenceMask, drift: float, variance: float, length: flo
     return min(max(out, 0.0), 1.0)
 
 
+@checked
 @dataclass(frozen=True)
 class Projection:
     """The consequence metrics the ``GrowthFit`` predicts for completions of ``length`` tokens,
@@ -371,6 +391,7 @@ def _grid(low: float, high: float, *extra: float) -> list[float]:
     return points + [min(max(x, low), high) for x in extra if math.isfinite(x)]
 
 
+@checked(length=at_least(1))
 def project(fit: GrowthFit, length: int) -> Projection:
     """``fit`` carried to completions of ``length`` tokens.
 

@@ -67,6 +67,11 @@ class ForwardOverflowError(PrecisionPluginError, RuntimeError):
         self.kind = kind
 
 
+# After the classes: the boundary raises PrecisionConfigError.
+from precision_plugin.boundary import checked, policy_field  # noqa: E402
+
+
+@checked(strictness=policy_field("strictness"))
 def settle_conflict(strictness: str, message: str, *, fix: str, outcome: str) -> None:
     """Settle a user setting that contradicts the policy: refuse it, or say what runs instead.
 

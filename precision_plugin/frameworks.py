@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from precision_plugin.boundary import checked, non_empty, policy_field
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 
 # -- HF TrainingArguments / TRL configs ------------------------------------------------------
+@checked
 @dataclass(frozen=True)
 class TrainerFlags:
     """The ``fp16``/``bf16`` flags of ``TrainingArguments`` (and every TRL config)."""
@@ -52,11 +54,13 @@ _TRAINER_FLAGS = {
 }
 
 
+@checked
 def trainer_flags(policy: PrecisionPolicy) -> TrainerFlags:
     """The HF/TRL flags that run ``policy.dtype`` (float32: both off)."""
     return _TRAINER_FLAGS[policy.dtype]
 
 
+@checked
 def flags_of(args: Any) -> TrainerFlags:
     """The flags a ``TrainingArguments`` asks for; TRL's unset ``bf16=None`` reads as off."""
     return TrainerFlags(bool(getattr(args, "fp16", False)), bool(getattr(args, "bf16", False)))
@@ -66,11 +70,13 @@ def flags_of(args: Any) -> TrainerFlags:
 _MIXED_PRECISION = {"float16": "fp16", "bfloat16": "bf16", "float32": "no"}
 
 
+@checked
 def mixed_precision(policy: PrecisionPolicy) -> str:
     """Accelerate's (and the HF Trainer's) ``mixed_precision``: ``fp16``, ``bf16`` or ``no``."""
     return _MIXED_PRECISION[policy.dtype]
 
 
+@checked
 @dataclass(frozen=True)
 class GradScalerSettings:
     """torch ``GradScaler`` keyword arguments; Accelerate's ``GradScalerKwargs`` has the same."""
@@ -87,6 +93,7 @@ class GradScalerSettings:
         return out if known is None else {k: v for k, v in out.items() if k in set(known)}
 
 
+@checked
 def grad_scaler(settings: LossScalerSettings) -> GradScalerSettings:
     """The policy's loss-scaler settings as torch ``GradScaler`` / ``GradScalerKwargs`` values."""
     return GradScalerSettings(
@@ -107,12 +114,14 @@ _DS_TRUE = {"1", "on", "t", "true", "y", "yes"}
 _DS_FALSE = {"0", "off", "f", "false", "n", "no"}
 
 
+@checked
 def deepspeed_enabled_sections(policy: PrecisionPolicy) -> dict[str, bool]:
     """``{"fp16": enabled, "bf16": enabled}``: DeepSpeed's sections run what the flags run."""
     flags = trainer_flags(policy)
     return {DS_FP16: flags.fp16, DS_BF16: flags.bf16}
 
 
+@checked
 def deepspeed_flag(value: Any) -> bool | None:
     """``value`` as DeepSpeed reads an ``fp16``/``bf16`` ``"enabled"`` key; ``None`` if it refuses.
 
@@ -133,11 +142,13 @@ def deepspeed_flag(value: Any) -> bool | None:
     return None
 
 
+@checked
 def deepspeed_autocast_flag(value: Any) -> bool:
     """``torch_autocast.enabled`` as DeepSpeed reads it: a plain truth test, no validation."""
     return bool(value)
 
 
+@checked(strictness=policy_field("strictness"))
 def deepspeed_scale_power(settings: LossScalerSettings, strictness: str) -> int:
     """DeepSpeed's ``initial_scale_power`` for ``loss_scaler.init_scale``.
 
@@ -157,6 +168,7 @@ def deepspeed_scale_power(settings: LossScalerSettings, strictness: str) -> int:
     return power
 
 
+@checked(strictness=policy_field("strictness"))
 def deepspeed_min_scale(settings: LossScalerSettings, strictness: str) -> int:
     """DeepSpeed's ``min_loss_scale`` for ``loss_scaler.min_scale`` (DeepSpeed takes an integer
     >= 1; anything else is refused under ``strictness="error"``, else warned about)."""
@@ -172,6 +184,7 @@ def deepspeed_min_scale(settings: LossScalerSettings, strictness: str) -> int:
     return floor
 
 
+@checked
 def deepspeed_dynamic_scaling(policy: PrecisionPolicy) -> dict[str, Any]:
     """The ``fp16`` section keys of DeepSpeed's dynamic loss scaler under ``policy``."""
     settings = policy.loss_scaler
@@ -194,18 +207,21 @@ def _inexact(strictness: str, asked: str, why: str, fix: str, outcome: str) -> N
 
 
 # -- vLLM ------------------------------------------------------------------------------------
+@checked
 def vllm_dtype(policy: PrecisionPolicy) -> str:
     """vLLM's ``dtype`` engine argument: the policy dtype's canonical name."""
     return policy.dtype
 
 
 # -- OpenRLHF --------------------------------------------------------------------------------
+@checked
 def openrlhf_param_dtype(policy: PrecisionPolicy) -> str | None:
     """OpenRLHF's ``--ds.param_dtype`` for ``policy``: ``fp16`` or ``bf16`` (Accelerate's
     spelling); ``None`` for float32, which OpenRLHF's learner cannot run (choices bf16, fp16)."""
     return None if policy.dtype == "float32" else _MIXED_PRECISION[policy.dtype]
 
 
+@checked
 def openrlhf_learner_dtype(param_dtype: str) -> str | None:
     """The policy dtype an OpenRLHF ``--ds.param_dtype`` value trains in, or ``None``."""
     found = [d for d, name in _MIXED_PRECISION.items() if name == param_dtype and d != "float32"]
@@ -225,12 +241,14 @@ SGLANG_DTYPE_CHOICES: dict[str, str | None] = {
 }
 
 
+@checked
 def sglang_dtype(policy: PrecisionPolicy) -> str:
     """SGLang's ``--dtype`` / ``ServerArgs.dtype`` for the policy: ``float16``, ``bfloat16`` or
     ``float32`` (never ``fp16``, which SGLang's parser refuses)."""
     return policy.dtype
 
 
+@checked
 def sglang_runs(value: Any) -> str | None:
     """The canonical dtype an SGLang ``dtype`` value runs; ``None`` for ``auto``/unset.
 
@@ -252,6 +270,7 @@ def sglang_runs(value: Any) -> str | None:
 _SETTLED = "__precision_plugin_settled__"
 
 
+@checked(what=non_empty("a name for the decision, e.g. 'trainer_flags'"))
 def settle_once(obj: Any, what: str, policy: PrecisionPolicy, settle: Callable[[], Any]) -> None:
     """Run ``settle()`` for ``obj`` unless ``what`` was already settled for ``policy`` on it.
 

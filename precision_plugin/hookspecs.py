@@ -83,7 +83,9 @@ def precision_train_begin(
 @hookspec
 def precision_train_end(policy: PrecisionPolicy, trainer: Any) -> None:
     """Undo what ``precision_train_begin`` attached to this run (called by ``PrecisionCallback``
-    when training ends). ``trainer`` is the trainer when the callback knows it, else ``None``."""
+    when training ends, and again, with ``enable()``, when ``train()`` returns or raises: it
+    must be safe to call twice). ``trainer`` is the trainer when the callback knows it, else
+    ``None``."""
 
 
 @hookspec

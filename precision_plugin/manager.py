@@ -18,6 +18,7 @@ from typing import Any
 import pluggy
 
 from precision_plugin import hookspecs
+from precision_plugin.boundary import checked, one_of, policy_arg
 from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
@@ -69,6 +70,11 @@ def get_plugin_manager() -> pluggy.PluginManager:
         return _manager
 
 
+#: The hooks of ``hookspecs``, for the boundary check of ``hook_name``.
+_HOOK_NAMES = one_of(*sorted(n for n in vars(hookspecs) if n.startswith("precision_")))
+
+
+@checked(hook_name=_HOOK_NAMES)
 def hook_impls(hook_name: str) -> list[tuple[str, Callable[..., Any]]]:
     """Each implementation of hook ``hook_name`` as ``(plugin name, call)``, in pluggy's order.
 
@@ -84,6 +90,7 @@ def hook_impls(hook_name: str) -> list[tuple[str, Callable[..., Any]]]:
     return [(impl.plugin_name, caller(impl)) for impl in reversed(impls)]
 
 
+@checked(hook_name=_HOOK_NAMES)
 def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
     """Call every implementation of ``hook_name`` on its own: ``[(plugin name, outcome)]``.
 
@@ -99,7 +106,9 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
     return outcomes
 
 
-def call_each_reported(hook_name: str, *, refusals: bool = True, **kwargs: Any) -> list[Any]:
+def call_each_reported(
+    hook_name: str, *, refusals: bool = True, strictness: str | None = None, **kwargs: Any
+) -> list[Any]:
     """[`call_each`][precision_plugin.manager.call_each], with failures settled: the non-``None``
     results, in call order.
 
@@ -108,20 +117,18 @@ def call_each_reported(hook_name: str, *, refusals: bool = True, **kwargs: Any) 
     warning naming it and skipped, so it neither hides the others nor stops the user's run. A
     deliberate refusal (``PrecisionPluginError``: strictness, bad config) is raised when
     ``refusals`` is true, and logged like a crash otherwise (``disable()`` must always finish).
+    Inside ``train()`` (``strictness`` given) only a refusal that stops training is raised
+    (see ``precision_plugin.shield``); a crash is warned about once per plugin and hook.
     """
+    from precision_plugin.shield import stops_training, warn_once
+
     results: list[Any] = []
     for name, outcome in call_each(hook_name, **kwargs):
-        if isinstance(outcome, PrecisionPluginError) and refusals:
+        stop = strictness is None or stops_training(outcome, strictness)
+        if isinstance(outcome, PrecisionPluginError) and refusals and stop:
             raise outcome
         if isinstance(outcome, Exception):
-            log.warning(
-                "precision_plugin: plugin %r failed in %s (%s: %s); it is skipped, the other "
-                "adapters ran",
-                name,
-                hook_name,
-                type(outcome).__name__,
-                outcome,
-            )
+            warn_once(f"plugin {name!r} in {hook_name} (the other adapters ran)", outcome)
         elif outcome is not None:
             results.append(outcome)
     return results
@@ -132,20 +139,7 @@ def adapter_names() -> list[str]:
     return [name for name, _ in hook_impls("precision_install")]
 
 
-def _as_policy(value: PrecisionPolicy | Mapping[str, Any] | str, what: str) -> PrecisionPolicy:
-    """Turn an explicit policy argument (a policy, a dict, a dtype name) into a policy."""
-    if isinstance(value, PrecisionPolicy):
-        return value
-    if isinstance(value, Mapping):
-        return PrecisionPolicy.from_dict(value)
-    if isinstance(value, str):
-        return PrecisionPolicy(dtype=value)  # type: ignore[arg-type]
-    raise PrecisionConfigError(
-        f"{what}: policy must be a PrecisionPolicy, a dict, a dtype name or None; got "
-        f"{type(value).__name__}. Example: precision_plugin.enable(dtype='float16')."
-    )
-
-
+@checked
 def resolve_policy(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
@@ -155,13 +149,15 @@ def resolve_policy(
 
     In order: ``policy`` when given (a policy, a dict or a dtype name), else the policy
     ``enable()`` installed in this process, else the one ``PRECISION_PLUGIN`` describes, else
-    the defaults (float16). ``what`` names the caller in the error for a wrong kind of object.
+    the defaults (float16). A wrong kind of object is refused at the boundary of the public function
+    that was called (``what``, kept for callers, names it in older messages).
     """
     if policy is not None:
-        return _as_policy(policy, what)
+        return policy_arg(policy)  # type: ignore[no-any-return]
     return requested_policy() or PrecisionPolicy()
 
 
+@checked
 def requested_policy() -> PrecisionPolicy | None:
     """The policy this process was asked to follow: ``enable()``'s, else ``PRECISION_PLUGIN``'s.
 
@@ -182,13 +178,12 @@ def coerce_policy(
     ``overrides`` apply on top (``enable(dtype="bfloat16")``,
     ``enable(loss_scaler={"growth_interval": 200})``).
     """
-    if policy is None:
-        base = PrecisionPolicy.from_env() or PrecisionPolicy()
-    else:
-        base = _as_policy(policy, "enable()")
+    base = policy_arg(policy) if policy is not None else None
+    base = base or PrecisionPolicy.from_env() or PrecisionPolicy()
     return base.replace(**overrides) if overrides else base
 
 
+@checked
 def enable(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
@@ -236,17 +231,10 @@ def enable(
         return new
 
 
-def _adapter_set(skip_adapters: Any) -> frozenset[str]:
+def _adapter_set(skip_adapters: Iterable[str] | str) -> frozenset[str]:
     if isinstance(skip_adapters, str):
         return frozenset([skip_adapters])
-    if isinstance(skip_adapters, Iterable) and not isinstance(skip_adapters, Mapping):
-        names = list(skip_adapters)
-        if all(isinstance(n, str) for n in names):
-            return frozenset(names)
-    raise PrecisionConfigError(
-        f"enable(skip_adapters=...): expected adapter names (a string or a list of strings), "
-        f"got {skip_adapters!r}; registered adapters: {adapter_names()}."
-    )
+    return frozenset(skip_adapters)
 
 
 def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
@@ -283,15 +271,26 @@ def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
     return state
 
 
+@checked
 def disable() -> bool:
-    """Undo ``enable()``: restore every patched attribute to the identical original object.
+    """Undo ``enable()``: restore every patched attribute to the identical original object,
+    and undo every change the plugin still holds on a user's object (a model's fp32 wrappers
+    or detector hooks, a trainer's telemetry wrappers, left by a ``train()`` that stopped on an
+    exception), with or without ``enable()``.
 
-    Returns ``True`` when something was enabled, ``False`` when there was nothing to undo.
+    Returns ``True`` when something was enabled or undone, ``False`` when there was nothing.
     """
     global _active
+    from precision_plugin.patching import undo_tracked
+    from precision_plugin.shield import forget_warnings
+
+    forget_warnings()  # a new run warns anew
+    undone = undo_tracked()
+    if undone:
+        log.info("precision_plugin: undid %s", "; ".join(undone))
     with _lock:
         if _active is None:
-            return False
+            return bool(undone)
         state, _active = _active, None
         try:
             # One adapter at a time: a plugin that fails here must not keep the others from
@@ -304,6 +303,7 @@ def disable() -> bool:
         return True
 
 
+@checked
 def current_policy() -> PrecisionPolicy | None:
     """The policy ``enable()`` installed in this process, or ``None``."""
     return _active.policy if _active is not None else None
@@ -320,6 +320,7 @@ def adapter_patcher(name: str) -> Patcher | None:
     return next((p for n, p in _active.patchers if n == name), None)
 
 
+@checked
 def active_patches() -> dict[str, list[str]]:
     """What each adapter has patched right now, for ``doctor`` and debugging."""
     if _active is None:

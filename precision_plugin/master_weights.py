@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.boundary import checked
+from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.frameworks import settle_once
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -103,15 +104,7 @@ def _describe(cast: _Cast) -> str:
     )
 
 
-def _require_module(model: Any, what: str) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise PrecisionConfigError(
-            f"{what}: expected a torch.nn.Module (an HF/PEFT model), got "
-            f"{type(model).__name__}; pass the model object itself, e.g. "
-            f"precision_plugin.{what.rstrip('()')}(model)."
-        )
-
-
+@checked
 def check_model(
     model: torch.nn.Module, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
 ) -> list[Finding]:
@@ -120,8 +113,7 @@ def check_model(
     One ``change`` finding per group of parameters ``prepare_model`` would cast; a single ``ok``
     finding when nothing needs to change.
     """
-    policy = resolve_policy(policy, what="check_model()")
-    _require_module(model, "check_model()")
+    policy = resolve_policy(policy)
     findings = [
         Finding(
             framework="torch",
@@ -163,9 +155,10 @@ def _params(model: torch.nn.Module, names: set[str]) -> Iterator[torch.nn.Parame
             yield param
 
 
+@checked
 def prepare_model(
-    model: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
-) -> Any:
+    model: torch.nn.Module, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> torch.nn.Module:
     """Give ``model`` the parameter dtypes the policy needs; return the same model.
 
     Under float16: trainable parameters become fp32 master weights (autocast computes in fp16),
@@ -177,8 +170,7 @@ def prepare_model(
     but a ``torch.nn.Module`` is refused with
     [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError].
     """
-    policy = resolve_policy(policy, what="prepare_model()")
-    _require_module(model, "prepare_model()")
+    policy = resolve_policy(policy)
     plan = _plan(model, policy)
     if not plan:
         return model

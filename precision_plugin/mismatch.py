@@ -42,10 +42,12 @@ from typing import Any
 
 import torch
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
 
+@checked
 @dataclass(frozen=True)
 class Alias:
     """A name another system logs for one of our metrics, and when the two numbers agree.
@@ -260,6 +262,7 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
 }
 
 
+@checked
 def aliases_for(system: str) -> dict[str, str]:
     """``{their name: our metric}`` for the figures one system of ``ALIASES`` logs (e.g.
     ``"TRL"``)."""
@@ -271,6 +274,7 @@ def aliases_for(system: str) -> dict[str, str]:
     }
 
 
+@checked
 def alias_table() -> str:
     """``ALIASES`` as the Markdown table docs/concepts.md shows."""
     rows = [
@@ -287,6 +291,7 @@ def alias_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+@checked
 @dataclass(frozen=True)
 class MismatchMetrics:
     """Mismatch between training policy π and rollout policy μ over a batch of sequences."""
@@ -330,7 +335,12 @@ def _none_to_nan(x: Any) -> Any:
     return x
 
 
-def _as_2d(x: Any, what: str) -> torch.Tensor:
+#: A log-prob above this is not one (probabilities passed by mistake?): a log-softmax never
+#: rounds a log-prob above 0 by more than a few ulps.
+LOGPROB_MAX = 0.01
+
+
+def _as_2d(x: Any) -> torch.Tensor:
     """``x`` as a float64 ``[batch, seq]`` tensor (``[seq]`` becomes one row)."""
     try:
         if isinstance(x, torch.Tensor):
@@ -338,14 +348,14 @@ def _as_2d(x: Any, what: str) -> torch.Tensor:
         else:  # lists and arrays straight to float64: torch would round floats to float32 first
             t = torch.as_tensor(_none_to_nan(x), dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise PrecisionConfigError(
-            f"compute_mismatch: {what} is not a rectangular array of numbers ({exc}); pass a "
-            f"[batch, seq] tensor, padded, with a mask of the real tokens."
+        raise Invalid(
+            f"is not a rectangular array of numbers ({exc}); pass a [batch, seq] tensor, "
+            f"padded, with a mask of the real tokens"
         ) from None
     if t.dim() not in (1, 2):
-        raise PrecisionConfigError(
-            f"compute_mismatch: {what} has shape {tuple(t.shape)}; pass [batch, seq] or [seq] "
-            f"(the log-probs of the sampled tokens, not the full [.., vocab] distributions)."
+        raise Invalid(
+            f"has shape {tuple(t.shape)}; pass [batch, seq] or [seq] (the log-probs of the "
+            f"sampled tokens, not the full [.., vocab] distributions)"
         )
     return t.unsqueeze(0) if t.dim() == 1 else t
 
@@ -381,6 +391,31 @@ def drift_per_1k(lengths: Any, sums: Any) -> tuple[float, float]:
     return 1000.0 * drift, 1000.0 * stderr
 
 
+def _log_probs(x: Any) -> torch.Tensor:
+    t = _as_2d(x)
+    high = t.nan_to_num(nan=-math.inf, posinf=math.inf).max() if t.numel() else None
+    if high is not None and float(high) > LOGPROB_MAX:
+        raise Invalid(
+            f"holds {float(high):.4g}: no log-probability is above 0 (were probabilities "
+            f"passed?); pass log-probs, e.g. probs.log()"
+        )
+    return t
+
+
+#: The log-probs of the sampled tokens: ``[batch, seq]`` or ``[seq]``, <= 0, NaN/None where
+#: an engine returned none; converted to a float64 2-D tensor.
+log_probs_arg = Validator(
+    "log-probs of the sampled tokens, [batch, seq] or [seq]",
+    _log_probs,
+    ([[0.5, 0.25]], [[-0.1], [-0.2, -0.3]], [[[-0.1]]], "x", None),
+)
+#: A mask of the tokens that count, of the log-probs' shape; converted to a 2-D tensor.
+mask_arg = Validator(
+    "a [batch, seq] mask of the tokens that count", _as_2d, ([[1], [1, 0]], [[[1]]], "x")
+)
+
+
+@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def compute_mismatch(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> MismatchMetrics:
@@ -388,14 +423,15 @@ def compute_mismatch(
 
     ``train_logprobs`` (π) and ``rollout_logprobs`` (μ) are tensors (or nested lists) of shape
     ``[batch, seq]`` or ``[seq]``; ``mask`` (same shape, bool or 0/1) marks the tokens that
-    count. A token whose log-prob is ``None``, NaN or infinite on either side is excluded and
-    counted in ``nan_tokens``. With no valid token every mean is NaN and ``tokens`` is 0. Bad
-    shapes raise [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] (a
+    count. A token whose log-prob is ``None`` or NaN on either side is excluded and counted in
+    ``nan_tokens``; ``-inf`` is a probability of 0, a real disagreement: it counts, and the
+    log-ratio metrics (``k1_kl``, ``k3_kl``, ...) become infinite. With no valid token every
+    mean is NaN and ``tokens`` is 0. Bad shapes and values above 0 (probabilities passed as
+    log-probs) raise [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] (a
     ``ValueError``). Inputs are converted to float64 (lists directly, never via float32) and
     everything is computed in float64.
     """
-    lp_train = _as_2d(train_logprobs, "train_logprobs")
-    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
+    lp_train, lp_roll = train_logprobs, rollout_logprobs  # 2-D float64 (the boundary's)
     if lp_train.shape != lp_roll.shape:
         raise PrecisionConfigError(
             f"compute_mismatch: train_logprobs has shape {tuple(lp_train.shape)} but "
@@ -404,22 +440,22 @@ def compute_mismatch(
     if mask is None:
         base = torch.ones_like(lp_train, dtype=torch.bool)
     else:
-        base = _as_2d(mask, "mask").to(torch.bool)
+        base = mask.to(torch.bool)
         if base.shape != lp_train.shape:
             raise PrecisionConfigError(
                 f"compute_mismatch: mask has shape {tuple(base.shape)}, log-probs have "
                 f"{tuple(lp_train.shape)}."
             )
-    finite = torch.isfinite(lp_train) & torch.isfinite(lp_roll)
-    valid = base & finite
-    nan_tokens = int((base & ~finite).sum())
+    scored = ~(lp_train.isnan() | lp_roll.isnan())
+    valid = base & scored
+    nan_tokens = int((base & ~scored).sum())
     n = int(valid.sum())
 
     # Zero out invalid entries before any arithmetic so NaN never propagates.
     zeros = torch.zeros_like(lp_train)
     lt = torch.where(valid, lp_train, zeros)
     lr = torch.where(valid, lp_roll, zeros)
-    log_ratio = torch.where(valid, lt - lr, zeros)  # log π − log μ
+    log_ratio = _log_ratio(valid, lt, lr)  # log π − log μ
     seq_ratio = log_ratio.sum(dim=1)
     seq_len = valid.sum(dim=1).to(torch.float64)
     has_tokens = seq_len > 0
@@ -437,8 +473,7 @@ def compute_mismatch(
     p_roll = torch.where(valid, lr.exp(), zeros)
     prob_diff = (p_train - p_roll).abs()
     abs_log_ratio = log_ratio.abs()
-    # r − 1 − log r as expm1(d) − d: exp(d) − 1 would lose a tiny d to rounding.
-    k3 = torch.where(valid, torch.expm1(log_ratio) - log_ratio, zeros)
+    k3 = _k3(valid, log_ratio)
 
     def mean(x: torch.Tensor) -> float:
         return float(x.sum() / n)
@@ -473,33 +508,46 @@ def compute_mismatch(
     )
 
 
-def _require_metrics(metrics: Any, what: str) -> None:
-    if not isinstance(metrics, MismatchMetrics):
-        raise PrecisionConfigError(
-            f"{what}: expected the MismatchMetrics compute_mismatch() returns, got "
-            f"{type(metrics).__name__}."
-        )
+def _log_ratio(valid: torch.Tensor, lt: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """log π − log μ where valid, else 0; two ``-inf`` (both sides give probability 0) agree."""
+    both_zero = torch.isneginf(lt) & torch.isneginf(lr)
+    return torch.where(valid & ~both_zero, lt - lr, torch.zeros_like(lt))
 
 
-def verdict(metrics: MismatchMetrics, settings: MetricSettings | None = None) -> tuple[str, str]:
+def _k3(valid: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """r − 1 − log r as expm1(d) − d (exp(d) − 1 would lose a tiny d to rounding); infinite
+    where one side gives probability 0."""
+    k3 = torch.where(d.isinf(), torch.full_like(d, math.inf), torch.expm1(d) - d)
+    return torch.where(valid, k3, torch.zeros_like(d))
+
+
+def _metric_settings(value: Any) -> MetricSettings:
+    if isinstance(value, Mapping):
+        from precision_plugin.policy import PrecisionPolicy
+
+        return PrecisionPolicy.from_dict({"metrics": dict(value)}).metrics
+    return value  # type: ignore[no-any-return]
+
+
+@checked(settings=Validator("policy.metrics or a dict of its keys", _metric_settings))
+def verdict(
+    metrics: MismatchMetrics, settings: MetricSettings | Mapping[str, Any] | None = None
+) -> tuple[str, str]:
     """Classify a measurement: ``("ok" | "watch" | "problem" | "invalid", reason)``.
 
     Thresholds are on ``prob_diff_mean`` (verl's: < 0.005 normal, > 0.01 a precision problem;
-    configurable in ``policy.metrics``). ``invalid`` means no token could be compared.
+    configurable in ``policy.metrics``, given here as a ``MetricSettings`` or a dict of its
+    keys). ``invalid`` means no token could be compared; a token one side gives probability 0
+    (log-prob ``-inf``) is a ``problem`` whatever the mean.
     """
-    _require_metrics(metrics, "verdict()")
-    if isinstance(settings, Mapping):
-        from precision_plugin.policy import PrecisionPolicy
-
-        settings = PrecisionPolicy.from_dict({"metrics": dict(settings)}).metrics
-    elif settings is not None and not isinstance(settings, MetricSettings):
-        raise PrecisionConfigError(
-            f"verdict(settings=...): expected the policy's MetricSettings (policy.metrics) or a "
-            f"dict of its keys, got {type(settings).__name__}."
-        )
     s = settings or MetricSettings()
     if metrics.tokens == 0 or math.isnan(metrics.prob_diff_mean):
         return "invalid", "no comparable tokens (all masked or NaN)"
+    if math.isinf(metrics.logp_abs_diff_max):
+        return "problem", (
+            "a sampled token has probability 0 on one side (log-prob -inf): the policies "
+            "disagree completely on it"
+        )
     d = metrics.prob_diff_mean
     if d < s.prob_diff_ok:
         return "ok", f"prob_diff_mean {d:.2e} < {s.prob_diff_ok:g}"
@@ -508,9 +556,9 @@ def verdict(metrics: MismatchMetrics, settings: MetricSettings | None = None) ->
     return "problem", f"prob_diff_mean {d:.2e} > {s.prob_diff_bad:g}: precision mismatch"
 
 
+@checked
 def prefixed(metrics: MismatchMetrics, prefix: str = "precision/") -> dict[str, float]:
     """Scalar metrics as ``{prefix + name: value}`` for a trainer's log."""
-    _require_metrics(metrics, "prefixed()")
     return {prefix + k: float(v) for k, v in metrics.to_dict().items()}
 
 
@@ -532,6 +580,14 @@ SUM_FIELDS: tuple[str, ...] = (
 )
 
 
+def _named_2d(x: Any, name: str, caller: str) -> torch.Tensor:
+    """``_as_2d`` for an internal caller: the error names ``caller``'s argument."""
+    try:
+        return _as_2d(x)
+    except Invalid as exc:
+        raise PrecisionConfigError(f"{caller}(): argument {name!r} {exc}.") from None
+
+
 def masked_log_ratio(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None, *, caller: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -543,8 +599,8 @@ def masked_log_ratio(
     log-probs with 0 where not valid. Bad shapes raise
     [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] naming ``caller``.
     """
-    lp_train = _as_2d(train_logprobs, "train_logprobs")
-    lp_roll = _as_2d(rollout_logprobs, "rollout_logprobs")
+    lp_train = _named_2d(train_logprobs, "train_logprobs", caller)
+    lp_roll = _named_2d(rollout_logprobs, "rollout_logprobs", caller)
     if lp_train.shape != lp_roll.shape:
         raise PrecisionConfigError(
             f"{caller}: train_logprobs has shape {tuple(lp_train.shape)} but "
@@ -552,7 +608,7 @@ def masked_log_ratio(
         )
     base = torch.ones_like(lp_train, dtype=torch.bool)
     if mask is not None:
-        base = _as_2d(mask, "mask").to(device=lp_train.device, dtype=torch.bool)
+        base = _named_2d(mask, "mask", caller).to(device=lp_train.device, dtype=torch.bool)
         if base.shape != lp_train.shape:
             raise PrecisionConfigError(
                 f"{caller}: mask has shape {tuple(base.shape)}, log-probs have "
@@ -566,6 +622,7 @@ def masked_log_ratio(
     return lt - lr, valid, base, (lt, lr)
 
 
+@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def mismatch_sums(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -579,13 +636,34 @@ def mismatch_sums(
     (processes, micro-batches) and then calling
     [`metrics_from_sums`][precision_plugin.mismatch.metrics_from_sums] gives what
     [`compute_mismatch`][precision_plugin.mismatch.compute_mismatch] gives on the whole
-    batch. Inputs, masking and NaN handling as for ``compute_mismatch``.
+    batch. Inputs, masking and NaN/``-inf`` handling as for ``compute_mismatch``.
     """
-    d, valid, base, (lt, lr) = masked_log_ratio(
-        train_logprobs, rollout_logprobs, mask, caller="mismatch_sums"
-    )
-    finite_miss = base & ~valid
-    zeros = torch.zeros_like(d)
+    return sums_of(train_logprobs, rollout_logprobs, mask)
+
+
+def sums_of(
+    lp_train: torch.Tensor, lp_roll: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[`mismatch_sums`][precision_plugin.mismatch.mismatch_sums] of 2-D tensors, without its
+    boundary check of the values (which costs a device sync): for the training telemetry,
+    whose inputs are the trainer's own tensors. Refuses tensors of different shapes."""
+    if lp_train.shape != lp_roll.shape or (mask is not None and mask.shape != lp_train.shape):
+        shapes = [tuple(t.shape) for t in (lp_train, lp_roll, mask) if t is not None]
+        raise PrecisionConfigError(
+            f"mismatch_sums: the log-probs and mask have shapes {shapes}; pass the log-probs "
+            f"of the same tokens, and a mask of their shape."
+        )
+    lp_train = lp_train.to(torch.float64)
+    base = torch.ones_like(lp_train, dtype=torch.bool)
+    if mask is not None:
+        base = mask.to(device=lp_train.device, dtype=torch.bool)
+    lp_roll = lp_roll.to(device=lp_train.device, dtype=torch.float64)
+    scored = ~(lp_train.isnan() | lp_roll.isnan())
+    valid = base & scored
+    zeros = torch.zeros_like(lp_train)
+    lt = torch.where(valid, lp_train, zeros)
+    lr = torch.where(valid, lp_roll, zeros)
+    d = _log_ratio(valid, lt, lr)  # log π − log μ, 0 where invalid
     prob_diff = torch.where(valid, (lt.exp() - lr.exp()).abs(), zeros)
     seq_len = valid.sum(dim=1).to(torch.float64)
     seq_ratio = d.sum(dim=1)
@@ -594,9 +672,9 @@ def mismatch_sums(
     sums = torch.stack(
         [
             valid.sum().to(torch.float64),
-            finite_miss.sum().to(torch.float64),
+            (base & ~scored).sum().to(torch.float64),  # NaN; -inf is a probability of 0
             (-d).sum(),
-            (torch.expm1(d) - d).sum(),
+            _k3(valid, d).sum(),
             prob_diff.sum(),
             d.abs().sum(),
             has.sum().to(torch.float64),
@@ -609,6 +687,28 @@ def mismatch_sums(
     return sums, top.reshape(1)
 
 
+def _sums(value: torch.Tensor) -> torch.Tensor:
+    if tuple(value.shape) != (len(SUM_FIELDS),):
+        raise Invalid(
+            f"has shape {tuple(value.shape)}, not ({len(SUM_FIELDS)},); pass the first tensor "
+            f"mismatch_sums() returns (summed over shards)"
+        )
+    return value
+
+
+def _maxima(value: torch.Tensor) -> torch.Tensor:
+    if value.dim() != 1:
+        raise Invalid(
+            f"has shape {tuple(value.shape)}; pass the second tensor mismatch_sums() returns "
+            f"(or those of several shards, concatenated)"
+        )
+    return value
+
+
+@checked(
+    sums=Validator("mismatch_sums()'s first tensor", _sums),
+    maxima=Validator("mismatch_sums()'s second tensor", _maxima),
+)
 def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, float]:
     """The core metrics from (summed) [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums].
 

@@ -16,10 +16,14 @@ import inspect
 import logging
 import os
 import sys
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from precision_plugin.boundary import checked
 
 log = logging.getLogger("precision_plugin")
 
@@ -49,15 +53,21 @@ def _own_entry(target: Any, name: str) -> Any:
         return getattr(target, name, _MISSING)
 
 
+@checked
 class Patcher:
     """Applies reversible patches and undoes all of them on
     [`restore`][precision_plugin.patching.Patcher.restore]."""
 
-    def __init__(self, owner: str = "precision_plugin", *, strict: bool = False) -> None:
+    def __init__(
+        self, owner: str = "precision_plugin", *, strict: bool = False, tracked: bool = False
+    ) -> None:
         self.owner = owner
         #: When true, a patch that fails on a later import raises into that import
         #: (``strictness="error"``: the promise of ``enable()`` is broken) instead of logging.
         self.strict = strict
+        #: When true, the patches are [`track`][precision_plugin.patching.track]ed while they
+        #: last, so ``disable()`` undoes them (patches on user objects made outside ``enable()``).
+        self.tracked = tracked
         self._records: list[_Record] = []
 
     def __len__(self) -> int:
@@ -74,7 +84,7 @@ class Patcher:
 
     def setattr(self, target: Any, name: str, value: Any, *, reason: str) -> None:
         """Replace ``target.name`` with ``value``; ``reason`` says why no hook could do it."""
-        self._records.append(_Record(target, name, _own_entry(target, name), reason))
+        self._add(_Record(target, name, _own_entry(target, name), reason))
         setattr(target, name, value)
         log.debug("%s patched %s.%s: %s", self.owner, _qualname(target), name, reason)
 
@@ -161,7 +171,7 @@ class Patcher:
         """Set environment variable ``name``; [`restore`][precision_plugin.patching.Patcher.restore]
         puts the old value (or none) back, unless the variable was changed again since (that later
         value stays)."""
-        self._records.append(
+        self._add(
             _Record(os.environ, name, os.environ.get(name, _MISSING), reason, True, value=value)
         )
         os.environ[name] = value
@@ -183,12 +193,18 @@ class Patcher:
             callback(loaded)
             return
         hook = _PostImportHook(module, callback, owner=self.owner, strict=self.strict)
-        self._records.append(_Record(sys.meta_path, module, hook, reason, is_hook=True))
+        self._add(_Record(sys.meta_path, module, hook, reason, is_hook=True))
         sys.meta_path.insert(0, hook)
         log.debug("%s will patch %s when it is imported: %s", self.owner, module, reason)
 
+    def _add(self, record: _Record) -> None:
+        if self.tracked and not self._records:
+            track(self.restore, f"{self.owner}: {_describe(record)}")
+        self._records.append(record)
+
     def restore(self) -> None:
         """Undo every patch in reverse order; safe to call twice."""
+        untrack(self.restore)
         errors: list[str] = []
         while self._records:
             rec = self._records.pop()
@@ -210,6 +226,56 @@ class Patcher:
                 errors.append(f"{_qualname(rec.target)}.{rec.name}: {exc}")
         if errors:
             log.error("%s could not restore: %s", self.owner, "; ".join(errors))
+
+
+# -- changes on user objects, undone by disable() --------------------------------------------
+
+_tracked_lock = threading.Lock()
+_tracked: dict[int, tuple[str, weakref.WeakMethod[Callable[[], Any]]]] = {}
+
+
+def track(undo: Callable[[], Any], what: str) -> None:
+    """Register ``undo`` (a bound method, held weakly) as the way to undo a change the plugin
+    made on a user's object outside ``enable()`` (a model's fp32 wrappers, a detector's forward
+    hooks, a trainer's telemetry wrappers). ``disable()`` runs every undo still registered, so
+    an interrupted ``train()`` leaves nothing behind; ``undo`` itself should call
+    [`untrack`][precision_plugin.patching.untrack]. One undo per object."""
+    with _tracked_lock:
+        _tracked[id(undo.__self__)] = (what, weakref.WeakMethod(undo))  # type: ignore[attr-defined]
+
+
+def untrack(undo: Callable[[], Any]) -> None:
+    """Forget ``undo`` (its change was undone)."""
+    owner = getattr(undo, "__self__", None)
+    with _tracked_lock:
+        entry = _tracked.get(id(owner))
+        if entry is not None and entry[1]() == undo:
+            del _tracked[id(owner)]
+
+
+def tracked() -> list[str]:
+    """What is tracked now (changes on user objects not undone yet), in words."""
+    with _tracked_lock:
+        return sorted(what for what, ref in _tracked.values() if ref() is not None)
+
+
+def undo_tracked() -> list[str]:
+    """Run every tracked undo (an error is logged, the others still run); return what was
+    undone."""
+    with _tracked_lock:
+        entries = list(_tracked.values())
+        _tracked.clear()
+    done: list[str] = []
+    for what, ref in entries:
+        undo = ref()
+        if undo is None:
+            continue
+        try:
+            undo()
+            done.append(what)
+        except Exception as exc:  # keep undoing the rest
+            log.error("precision_plugin: could not undo %s: %s", what, exc)
+    return done
 
 
 def _describe(rec: _Record) -> str:
@@ -321,6 +387,7 @@ def _qualname(obj: Any) -> str:
     return name or f"<{type(obj).__name__} instance>"
 
 
+@checked
 def is_patched(func: Any) -> bool:
     """True when ``func`` is a wrapper installed by
     [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]."""

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from precision_plugin.boundary import self_checked
 from precision_plugin.errors import PrecisionConfigError
 
 #: Environment variable read by
@@ -303,6 +304,7 @@ class OverflowSettings:
         )
 
 
+@self_checked
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """What should run: one dtype on both sides, and how the plugin enforces and checks it.
@@ -384,11 +386,6 @@ class PrecisionPolicy:
         """Build a policy from a (possibly nested) dict; unknown keys are errors."""
         if data is None:
             return cls()
-        if not isinstance(data, Mapping):
-            raise PrecisionConfigError(
-                f"precision policy: expected a dict such as {{'dtype': 'float16'}}, "
-                f"got {type(data).__name__} {data!r}."
-            )
         return _build(cls, data, prefix="")
 
     def to_dict(self) -> dict[str, Any]:
@@ -483,12 +480,9 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
             )
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        number = real_number(value)
+        if number is None:
             raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
         if not math.isfinite(number):
             raise PrecisionConfigError(
                 f"{where}: {value!r} is not a finite number; pass a finite one (inf/nan would "
@@ -498,6 +492,17 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
     if origin is tuple:
         return _string_tuple(value, where)
     return value
+
+
+def real_number(value: Any) -> float | None:
+    """``value`` as a float when it is an ``int`` or ``float`` (not a ``bool``; an int too large
+    for a float is ``inf``), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _string_tuple(value: Any, where: str) -> tuple[str, ...]:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from precision_plugin.boundary import checked
+
 Status = Literal["ok", "info", "change", "warning", "error"]
 STATUSES: tuple[str, ...] = ("ok", "info", "change", "warning", "error")
 
 
+@checked
 @dataclass(frozen=True)
 class Finding:
     """One observation: which framework, how serious, what was found, and how to fix it.

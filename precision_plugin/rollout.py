@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from precision_plugin.boundary import checked
 
+
+@checked
 @dataclass
 class RolloutSample:
     """One sampled completion: prompt and completion token ids, and the engine's log-probs.

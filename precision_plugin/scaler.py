@@ -8,20 +8,19 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from precision_plugin.boundary import checked, non_empty, torch_device
 from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
 from precision_plugin.frameworks import grad_scaler
-from precision_plugin.policy import LossScalerSettings
-
-if TYPE_CHECKING:
-    from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
 
+@checked
 @dataclass(frozen=True)
 class ScalerStats:
     """A snapshot of a dynamic loss scaler, whatever backend runs it.
@@ -53,6 +52,7 @@ class ScalerStats:
         return asdict(self)
 
 
+@checked(backend=non_empty("the backend's name, e.g. 'torch'"))
 def check_scale_floor(stats: ScalerStats, settings: LossScalerSettings, *, backend: str) -> bool:
     """Act when the scale is stuck at its floor: the run only skips steps, it no longer learns.
 
@@ -288,11 +288,12 @@ def _trainable_fp16(model: Any) -> bool:
     return any(p.requires_grad and p.dtype == torch.float16 for p in model.parameters())
 
 
+@checked(device=torch_device)
 def make_grad_scaler(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None,
     device: str | torch.device = "cuda",
     *,
-    model: Any = None,
+    model: torch.nn.Module | None = None,
     sharded: bool | None = None,
 ) -> torch.amp.GradScaler:
     """Return the dynamic loss scaler for this setup, built with ``policy.loss_scaler``.
@@ -309,19 +310,8 @@ def make_grad_scaler(
     """
     from precision_plugin.manager import resolve_policy
 
-    policy = resolve_policy(policy, what="make_grad_scaler()")
-    try:
-        device_type = torch.device(device).type
-    except (RuntimeError, TypeError) as exc:
-        raise PrecisionConfigError(
-            f"make_grad_scaler(device={device!r}): not a torch device ({exc}); pass 'cuda', "
-            f"'cpu' or a torch.device."
-        ) from None
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise PrecisionConfigError(
-            f"make_grad_scaler(model=...): expected a torch.nn.Module or None, got "
-            f"{type(model).__name__}."
-        )
+    policy = resolve_policy(policy)
+    device_type = torch.device(device).type
     settings = policy.loss_scaler
     kwargs = grad_scaler(settings).to_kwargs()
     kwargs["enabled"] = policy.uses_loss_scaler
@@ -339,6 +329,7 @@ def make_grad_scaler(
     return scaler
 
 
+@checked
 def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
     """Give a scaler someone else built (Accelerate's) the telemetry of
     [`make_grad_scaler`][precision_plugin.scaler.make_grad_scaler].
@@ -348,11 +339,6 @@ def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
     so checkpoints, pickling and ``isinstance`` checks keep working. Returns ``False`` (and
     changes nothing) for other scaler types, ``True`` when the scaler reports telemetry now.
     """
-    if not isinstance(settings, LossScalerSettings):
-        raise PrecisionConfigError(
-            f"attach_telemetry(settings=...): expected the policy's LossScalerSettings "
-            f"(policy.loss_scaler), got {type(settings).__name__}."
-        )
     if isinstance(scaler, _Telemetry):
         return True
     target: type | None = None
@@ -375,6 +361,7 @@ def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
     return True
 
 
+@checked
 def scaler_stats(scaler: Any) -> ScalerStats | None:
     """[`ScalerStats`][precision_plugin.scaler.ScalerStats] of a scaler with telemetry; a bare
     snapshot for a plain torch scaler; ``None`` when ``scaler`` is ``None`` or disabled."""
@@ -385,6 +372,7 @@ def scaler_stats(scaler: Any) -> ScalerStats | None:
     return ScalerStats(scale=float(scaler.get_scale()))
 
 
+@checked
 def consecutive_skips(scaler: Any) -> int | None:
     """The current run of skipped steps of a scaler with telemetry, read without a device sync;
     ``None`` for any other scaler (or ``None``)."""

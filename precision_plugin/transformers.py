@@ -8,7 +8,9 @@ With ``enable()``:
 - every ``Trainer`` casts its model to the policy's master-weight dtypes once it is built
   (after TRL's QLoRA cast to bf16) and gets a
   [`PrecisionCallback`][precision_plugin.callback.PrecisionCallback] bound to it, first in the
-  callback list so reporters (W&B, TensorBoard) see its metrics.
+  callback list so reporters (W&B, TensorBoard) see its metrics;
+- ``Trainer.train`` releases what the callback changed for the run (fp32 wrappers, detector
+  hooks, telemetry) when it returns *or raises* (an exception, ``KeyboardInterrupt``).
 
 Without ``enable()``, ``callbacks=[PrecisionCallback()]`` still checks and fixes what a callback
 can reach (flags against the policy, parameter dtypes, the dtype the training forward really
@@ -120,9 +122,22 @@ def _trainer_init(
     bind_callback(self, policy)
 
 
+def _trainer_train(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return original(self, *args, **kwargs)
+    finally:  # also on an exception or KeyboardInterrupt: nothing of the run stays on the model
+        from precision_plugin.callback import PrecisionCallback
+
+        handler = getattr(self, "callback_handler", None)
+        for callback in getattr(handler, "callbacks", ()):
+            if isinstance(callback, PrecisionCallback):
+                callback.release()
+
+
 @hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
-    """Wrap ``TrainingArguments.__post_init__`` and ``Trainer.__init__`` (see the module doc)."""
+    """Wrap ``TrainingArguments.__post_init__``, ``Trainer.__init__`` and ``Trainer.train``
+    (see the module doc)."""
     if installed_version("transformers") is None:
         return
     patcher.wrap_on_import(
@@ -138,6 +153,13 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
         functools.partial(_trainer_init, policy),
         reason="callbacks never receive the trainer; binding it and fixing the model's "
         "dtypes before the first step needs the constructed trainer",
+    )
+    patcher.wrap_on_import(
+        "transformers.trainer",
+        "Trainer.train",
+        _trainer_train,
+        reason="no callback runs when train() raises; what the run changed on the model (fp32 "
+        "wrappers, detector hooks, telemetry) is undone here",
     )
 
 

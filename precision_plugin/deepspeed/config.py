@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import checked, fix_hint
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.frameworks import (
     DS_BF16,
@@ -41,34 +42,36 @@ log = logging.getLogger("precision_plugin")
 #: Name of the top-level DeepSpeed config section the plugin reads.
 SECTION = "precision_plugin"
 
+_AS_DICT = fix_hint(
+    "pass the config as a dict; read a JSON file with precision_plugin.deepspeed.load_config(path) "
+    "first"
+)
+
 #: DeepSpeed's legacy alias of ``bf16`` and its autocast section.
 _BF16_OLD, _AUTOCAST = "bfloat16", "torch_autocast"
 
 
+@checked(cfg=fix_hint("pass a dict, or a path to a DeepSpeed JSON config"))
 def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """Return a deep copy of ``cfg``: a dict, a path to a JSON file, or a JSON string."""
     if isinstance(cfg, Mapping):
         return copy.deepcopy(dict(cfg))
-    if isinstance(cfg, (str, os.PathLike)):
-        text = os.fspath(cfg)
-        if os.path.exists(text):
-            data = _read_json_file(text)
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError:
-                raise PrecisionConfigError(
-                    f"DeepSpeed config: {text!r} is neither an existing file nor JSON. Pass a "
-                    f"dict, a path to a DeepSpeed JSON config, or a JSON string."
-                ) from None
-        if not isinstance(data, dict):
+    text = os.fspath(cfg)
+    if os.path.exists(text):
+        data = _read_json_file(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
             raise PrecisionConfigError(
-                f"DeepSpeed config {text!r}: expected a JSON object, got {type(data).__name__}."
-            )
-        return data
-    raise PrecisionConfigError(
-        f"DeepSpeed config: expected a dict or a path to a JSON file, got {type(cfg).__name__}."
-    )
+                f"DeepSpeed config: {text!r} is neither an existing file nor JSON. Pass a "
+                f"dict, a path to a DeepSpeed JSON config, or a JSON string."
+            ) from None
+    if not isinstance(data, dict):
+        raise PrecisionConfigError(
+            f"DeepSpeed config {text!r}: expected a JSON object, got {type(data).__name__}."
+        )
+    return data
 
 
 def _read_json_file(path: str) -> Any:
@@ -98,6 +101,7 @@ def _read_json_file(path: str) -> Any:
         ) from None
 
 
+@checked(cfg=_AS_DICT)
 def config_policy(
     cfg: Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
 ) -> PrecisionPolicy:
@@ -109,12 +113,7 @@ def config_policy(
     process (rollouts follow it too), so a different section dtype is coerced to the base dtype
     (strictness ``warn``) or refused (strictness ``error``).
     """
-    _require_mapping(cfg, "config_policy()")
-    explicit = (
-        resolve_policy(policy, what="DeepSpeed config_policy()")
-        if policy is not None
-        else requested_policy()
-    )
+    explicit = policy if policy is not None else requested_policy()
     base = explicit if explicit is not None else PrecisionPolicy()
     section = cfg.get(SECTION)
     if section is None:
@@ -143,6 +142,7 @@ def config_policy(
     return merged
 
 
+@checked(cfg=fix_hint("pass a dict, or a path to a DeepSpeed JSON config"))
 def apply_config(
     cfg: Mapping[str, Any] | str | os.PathLike[str],
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -164,25 +164,19 @@ def apply_config(
     return translate(out, config_policy(out, policy))
 
 
-def translate(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
+@checked(cfg=_AS_DICT)
+def translate(
+    cfg: Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None
+) -> dict[str, Any]:
     """Return a copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again).
 
     [`apply_config`][precision_plugin.deepspeed.apply_config] is ``translate(cfg, config_policy(cfg,
     policy))``; call this one when the policy is already resolved.
     """
-    _require_mapping(cfg, "translate()")
-    policy = resolve_policy(policy, what="DeepSpeed translate()")
+    policy = resolve_policy(policy)
     out = copy.deepcopy(dict(cfg))
     _Translator(out, policy).run()
     return out
-
-
-def _require_mapping(cfg: Any, what: str) -> None:
-    if not isinstance(cfg, Mapping):
-        raise PrecisionConfigError(
-            f"DeepSpeed {what}: expected the config as a dict, got {type(cfg).__name__}; read a "
-            f"JSON file with precision_plugin.deepspeed.load_config(path) first."
-        )
 
 
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:

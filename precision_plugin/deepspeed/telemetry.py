@@ -11,17 +11,27 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from precision_plugin.boundary import checked, duck
 from precision_plugin.deepspeed.config import config_policy
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import adapter_patcher, current_policy
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.scaler import ScalerStats, check_scale_floor
+from precision_plugin.shield import shielded
 
 log = logging.getLogger("precision_plugin")
+
+#: What a DeepSpeed engine is, for the boundary (DeepSpeed is not imported to check a class).
+_ENGINE = duck(
+    "step",
+    "global_steps",
+    "optimizer",
+    what="the DeepSpeed engine deepspeed.initialize() returned (its first element)",
+)
+_TELEMETRY = "DeepSpeed loss-scale telemetry (precision/skipped_steps, the floor check)"
 
 #: Attribute of a tracked engine holding its tracker (set and removed through the patcher).
 _TRACKER = "__precision_plugin_tracker__"
@@ -77,10 +87,15 @@ class _EngineTracker:
     def around_step(
         self, engine: Any, original: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Any:
-        """``engine.step`` with the skip count and the floor check around it."""
-        before = self.before_step(engine)
+        """``engine.step`` with the skip count and the floor check around it (only the floor
+        check, under ``on_min_scale="error"``, may stop training)."""
+        before = None
+        with shielded(_TELEMETRY, self.policy.strictness):
+            before = self.before_step(engine)
         result = original(*args, **kwargs)
-        self.after_step(engine, before)
+        if before is not None:
+            with shielded(_TELEMETRY, self.policy.strictness):
+                self.after_step(engine, before)
         return result
 
     def after_step(self, engine: Any, before: tuple[int, int]) -> None:
@@ -96,19 +111,7 @@ class _EngineTracker:
             check_scale_floor(engine_scaler_stats(engine), settings, backend="DeepSpeed")
 
 
-def _require_engine(engine: Any, what: str) -> None:
-    """Refuse what is not a DeepSpeed engine (it has ``step``, ``global_steps``, ``optimizer``)."""
-    if not (
-        callable(getattr(engine, "step", None))
-        and hasattr(engine, "global_steps")
-        and hasattr(engine, "optimizer")
-    ):
-        raise PrecisionConfigError(
-            f"{what}: expected the DeepSpeed engine deepspeed.initialize() returned (its first "
-            f"element), got {type(engine).__name__}."
-        )
-
-
+@checked(engine=_ENGINE)
 def engine_scaler_stats(engine: Any) -> ScalerStats:
     """The loss-scaler state of a DeepSpeed engine (any ZeRO stage, fp16/bf16/fp32).
 
@@ -119,7 +122,6 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     ([`track_engine`][precision_plugin.deepspeed.track_engine]) and otherwise 1 or 0 from the last
     step.
     """
-    _require_engine(engine, "engine_scaler_stats()")
     scale, floor = _loss_scale_and_floor(getattr(engine, "optimizer", None))
     steps = int(getattr(engine, "global_steps", 0))
     skipped = int(getattr(engine, "skipped_steps", 0))
@@ -139,6 +141,7 @@ def engine_scaler_stats(engine: Any) -> ScalerStats:
     )
 
 
+@checked
 def engine_dtype(engine: Any) -> str | None:
     """The dtype the plugin runs ``engine`` in: the policy's, or float32 where DeepSpeed's
     accelerator refuses the policy dtype (``None`` for an engine the plugin does not track)."""
@@ -146,6 +149,7 @@ def engine_dtype(engine: Any) -> str | None:
     return tracker.policy.dtype if tracker is not None else None
 
 
+@checked
 def tracker_of(engine: Any) -> _EngineTracker | None:
     """The tracker [`track_engine`][precision_plugin.deepspeed.track_engine] gave ``engine``."""
     try:
@@ -154,7 +158,10 @@ def tracker_of(engine: Any) -> _EngineTracker | None:
         return None
 
 
-def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
+@checked(engine=_ENGINE)
+def track_engine(
+    engine: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> Any:
     """Give ``engine`` per-step telemetry and the policy's loss-scale-floor behaviour; return it.
 
     Wraps this engine's ``step`` (the instance, not the class) so consecutive skips are counted and
@@ -163,13 +170,8 @@ def track_engine(engine: Any, policy: PrecisionPolicy | None = None) -> Any:
     calls it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
     until the engine is gone.
     """
-    _require_engine(engine, "track_engine()")
     if tracker_of(engine) is not None:
         return engine
-    if policy is not None:
-        from precision_plugin.manager import resolve_policy
-
-        policy = resolve_policy(policy, what="track_engine()")
     pol = policy or current_policy() or _policy_of(engine)
     # Under enable() the wrap is undone by disable(); without it, it lives as long as the engine.
     patcher = adapter_patcher("deepspeed") or Patcher(owner="precision_plugin[deepspeed]")
@@ -214,6 +216,7 @@ def _policy_of(engine: Any) -> PrecisionPolicy:
     return config_policy(raw if isinstance(raw, dict) else {})
 
 
+@checked
 def find_engine(trainer: Any) -> Any:
     """The DeepSpeed engine a trainer (or the last tracked engine) runs, else ``None``."""
     ds = sys.modules.get("deepspeed")

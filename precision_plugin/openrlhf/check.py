@@ -19,7 +19,8 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin import frameworks
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.boundary import Invalid, Validator, checked, version_text
+from precision_plugin.errors import settle_conflict
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -308,6 +309,24 @@ def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
     return check_model_config(path, policy, raise_on_refusal=False)
 
 
+def _parsed_args(args: Any) -> Any:
+    """The boundary check of OpenRLHF's parsed arguments: a namespace or a dict."""
+    if not isinstance(args, Mapping) and (
+        isinstance(args, (str, bytes, list, tuple)) or not hasattr(args, "__dict__")
+    ):
+        raise Invalid(
+            "is not OpenRLHF's parsed arguments (the namespace train_ppo_ray's parser returns, "
+            "or a dict); to check a command line use precision_plugin.openrlhf.parse_args(argv) "
+            "first"
+        )
+    return args
+
+
+_ARGS = Validator("OpenRLHF's parsed arguments", _parsed_args)
+_VERSION = version_text("OpenRLHF")
+
+
+@checked(args=_ARGS, openrlhf_version=_VERSION)
 def find_problems(
     args: Any,
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -319,14 +338,7 @@ def find_problems(
     ``error`` findings are the contradictions. ``environ`` (default ``os.environ``) is the
     environment the Ray actors get; see
     [`check_args`][precision_plugin.openrlhf.check_args] for what is checked."""
-    if args is None or isinstance(args, (str, bytes, list, tuple)):
-        raise PrecisionConfigError(
-            f"precision_plugin.openrlhf.check_args(): args must be OpenRLHF's parsed arguments "
-            f"(the namespace train_ppo_ray's parser returns, or a dict), got "
-            f"{type(args).__name__}; to check a command line use "
-            f"precision_plugin.openrlhf.parse_args(argv) first."
-        )
-    policy = resolve_policy(policy, what="precision_plugin.openrlhf.find_problems()")
+    policy = resolve_policy(policy)
     lay = layout(openrlhf_version)
     env = os.environ if environ is None else environ
     learner, findings = _learner(args, policy, lay)
@@ -355,6 +367,7 @@ def settle(findings: list[Finding], policy: PrecisionPolicy) -> None:
     )
 
 
+@checked(args=_ARGS, openrlhf_version=_VERSION)
 def check_args(
     args: Any,
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -379,7 +392,7 @@ def check_args(
     [`resolve_policy`][precision_plugin.manager.resolve_policy]; ``openrlhf_version`` defaults
     to the installed OpenRLHF.
     """
-    pol = resolve_policy(policy, what="precision_plugin.openrlhf.check_args()")
+    pol = resolve_policy(policy)
     findings = find_problems(args, pol, openrlhf_version=openrlhf_version)
     settle(findings, pol)
     return findings

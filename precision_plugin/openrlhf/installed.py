@@ -19,6 +19,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from precision_plugin import versions
+from precision_plugin.boundary import checked
 
 PARSER_FILE = "cli/train_ppo_ray.py"
 ENGINE_FILE = "trainer/ray/vllm_engine.py"
@@ -28,6 +29,7 @@ ACTOR_FILE = "trainer/ray/ppo_actor.py"
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
 
 
+@checked
 @dataclass(frozen=True)
 class WeightSync:
     """What the weight sync from the learner to the vLLM engines does with dtypes.
@@ -173,6 +175,7 @@ def _read(root: Path, relative: str) -> str:
 
 
 @functools.cache
+@checked
 def installed() -> Installed | None:
     """The installed OpenRLHF (cached; ``installed.cache_clear()`` after installing), or
     ``None``."""

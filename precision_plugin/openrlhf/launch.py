@@ -13,6 +13,7 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin import frameworks
+from precision_plugin.boundary import checked, version_text
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import installed
@@ -32,6 +33,7 @@ def env_value(policy: PrecisionPolicy) -> str:
     return policy.dtype if policy == PrecisionPolicy(dtype=policy.dtype) else policy.to_json()
 
 
+@checked(openrlhf_version=version_text("OpenRLHF"))
 def args(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
@@ -68,6 +70,7 @@ def args(
     return [flag(PARAM_DTYPE), spelled]
 
 
+@checked
 def runtime_env(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
 ) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from precision_plugin import versions
+from precision_plugin.boundary import checked, version_text
 from precision_plugin.errors import PrecisionConfigError
 
 #: First release with the hierarchical command line (``--ds.param_dtype``).
@@ -77,6 +78,7 @@ def flag(key: str) -> str:
     return f"--{key}"
 
 
+@checked
 @dataclass(frozen=True)
 class Layout:
     """The precision flags of one OpenRLHF version."""
@@ -100,6 +102,7 @@ class Layout:
         return [flag(IS_ENABLE)]
 
 
+@checked(version=version_text("OpenRLHF"))
 def openrlhf_version(version: str | Version | None = None) -> Version:
     """``version`` when given, else the installed OpenRLHF's, else :data:`ASSUMED_VERSION`."""
     if version is not None:
@@ -113,6 +116,7 @@ def openrlhf_version(version: str | Version | None = None) -> Version:
     return versions.installed_version("openrlhf") or ASSUMED_VERSION
 
 
+@checked(version=version_text("OpenRLHF"))
 def layout(version: str | Version | None = None) -> Layout:
     """The :class:`Layout` of OpenRLHF ``version`` (default: installed); refuses < 0.10.2."""
     v = openrlhf_version(version)

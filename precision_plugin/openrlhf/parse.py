@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from precision_plugin.boundary import checked, non_empty
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.patching import Patcher
 
@@ -49,6 +50,7 @@ def _stop_after_parse(original: Any, self: argparse.ArgumentParser, *a: Any, **k
     return namespace  # a parser of a module the command imports
 
 
+@checked(module=non_empty("a module such as openrlhf.cli.train_ppo_ray"))
 def parse_args(argv: Sequence[str], *, module: str = MODULE) -> Any:
     """Parse ``argv`` (the arguments after ``python -m openrlhf.cli.train_ppo_ray``) with the
     installed OpenRLHF's parser; return its namespace, nested by OpenRLHF's ``hierarchize``
@@ -57,11 +59,6 @@ def parse_args(argv: Sequence[str], *, module: str = MODULE) -> Any:
     Raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError] when the module
     cannot be imported or OpenRLHF's parser refuses ``argv`` (its own message included).
     """
-    if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
-        raise PrecisionConfigError(
-            f"parse_args(): argv must be a list of strings (the train_ppo_ray arguments), got "
-            f"{argv!r}"
-        )
     patcher = Patcher(owner="precision_plugin[openrlhf:parse]")
     patcher.around(
         argparse.ArgumentParser,

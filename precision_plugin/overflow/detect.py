@@ -12,20 +12,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from precision_plugin.boundary import checked, policy_field
 from precision_plugin.errors import ForwardOverflowError
 from precision_plugin.overflow.tensors import FP16_MAX, abs_max, floating_tensors
+from precision_plugin.patching import track, untrack
+from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 
 MODES = ("off", "sampled", "always")
 
 
+@checked
 @dataclass(frozen=True)
 class OverflowEvent:
     """The first module of a forward whose output was non-finite.
@@ -73,6 +78,11 @@ class OverflowEvent:
         return asdict(self)
 
 
+@checked(
+    mode=policy_field("overflow.detect"),
+    every=policy_field("overflow.detect_every"),
+    strictness=policy_field("strictness"),
+)
 class OverflowDetector:
     """Forward-overflow detection for one model, step by step.
 
@@ -92,15 +102,9 @@ class OverflowDetector:
         every: int = 10,
         strictness: str = "warn",
     ) -> None:
-        if mode not in MODES:
-            from precision_plugin.errors import PrecisionConfigError
-
-            raise PrecisionConfigError(
-                f"OverflowDetector: mode={mode!r} is not one of {', '.join(MODES)}."
-            )
         self.model = model
         self.mode = mode
-        self.every = max(1, int(every))
+        self.every = every
         self.strictness = strictness
         #: Every reported overflow, oldest first.
         self.events: list[OverflowEvent] = []
@@ -113,7 +117,11 @@ class OverflowDetector:
         self._found: OverflowEvent | None = None
 
     @classmethod
-    def from_policy(cls, model: torch.nn.Module, policy: Any = None) -> OverflowDetector:
+    def from_policy(
+        cls,
+        model: torch.nn.Module,
+        policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    ) -> OverflowDetector:
         """A detector set up from ``policy.overflow`` and ``policy.strictness``."""
         from precision_plugin.manager import resolve_policy
 
@@ -151,6 +159,7 @@ class OverflowDetector:
             return False
         self._armed_once = False
         names = {module: name for name, module in self.model.named_modules()}
+        track(self.close, f"OverflowDetector: forward hooks on {type(self.model).__name__}")
         for module, name in names.items():
             self._handles.append(
                 module.register_forward_hook(self._make_hook(name), with_kwargs=True)
@@ -190,12 +199,14 @@ class OverflowDetector:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if self._found is not None:
                 return
-            value = abs_max(output)
-            if value is not None:
-                dtype = first_floating_dtype(output) or "?"
-                self._pending.append((name, module, value, dtype, (args, kwargs)))
-            if module is self.model:  # the top-level forward returned: one sync for all
-                self._evaluate()
+            # Inside the user's forward: only strictness="error" may stop it.
+            with shielded("forward-overflow detection", self.strictness):
+                value = abs_max(output)
+                if value is not None:
+                    dtype = first_floating_dtype(output) or "?"
+                    self._pending.append((name, module, value, dtype, (args, kwargs)))
+                if module is self.model:  # the top-level forward returned: one sync for all
+                    self._evaluate()
 
         return hook
 
@@ -233,11 +244,13 @@ class OverflowDetector:
         log.warning("%s.", event.message())
 
     def _remove_hooks(self) -> None:
+        untrack(self.close)
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
 
 
+@checked
 def first_floating_dtype(value: Any) -> str | None:
     """The dtype name of the first floating tensor in ``value`` (``None`` when there is none)."""
     tensor = next(floating_tensors(value), None)

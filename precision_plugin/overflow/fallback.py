@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
+from precision_plugin.boundary import checked, policy_field
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.overflow.tensors import autocast_device_types
-from precision_plugin.patching import Patcher
+from precision_plugin.patching import Patcher, track, untrack
 
 log = logging.getLogger("precision_plugin")
 
@@ -32,6 +33,7 @@ log = logging.getLogger("precision_plugin")
 INNER_ATTR = "_precision_plugin_fp32_inner"
 
 
+@checked(patterns=policy_field("overflow.keep_fp32_modules"))
 def match_modules(model: torch.nn.Module, patterns: Iterable[str]) -> list[str]:
     """Paths of the modules matching any fnmatch pattern, outermost only (a matched module's
     submodules already run inside its float32 region). Raises :class:`PrecisionConfigError`
@@ -55,6 +57,7 @@ def _examples(names: list[str]) -> list[str]:
     return leaves[:3] or names[:3]
 
 
+@checked
 @dataclass
 class Fp32Fallback:
     """The float32 fallback applied to one model; :meth:`remove` undoes it exactly."""
@@ -64,13 +67,16 @@ class Fp32Fallback:
     _casts: list[tuple[torch.Tensor, torch.dtype]] = field(default_factory=list, repr=False)
 
     def remove(self) -> None:
-        """Restore the original ``forward`` of every module and its parameters' dtypes."""
+        """Restore the original ``forward`` of every module and its parameters' dtypes (also
+        done by ``precision_plugin.disable()`` while it is in place)."""
+        untrack(self.remove)
         self._patcher.restore()
         casts, self._casts = self._casts, []
         for tensor, dtype in casts:
             tensor.data = tensor.data.to(dtype)
 
 
+@checked(patterns=policy_field("overflow.keep_fp32_modules"))
 def keep_fp32_modules(model: torch.nn.Module, patterns: Iterable[str]) -> Fp32Fallback:
     """Run the modules of ``model`` matching ``patterns`` in float32 outside autocast.
 
@@ -100,6 +106,8 @@ def keep_fp32_modules(model: torch.nn.Module, patterns: Iterable[str]) -> Fp32Fa
             reason="keep_fp32_modules: no hook spans a whole forward to switch autocast off",
         )
         fallback.modules.append(name)
+    if fallback.modules or fallback._casts:
+        track(fallback.remove, f"keep_fp32_modules: {', '.join(fallback.modules)}")
     if fallback.modules:
         log.info(
             "precision_plugin: running %d module(s) in float32 (overflow.keep_fp32_modules): %s",
@@ -109,6 +117,7 @@ def keep_fp32_modules(model: torch.nn.Module, patterns: Iterable[str]) -> Fp32Fa
     return fallback
 
 
+@checked
 def is_fp32(module: torch.nn.Module) -> bool:
     """True when ``module`` runs under the float32 fallback."""
     return getattr(vars(module).get("forward"), "__func__", None) is _fp32_forward

@@ -16,18 +16,22 @@ from typing import Any
 
 import torch
 
+from precision_plugin.boundary import checked, policy_field
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.overflow.tensors import (
     FP16_MAX,
     abs_max,
     autocast_device_types,
     fp16_margin_bits,
 )
+from precision_plugin.policy import PrecisionPolicy
 
 #: More flagged modules than this (after removing parents of flagged modules) and the probe
 #: recommends consistent bf16 rather than a list of float32 modules.
 MAX_FP32_MODULES = 4
 
 
+@checked
 @dataclass(frozen=True)
 class ModuleHeadroom:
     """One module: its path (as ``model.named_modules()`` names it; ``""`` is the model itself),
@@ -53,6 +57,7 @@ class ModuleHeadroom:
         return out
 
 
+@checked
 @dataclass(frozen=True)
 class Recommendation:
     """What to do about the measured headroom.
@@ -72,6 +77,7 @@ class Recommendation:
         return {"action": self.action, "modules": list(self.modules), "message": self.message}
 
 
+@checked
 @dataclass
 class HeadroomReport:
     """The headroom of every module that produced a floating output, in execution order."""
@@ -127,6 +133,7 @@ class HeadroomReport:
         }
 
 
+@checked
 def recommend(report: HeadroomReport) -> Recommendation:
     """Turn a report into one :class:`Recommendation`."""
     flagged = report.flagged
@@ -190,12 +197,13 @@ def innermost(paths: Iterable[str]) -> list[str]:
     ]
 
 
+@checked(margin_bits=policy_field("overflow.margin_bits"))
 def headroom(
     model: torch.nn.Module,
-    batches: Any,
+    batches: torch.Tensor | Mapping[str, Any] | Iterable[torch.Tensor | Mapping[str, Any]],
     *,
     margin_bits: float | None = None,
-    policy: Any = None,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
 ) -> HeadroomReport:
     """Measure every module's largest activation in float32 and its margin to float16's maximum.
 
@@ -239,6 +247,11 @@ def headroom(
     finally:
         for handle in handles:
             handle.remove()
+    if count == 0:
+        raise PrecisionConfigError(
+            "headroom(): argument 'batches' held no batch, so nothing was measured; pass a "
+            "tensor of input ids, a dict of model inputs, or a non-empty list of them."
+        )
     values = _to_floats(maxima)
     input_values = _to_floats(input_maxima)
     rows = []

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from precision_plugin.boundary import checked
+
 #: The largest finite float16 value.
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504.0
 
@@ -39,6 +41,7 @@ def abs_max(value: Any) -> torch.Tensor | None:
     return torch.stack([m.to(device) for m in maxima]).amax()
 
 
+@checked
 def fp16_margin_bits(max_abs: float) -> float:
     """Headroom to float16's maximum in powers of two: ``log2(65504 / max_abs)``.
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked
 from precision_plugin.consequence import (
     COUNT_FIELDS,
     SEQUENCE_MASKS,
@@ -77,6 +78,7 @@ class BucketConsequence:
         }
 
 
+@checked
 @dataclass
 class DtypeConsequence:
     """One dtype's consequence: measured, per bucket, the fit, the projection to the target
@@ -110,6 +112,7 @@ class DtypeConsequence:
         }
 
 
+@checked
 @dataclass
 class ConsequenceReport:
     """The probe's ``consequence`` section: per dtype, the advice, and what it cost."""
@@ -294,6 +297,7 @@ def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str,
     return lead + text + "."
 
 
+@checked(target_length=at_least(1))
 def assess(
     results: Mapping[str, Any], target_length: int, *, valid: bool = True
 ) -> ConsequenceReport:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch_device
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 
+@checked(device=torch_device)
 def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     """Load a local HF causal-LM checkpoint in float32 on ``device``, in eval mode.
 
@@ -56,6 +58,11 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+@checked(
+    model=duck("config", "forward", what="a transformers causal LM (from_pretrained)"),
+    dtype=dtype_name,
+    device=torch_device,
+)
 class HFRolloutEngine:
     """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
 
@@ -239,6 +246,7 @@ class HFRolloutEngine:
             self._torch.cuda.empty_cache()
 
 
+@checked(dtype=dtype_name, device=torch_device, seed=at_least(0))
 def hf_engine_factory(
     model_path: str, dtype: str, device: str, seed: int, *, float32_buffers: bool = True
 ) -> HFRolloutEngine:

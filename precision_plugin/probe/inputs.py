@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked, non_empty
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
@@ -42,6 +45,7 @@ PROMPTS: tuple[str, ...] = (
 )
 
 
+@checked
 def resolve_device(device: str) -> str:
     """Turn ``"auto"`` into ``cuda``/``cpu``; refuse a device torch cannot use here."""
     import torch
@@ -93,7 +97,8 @@ TOKENIZER_FILES = (
 )
 
 
-def check_model_dir(path: str) -> Path:
+@checked
+def check_model_dir(path: str | os.PathLike[str]) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
     folder = Path(path).expanduser()
     if not folder.exists():
@@ -120,6 +125,7 @@ def check_model_dir(path: str) -> Path:
     return folder
 
 
+@checked(num_prompts=at_least(1))
 def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
     """Tokenize the built-in prompts (cycled to ``num_prompts``), all cut to one length.
 
@@ -141,16 +147,21 @@ def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
     return [p[:length] for p in encoded]
 
 
-def read_prompts_file(path: str) -> list[Prompt]:
-    """Read a prompts file: JSONL or plain text, one prompt per line (blank lines skipped).
+@checked(path=non_empty("the path of a prompts file"))
+def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
+    """Read a prompts file: JSONL, a JSON array, or plain text, one prompt per line (blank lines
+    skipped); a UTF-8 byte-order mark is ignored.
 
     The file is JSONL when its first non-blank line starts with ``{``: every line is an object
     with a ``prompt`` (text, or a list of chat messages as in TRL's conversational datasets) or
-    a ``messages`` list of ``{"role", "content"}`` dicts. Otherwise each line is one prompt.
+    a ``messages`` list of ``{"role", "content"}`` dicts. A file that starts with ``[`` and
+    parses as JSON is an array of such objects or of prompt strings. Otherwise each line is one
+    prompt.
     """
+    path = os.fspath(path)  # named as given in every message
     file = Path(path).expanduser()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise PrecisionConfigError(
@@ -163,9 +174,37 @@ def read_prompts_file(path: str) -> list[Prompt]:
             f'such as {{"prompt": "..."}} or '
             f'{{"messages": [{{"role": "user", "content": "..."}}]}}.'
         )
-    if not lines[0][1].lstrip().startswith("{"):
+    first = lines[0][1].lstrip()
+    if first.startswith("["):
+        array = _json_array(path, text)
+        if array is not None:
+            return array
+    if not first.startswith("{"):
         return [line for _, line in lines]
     return [_jsonl_prompt(path, n, line) for n, line in lines]
+
+
+def _json_array(path: str, text: str) -> list[Prompt] | None:
+    """The prompts of a JSON-array file; ``None`` when the file is text that starts with ``[``
+    (``[INST] ...`` prompts)."""
+    if not re.match(r'\[\s*($|["{\[\]\d-])', text.lstrip()):
+        return None  # "[INST] ..." is text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PrecisionConfigError(
+            f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
+            f"line {exc.lineno}); fix it, or write one prompt per line."
+        ) from None
+    if not isinstance(data, list) or not data:
+        raise PrecisionConfigError(
+            f"prompts: {path!r} is a JSON {type(data).__name__ if data else 'empty array'}; "
+            f'write a JSON array of prompts such as ["...", {{"prompt": "..."}}], or JSONL.'
+        )
+    return [
+        item if isinstance(item, str) and item.strip() else _record_prompt(path, i, item)
+        for i, item in enumerate(data, 1)
+    ]
 
 
 def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
@@ -177,6 +216,11 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
             f"{where} is not JSON ({exc.msg}); the file is read as JSONL because its first "
             f"line starts with '{{', so every line must be one JSON object."
         ) from None
+    return _record_prompt(path, number, record, where)
+
+
+def _record_prompt(path: str, number: int, record: Any, where: str = "") -> Prompt:
+    where = where or f"prompts: {path!r} item {number}"
     value = record.get("messages", record.get("prompt")) if isinstance(record, dict) else None
     if isinstance(value, str) and value.strip():
         return value
@@ -192,6 +236,7 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
     )
 
 
+@checked(prompts=non_empty("at least one prompt"), num_prompts=at_least(1))
 def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) -> list[list[int]]:
     """Tokenize the user's prompts (cycled to ``num_prompts``), each at its own length.
 
@@ -232,6 +277,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) 
     return encoded
 
 
+@checked(num_prompts=at_least(1), max_new_tokens=at_least(1))
 def completion_budgets(num_prompts: int, max_new_tokens: int) -> list[int]:
     """Per-completion length caps spread evenly up to ``max_new_tokens`` (for the length fit)."""
     return [max(1, math.ceil(max_new_tokens * (i + 1) / num_prompts)) for i in range(num_prompts)]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import checked, dtype_name, policy_field, torch_device
 from precision_plugin.probe.scoring import trainer_precision
 from precision_plugin.rollout import RolloutSample
 
@@ -45,6 +46,7 @@ PART_FACTOR = 4.0
 FLOAT16_MAX = 65504.0
 
 
+@checked
 @dataclass(frozen=True)
 class StageDivergence:
     """One stage (or one module of the breakdown layer) and how far the two sides differ there."""
@@ -57,6 +59,7 @@ class StageDivergence:
     near_limit: int | None = None
 
 
+@checked
 @dataclass
 class DtypeLayerwise:
     """The layerwise replay of one dtype."""
@@ -117,6 +120,7 @@ class DtypeLayerwise:
         }
 
 
+@checked
 @dataclass
 class LayerwiseReport:
     """The probe's ``layerwise`` section, a ``DtypeLayerwise`` per low-precision dtype."""
@@ -318,6 +322,7 @@ def outliers(stages: Sequence[StageDivergence]) -> list[str]:
     return [s.name for s in stages if not s.local_units <= bar]
 
 
+@checked(dtype=dtype_name, device=torch_device, margin_bits=policy_field("overflow.margin_bits"))
 def replay(
     trainer_model: Any,
     rollout_model: Any,

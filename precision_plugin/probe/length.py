@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import drift_per_1k
 
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
@@ -18,6 +20,7 @@ MIN_PER_BUCKET = 4
 MAX_BUCKETS = 8
 
 
+@checked
 @dataclass(frozen=True)
 class LengthBucket:
     """The sequences whose completion length lies in ``[min_length, max_length]``.
@@ -38,6 +41,7 @@ class LengthBucket:
     k3_kl: float
 
 
+@checked
 @dataclass(frozen=True)
 class LengthEffect:
     """Sequence log-ratio against length: the buckets and the drift per 1,000 tokens.
@@ -64,6 +68,7 @@ class LengthEffect:
         return out
 
 
+@checked
 def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares slope of ``ys`` against ``xs`` and its standard error (NaN if undefined)."""
     n = len(xs)
@@ -90,6 +95,7 @@ def bucket_slices(n: int, num_buckets: int | None = None) -> list[tuple[int, int
     return [(b * n // k, (b + 1) * n // k) for b in range(k)]
 
 
+@checked(num_buckets=at_least(1))
 def length_effect(
     train: Sequence[Sequence[float]],
     rollout: Sequence[Sequence[float]],
@@ -102,6 +108,12 @@ def length_effect(
     them up to ``MAX_BUCKETS`` unless ``num_buckets`` is given, so each has a mean and a spread
     even when a weak model ends most completions early.
     """
+    if [len(r) for r in train] != [len(r) for r in rollout]:
+        raise PrecisionConfigError(
+            f"length_effect(): arguments 'train' and 'rollout' hold {len(train)} and "
+            f"{len(rollout)} sequences of different lengths; pass the log-probs of the same "
+            f"tokens on both sides."
+        )
     seqs = []  # (length, Σ log-ratio, Σ k3)
     for train_row, roll_row in zip(train, rollout, strict=True):
         d = [a - b for a, b in zip(train_row, roll_row, strict=True) if math.isfinite(a - b)]

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.advice import assess
 from precision_plugin.probe.engine import (
@@ -61,6 +62,7 @@ from precision_plugin.progress import ProgressFn
 log = logging.getLogger("precision_plugin")
 
 
+@checked
 def available_engines() -> dict[str, EngineFactory]:
     """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
     from precision_plugin.manager import call_each
@@ -247,6 +249,7 @@ def _accepts(function: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+@checked
 def model_notes(overflow: OverflowCheck, config: ProbeConfig) -> list[str]:
     """Say where a float16 row stands in for what vLLM would refuse to run (gemma2 and the
     other families of ``check_model_config``'s refusal table, found by the headroom check)."""
@@ -265,6 +268,7 @@ def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
     return encode_prompts(tokenizer, config.prompts, config.num_prompts)
 
 
+@checked
 def run_probe(
     config: ProbeConfig | None = None,
     *,
@@ -303,6 +307,13 @@ def run_probe(
         prompts = _prompts(config, tokenizer)
         longest = max(len(p) for p in prompts)
         limit = getattr(model.config, "max_position_embeddings", None)
+        if limit and longest >= limit:
+            which = 1 + next(i for i, p in enumerate(prompts) if len(p) == longest)
+            raise PrecisionConfigError(
+                f"prompts: prompt {which} is {longest} tokens long, and the model reads at most "
+                f"max_position_embeddings={limit} tokens, prompt and completion together; "
+                f"shorten it to fewer than {limit} tokens (the probe uses prompts as written)."
+            )
         if limit and longest + config.max_new_tokens > limit:
             raise PrecisionConfigError(
                 f"max-new-tokens: {config.max_new_tokens} plus the longest prompt's {longest} "

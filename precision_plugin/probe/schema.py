@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
@@ -37,6 +39,7 @@ MAX_SEED = 2**32 - 1
 MAX_NUM_PROMPTS = 100_000
 
 
+@checked
 @dataclass(frozen=True)
 class ProbeConfig:
     """What to probe: model, engine, dtypes, and how many tokens to sample.
@@ -52,7 +55,7 @@ class ProbeConfig:
     the layer-by-layer replay of the longest sample per dtype.
     """
 
-    model: str | None = None
+    model: str | os.PathLike[str] | None = None
     engine: str = "hf"
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     num_prompts: int = DEFAULT_NUM_PROMPTS
@@ -67,11 +70,6 @@ class ProbeConfig:
     layerwise: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.dtypes, str):
-            raise PrecisionConfigError(
-                f"dtypes: expected a sequence of dtype names, got the string {self.dtypes!r}; "
-                f"pass e.g. ('float16', 'bfloat16')."
-            )
         names = [normalize_dtype(d, field_name="dtypes") for d in self.dtypes]
         if not names:
             raise PrecisionConfigError(
@@ -81,12 +79,12 @@ class ProbeConfig:
         object.__setattr__(self, "dtypes", tuple(ordered))
         for name in ("num_prompts", "max_new_tokens", "target_length"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise PrecisionConfigError(
                     f"{name.replace('_', '-')}: {value!r} is not a positive integer; "
                     f"pass a whole number >= 1 (default {globals()['DEFAULT_' + name.upper()]})."
                 )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if self.seed < 0:
             raise PrecisionConfigError(
                 f"seed: {self.seed!r} is not a non-negative integer; pass e.g. 0."
             )
@@ -101,7 +99,7 @@ class ProbeConfig:
                 f"(each prompt is a full rollout and trainer forward per dtype)."
             )
         low = self.min_new_tokens
-        if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= self.max_new_tokens:
+        if not 0 <= low <= self.max_new_tokens:
             raise PrecisionConfigError(
                 f"min-new-tokens: {low!r} is not a whole number between 0 and max-new-tokens "
                 f"({self.max_new_tokens}); pass e.g. {self.max_new_tokens} to suppress EOS for the "
@@ -112,7 +110,7 @@ class ProbeConfig:
                 f"layerwise: expected True or False, got {self.layerwise!r}."
             )
         if self.prompts is not None:
-            if isinstance(self.prompts, str) or not self.prompts:
+            if not self.prompts:
                 raise PrecisionConfigError(
                     f"prompts: expected a non-empty sequence of prompts, got {self.prompts!r}; "
                     f"pass e.g. ('Hello',) or None for the built-in prompts."
@@ -120,6 +118,7 @@ class ProbeConfig:
             object.__setattr__(self, "prompts", tuple(self.prompts))
 
 
+@checked
 @dataclass
 class DtypeResult:
     """The measurement for one dtype: metrics, verdict and the raw token log-probs."""
@@ -152,6 +151,7 @@ class DtypeResult:
         return out
 
 
+@checked
 @dataclass
 class SelfCheck:
     """Whether the float32 run agrees to the floor, i.e. whether the measurement is valid."""
@@ -172,6 +172,7 @@ class SelfCheck:
         }
 
 
+@checked
 @dataclass
 class ProbeResult:
     """Everything the probe measured; [`to_dict`][precision_plugin.probe.ProbeResult.to_dict] is the

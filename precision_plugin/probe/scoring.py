@@ -10,6 +10,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from precision_plugin.boundary import at_least, checked, dtype_name, torch_device
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics, compute_mismatch
 from precision_plugin.policy import MetricSettings
 from precision_plugin.probe.engine import RolloutSample
@@ -18,6 +20,7 @@ from precision_plugin.probe.schema import SelfCheck
 log = logging.getLogger("precision_plugin")
 
 
+@checked(dtype=dtype_name, device=torch_device)
 @contextlib.contextmanager
 def trainer_precision(dtype: str, device: str) -> Iterator[None]:
     """Autocast to ``dtype`` as a mixed-precision trainer does (nothing for float32)."""
@@ -35,6 +38,7 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
 CHUNK_LOGITS = 1 << 24
 
 
+@checked(dtype=dtype_name, device=torch_device, batch_size=at_least(1), chunk_logits=at_least(1))
 def trainer_logprobs(
     model: Any,
     samples: Sequence[RolloutSample],
@@ -53,8 +57,6 @@ def trainer_logprobs(
     (scaling, final soft-capping) and a float32 ``log_softmax`` then run on a few positions at a
     time (:func:`chunked_token_logprobs`), so no ``[T, vocab]`` tensor is ever built.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     head = lm_head_of(model)
     out: list[list[float]] = [[] for _ in samples]
     todo = [i for i, s in enumerate(samples) if s.completion_ids]
@@ -242,15 +244,23 @@ def padded(rows: Sequence[Sequence[float]]) -> tuple[Any, Any]:
     return values, mask
 
 
+@checked
 def measure(
     train: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]
 ) -> MismatchMetrics:
-    """``compute_mismatch`` over ragged per-sequence log-prob lists."""
+    """``compute_mismatch`` over ragged per-sequence log-prob lists (the same tokens on both
+    sides: sequence ``i`` has as many log-probs in ``train`` as in ``rollout``)."""
+    if [len(r) for r in train] != [len(r) for r in rollout]:
+        raise PrecisionConfigError(
+            f"measure(): arguments 'train' and 'rollout' hold {len(train)} and {len(rollout)} "
+            f"sequences of different lengths; pass the log-probs of the same tokens on both sides."
+        )
     train_t, mask = padded(train)
     roll_t, _ = padded(rollout)
     return compute_mismatch(train_t, roll_t, mask)
 
 
+@checked
 def self_check(metrics: MismatchMetrics, settings: MetricSettings) -> SelfCheck:
     """Judge the float32 run: both paths must agree to rounding noise (k3 below the threshold)."""
     threshold = settings.self_check_k3_max

@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.progress import ProgressFn
 from precision_plugin.sanity.model import build_model, parameter_count
@@ -51,6 +52,7 @@ STEP_KEYS: dict[str, str] = {
 }
 
 
+@checked
 def check_engine(engine: str) -> None:
     """Refuse ``vllm`` where it cannot run (not installed, or no CUDA), in one line."""
     if engine != "vllm":
@@ -83,6 +85,7 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@checked
 def run_sanity(config: SanityConfig, progress: ProgressFn | None = None) -> SanityResult:
     """For each seed: pretrain, then run GRPO once per dtype from those weights (paired)."""
     import torch

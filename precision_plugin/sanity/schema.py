@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from precision_plugin.boundary import checked, non_empty, positive
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import normalize_dtype
 from precision_plugin.sanity.model import MODEL_SIZES
@@ -55,6 +56,11 @@ SMOKE: dict[str, dict[str, Any]] = {
 TASKS: dict[str, Task] = {"default": REVERSE, "long": SHIFT}
 
 
+@checked(
+    learning_rate=positive("the optimizer's step size"),
+    pretrain_learning_rate=positive("the optimizer's step size"),
+    temperature=positive("GRPO divides the logits by it"),
+)
 @dataclass(frozen=True)
 class SanityConfig:
     """What to run: the preset (its task), GRPO steps per dtype, seeds, dtypes, model size,
@@ -157,6 +163,7 @@ class SanityConfig:
         return max(1, self.steps // 6)
 
 
+@checked(preset=non_empty("a preset name such as 'default'"))
 def preset_config(preset: str = "default", smoke: bool = False, **overrides: Any) -> SanityConfig:
     """The configuration of ``preset`` (its smoke variant with ``smoke``), then ``overrides``.
 
@@ -175,6 +182,7 @@ def preset_config(preset: str = "default", smoke: bool = False, **overrides: Any
     return SanityConfig(preset=preset, smoke=smoke, **settings)
 
 
+@checked
 @dataclass
 class StepRecord:
     """One GRPO step of one dtype, as the trainer logged it (``precision/*`` from the plugin,
@@ -197,6 +205,7 @@ class StepRecord:
     telemetry: dict[str, float | None] = field(default_factory=dict)
 
 
+@checked
 @dataclass
 class DtypeRun:
     """Every step of one dtype (one seed) and a summary of them."""
@@ -257,6 +266,7 @@ class DtypeRun:
         }
 
 
+@checked
 @dataclass
 class SeedRun:
     """One seed: its pretraining and one run per dtype from the same pretrained weights."""
@@ -284,6 +294,7 @@ class SeedRun:
         }
 
 
+@checked
 @dataclass
 class SanityResult:
     """The whole benchmark: config, one [`SeedRun`][precision_plugin.sanity.SeedRun] per seed,
@@ -333,6 +344,7 @@ def task_description(task: Task) -> dict[str, Any]:
     }
 
 
+@checked
 def missing_fields(data: dict[str, Any]) -> list[str]:
     """Names of the fields a sanity JSON document lacks (empty when complete)."""
     top = ("schema_version", "config", "task", "model", "seeds", "aggregate",

@@ -18,9 +18,11 @@ How AReaL 1.0.4 spells the precision (``areal/api/cli_args.py``):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -34,6 +36,7 @@ LEARNERS = ("actor", "ref", "critic")
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+@checked
 def areal_overrides(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> list[str]:
     """The AReaL command-line overrides for ``policy``: ``++actor.dtype`` and ``++sglang.dtype``
     (Hydra's add-or-override: an experiment YAML need not spell the keys; add
@@ -49,6 +52,23 @@ def uses_sglang(cfg: Any) -> bool:
     return backend.startswith("sglang") or "sglang" in mode
 
 
+def _areal_config(cfg: Any) -> Any:
+    """The boundary check of an AReaL experiment config: one with a learner or rollout
+    section (else the check would find nothing and say nothing)."""
+    if cfg is None or isinstance(cfg, (str, bytes, os.PathLike, list, tuple)):
+        raise Invalid(
+            "is not an AReaL experiment config; pass the loaded config (the dataclass AReaL's "
+            "load_expr_config returns, or a dict), not a path or a list"
+        )
+    if not any(lookup(cfg, key) is not None for key in (*LEARNERS, "rollout", "sglang")):
+        raise Invalid(
+            f"has none of the sections {', '.join((*LEARNERS, 'rollout', 'sglang'))}, so there "
+            f"is nothing to check; pass the whole AReaL experiment config"
+        )
+    return cfg
+
+
+@checked(cfg=Validator("an AReaL experiment config", _areal_config))
 def check_areal_config(
     cfg: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
 ) -> list[Finding]:
@@ -57,7 +77,7 @@ def check_areal_config(
     backend is SGLang, the ``sglang`` section as the launch
     [`check_server_args`][precision_plugin.sglang.check_server_args] checks. ``error`` findings
     raise together under ``strictness="error"``; the findings are returned."""
-    pol = resolve_policy(policy, what="precision_plugin.sglang.check_areal_config()")
+    pol = resolve_policy(policy)
     findings: list[Finding] = []
     for role in LEARNERS:
         section = lookup(cfg, role)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import sglang_dtype
 from precision_plugin.manager import resolve_policy
@@ -45,6 +46,7 @@ _SWITCHES = ("enable_deterministic_inference", "enable_fp32_lm_head")
 _ALIASES = {"model_path": ("--model",)}
 
 
+@checked
 @dataclass(frozen=True)
 class LaunchSettings:
     """What an SGLang launch gets under a policy.
@@ -68,6 +70,7 @@ def env_value(policy: PrecisionPolicy) -> str:
     return policy.to_json()
 
 
+@checked
 def server_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> LaunchSettings:
     """The flags, keyword arguments and environment that make an SGLang launch run ``policy``.
 
@@ -160,6 +163,25 @@ def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
     return {**FIELDS, **given}
 
 
+def _launch_args(args: Any) -> Any:
+    """The boundary check of an SGLang launch: ``ServerArgs``, a dict or a command line."""
+    if isinstance(args, Mapping):
+        return args
+    if isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
+        return args
+    if isinstance(args, (str, bytes, os.PathLike)) or not hasattr(args, "dtype"):
+        raise Invalid(
+            "is not SGLang's ServerArgs, the keyword arguments of sglang.Engine (a dict) or a "
+            "command line (a list of strings); pass one of those"
+        )
+    return args
+
+
+#: SGLang's ``ServerArgs``, the keyword arguments of ``sglang.Engine`` or a command line.
+LAUNCH_ARGS = Validator("an SGLang launch: ServerArgs, a dict or a command line", _launch_args)
+
+
+@checked(args=LAUNCH_ARGS)
 def read_server_args(args: Any) -> dict[str, Any]:
     """The fields of :data:`FIELDS` of an SGLang launch, SGLang's defaults filling the gaps.
 
@@ -177,10 +199,4 @@ def read_server_args(args: Any) -> dict[str, Any]:
         return values
     if isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
         return _from_argv(args)
-    if isinstance(args, (str, bytes, os.PathLike)) or not hasattr(args, "dtype"):
-        raise PrecisionConfigError(
-            f"check_server_args(args): expected SGLang's ServerArgs, the keyword arguments of "
-            f"sglang.Engine (a dict) or a command line (a list of strings), got "
-            f"{type(args).__name__}."
-        )
     return {name: getattr(args, name, default) for name, default in FIELDS.items()}

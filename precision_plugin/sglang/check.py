@@ -11,13 +11,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import sglang_runs
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.serving import settle_findings
-from precision_plugin.sglang.args import read_server_args
+from precision_plugin.sglang.args import LAUNCH_ARGS, read_server_args
 from precision_plugin.sglang.checkpoint import (
     architecture,
     auto_dtype,
@@ -227,6 +228,7 @@ def checkpoint_findings(config: Mapping[str, Any], policy: PrecisionPolicy) -> l
     return [f for f in found if f.status != "info"]
 
 
+@checked(args=LAUNCH_ARGS)
 def check_server_args(
     args: Any,
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -246,12 +248,7 @@ def check_server_args(
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] together under
     ``strictness="error"``; otherwise they are logged as warnings. Returns the findings.
     """
-    pol = resolve_policy(policy, what="precision_plugin.sglang.check_server_args()")
-    if environ is not None and not isinstance(environ, Mapping):
-        raise PrecisionConfigError(
-            f"check_server_args(environ): expected a mapping such as os.environ, got "
-            f"{type(environ).__name__}."
-        )
+    pol = resolve_policy(policy)
     findings = launch_findings(
         read_server_args(args), pol, os.environ if environ is None else environ
     )

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.vllm.models import config_json_for, load_model_config
 
 #: ``sglang/srt/arg_groups/model_override_base.py`` ``MODEL_OVERRIDES``: "These models require
@@ -64,6 +65,7 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return sub if isinstance(sub, Mapping) else config
 
 
+@checked
 def auto_dtype(config: Mapping[str, Any]) -> str:
     """The dtype SGLang's ``--dtype auto`` runs for a checkpoint config (``_get_and_verify_dtype``).
 

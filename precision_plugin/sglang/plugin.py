@@ -32,6 +32,7 @@ import os
 import threading
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError, settle_conflict
 from precision_plugin.frameworks import sglang_dtype, sglang_runs
 from precision_plugin.manager import requested_policy
@@ -184,6 +185,7 @@ def register_hooks() -> list[str]:
         return list(_registered)
 
 
+@checked
 def general_plugin() -> None:
     """The ``sglang.srt.plugins`` entry point (SGLang's ``load_plugins()`` calls it in each of
     its processes). Does nothing unless ``PRECISION_PLUGIN`` is set or ``enable()`` ran."""

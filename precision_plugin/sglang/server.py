@@ -14,6 +14,7 @@ import urllib.error
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -47,6 +48,16 @@ def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     return dict(info)
 
 
+def _url(url: Any) -> Any:
+    if isinstance(url, str) and not url.strip().lower().startswith(("http://", "https://")):
+        raise Invalid(
+            "is not a server URL; pass the SGLang server's base URL such as "
+            "'http://localhost:30000', or its /server_info JSON"
+        )
+    return url
+
+
+@checked(url=Validator("an SGLang server URL", _url))
 def verify_server(
     url: str | Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
 ) -> list[Finding]:
@@ -64,10 +75,10 @@ def verify_server(
     way. When nothing answers at ``url``, the one finding is a warning that asks whether a
     server is running there.
     """
-    pol = resolve_policy(policy, what="precision_plugin.sglang.verify_server()")
+    pol = resolve_policy(policy)
     if isinstance(url, Mapping):
         info, where = dict(url), "SGLang server"
-    elif isinstance(url, str):
+    else:  # a URL (the boundary checked it)
         try:
             info = fetch_server_info(url)
         except ServerUnreachableError as exc:
@@ -77,11 +88,6 @@ def verify_server(
             log.warning("%s Fix: %s.", finding.message, finding.fix)
             return [finding]
         where = f"SGLang server at {url.rstrip('/')}"
-    else:
-        raise PrecisionConfigError(
-            f"verify_server(url): expected the SGLang server's base URL such as "
-            f"'http://localhost:30000' (or its /server_info JSON), got {type(url).__name__}."
-        )
     if info.get("version"):
         where = f"{where} (SGLang {info['version']})"
     # The server's environment is not reported, so SGLANG_SANITIZE_NAN_LOGITS cannot be seen.

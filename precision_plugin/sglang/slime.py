@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -35,6 +36,7 @@ SKIPPED = ("model_path",)
 _NO_ENGINE = ("placeholder",)
 
 
+@checked
 def slime_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> list[str]:
     """The slime flags for ``policy``: ``--fp16`` (Megatron and every SGLang engine in float16)
     or ``--sglang-dtype bfloat16`` (slime's learner default is bf16).
@@ -114,6 +116,7 @@ def slime_engine_args(argv: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+@checked
 def check_slime_args(
     argv: Sequence[str],
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,

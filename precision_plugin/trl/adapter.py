@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
@@ -41,6 +42,7 @@ def precision_collect_metrics(trainer: Any, logs: Any, mismatch_due: bool) -> di
     return {**alias_metrics(logs or {}), **trl_telemetry.flush(trainer)}
 
 
+@checked
 def alias_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
     """TRL's mismatch metrics found in ``logs``, under our names (without the prefix).
 

@@ -12,14 +12,50 @@ import copy
 import json
 import logging
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, at_least, checked, dtype_name
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sampling import SamplingSettings
 
 log = logging.getLogger("precision_plugin")
 
 
+def _rollout_trainer(trainer: Any) -> Any:
+    """The boundary check of the trainer calling ``HFRollout``: a GRPO trainer whose generation
+    settings can be sampled (TRL divides the logits by the temperature; a completion needs a
+    token)."""
+    missing = [a for a in ("args", "state", "accelerator") if not hasattr(trainer, a)]
+    if missing:
+        raise Invalid(
+            f"is not the GRPOTrainer calling its rollout_func (it has no {', '.join(missing)}); "
+            f"TRL calls rollout_func(prompts, trainer): pass HFRollout() as "
+            f"GRPOTrainer(rollout_func=...)"
+        )
+    args = trainer.args
+    for value in (getattr(trainer, "temperature", None), getattr(args, "temperature", None)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise Invalid(
+                f"samples at temperature={value!r} ({type(args).__name__}.temperature): GRPO "
+                f"divides the logits by it, so it must be a number > 0 (1.0 samples the model "
+                f"as it is); set temperature=1.0, or a small value such as 0.1 for near-greedy"
+            )
+    length = getattr(args, "max_completion_length", None)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise Invalid(
+            f"has max_completion_length={length!r} ({type(args).__name__}): every completion "
+            f"needs at least one token; set an integer >= 1, e.g. 256"
+        )
+    return trainer
+
+
+@checked(
+    dtype=dtype_name,
+    seed=at_least(0, why="a sampling seed"),
+)
 class HFRollout:
     """A TRL ``rollout_func``: KV-cache sampling from a ``dtype`` copy of the learner.
 
@@ -43,14 +79,13 @@ class HFRollout:
         self,
         dtype: str | None = None,
         *,
-        policy: PrecisionPolicy | None = None,
+        policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
         seed: int | None = None,
     ) -> None:
         from precision_plugin.manager import resolve_policy
-        from precision_plugin.policy import normalize_dtype
 
         self._policy = policy
-        self._dtype = normalize_dtype(dtype) if dtype is not None else None
+        self._dtype = dtype  # canonical: the boundary's dtype_name
         self._seed = seed
         self.engine: Any = None
         self.synced_step: int | None = None
@@ -63,6 +98,7 @@ class HFRollout:
         """The dtype the rollout copy runs in (``float16``, ``bfloat16`` or ``float32``)."""
         return self._dtype or self._resolve(self._policy).dtype
 
+    @checked(trainer=Validator("the GRPOTrainer calling its rollout_func", _rollout_trainer))
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """Sample one completion per prompt; TRL's ``rollout_func`` contract."""
         sampling, max_tokens = sampling_settings(trainer)

@@ -28,11 +28,14 @@ from functools import partial
 from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.shield import shielded
 
 #: Attribute holding a trainer's accumulator (an attribute of the trainer itself: no module state).
 ATTR = "_precision_plugin_mismatch"
 #: Attribute holding the patcher of a trainer measured on its own (``attach``).
 PATCHER_ATTR = "_precision_plugin_telemetry"
+#: What a telemetry failure skips (one warning per process; training goes on).
+MEASURING = "the train/rollout mismatch telemetry (precision/* mismatch metrics)"
 
 
 class MismatchAccumulator:
@@ -69,12 +72,12 @@ class MismatchAccumulator:
 
     def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
         """Add one micro-batch: ``[batch, seq]`` log-probs of both sides and TRL's mask."""
-        from precision_plugin.consequence import consequence_sums
-        from precision_plugin.mismatch import mismatch_sums
+        from precision_plugin.consequence import consequence_sums_of
+        from precision_plugin.mismatch import sums_of
 
         train, rollout = train_logps.detach(), rollout_logps.detach()
-        sums, top = mismatch_sums(train, rollout, mask)
-        counts, moments = consequence_sums(train, rollout, mask)
+        sums, top = sums_of(train, rollout, mask)  # both first: a failure adds nothing
+        counts, moments = consequence_sums_of(train, rollout, mask)
         if self.sums is None:
             self.sums, self.maxima, self.counts, self.log_moments = self._empty(sums.device)
         self.sums += sums.to(self.sums.device)  # no-op copies: both on the training device
@@ -140,8 +143,10 @@ def flush(trainer: Any) -> dict[str, float]:
         def gather(t: Any) -> Any:
             return accelerator.gather(t.to(device))
 
-    metrics = acc.flush(gather)
-    return metrics if metrics["tokens"] > 0 or metrics["nan_tokens"] > 0 else {}
+    metrics: dict[str, float] = {}
+    with shielded(MEASURING):  # a gather that fails is the metrics' loss, not the run's
+        metrics = acc.flush(gather)
+    return metrics if metrics.get("tokens", 0) > 0 or metrics.get("nan_tokens", 0) > 0 else {}
 
 
 def _mask(inputs: Any) -> Any:
@@ -167,7 +172,8 @@ def compute_loss(
     old = inputs.get("old_per_token_logps")
     if old is not None:
         result = original(self, model, inputs)
-        acc.add(old, rollout, _mask(inputs))
+        with shielded(MEASURING, policy.strictness):  # the loss step is not ours to stop
+            acc.add(old, rollout, _mask(inputs))
         return result
     acc.capturing, acc.captured = True, None
     try:
@@ -175,7 +181,8 @@ def compute_loss(
     finally:
         captured, acc.capturing, acc.captured = acc.captured, False, None
     if captured is not None:
-        acc.add(captured, rollout, _mask(inputs))
+        with shielded(MEASURING, policy.strictness):
+            acc.add(captured, rollout, _mask(inputs))
     return result
 
 
@@ -185,7 +192,8 @@ def per_token_logps(original: Callable[..., Any], self: Any, *args: Any, **kwarg
     result = original(self, *args, **kwargs)
     acc = accumulator(self)
     if acc is not None and acc.capturing and acc.captured is None:
-        acc.captured = result[0].detach()
+        with shielded(MEASURING):
+            acc.captured = result[0].detach()
     return result
 
 
@@ -212,7 +220,7 @@ def attach(trainer: Any, policy: PrecisionPolicy) -> bool:
         return instance_advice
 
     reason = "PrecisionCallback without enable(): the mismatch of this trainer only"
-    patcher = Patcher("precision_plugin.PrecisionCallback")
+    patcher = Patcher("precision_plugin.PrecisionCallback", tracked=True)
     advice = on_instance(partial(compute_loss, policy))
     patcher.around(trainer, "_compute_loss", advice, reason=reason)
     patcher.around(

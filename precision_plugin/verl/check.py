@@ -8,12 +8,14 @@ key or attribute, so nothing here imports verl or OmegaConf.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version
 
+from precision_plugin.boundary import Invalid, Validator, checked, one_of, version_text
 from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -21,6 +23,7 @@ from precision_plugin.verl.layout import (
     NEW_ENGINE_SINCE,
     ROLLOUT,
     SHORT_NAME,
+    STRATEGIES,
     TURBO_AUTOCAST,
     TURBO_PARAM_DTYPE,
     VERL_FSDP_SCALER,
@@ -38,6 +41,7 @@ _FSDP_DEFAULT = "bfloat16"
 _ROLE_NAMES = {"actor": "actor (learner)", "ref": "reference model", "critic": "critic"}
 
 
+@checked
 @dataclass(frozen=True)
 class Contradiction:
     """One place where the config contradicts the policy: the key, what it does, the fix."""
@@ -72,6 +76,71 @@ def lookup(cfg: Any, path: str, default: Any = None) -> Any:
     return node
 
 
+_UNSET: Any = object()
+
+
+def _raw(cfg: Any, path: str) -> Any:
+    """The value at ``path``: ``_MISSING`` when absent, ``_UNSET`` when it is a mandatory value
+    not set yet (``???``, which OmegaConf raises on when read)."""
+    node = cfg
+    for part in path.split("."):
+        if node is None:
+            return _MISSING
+        try:
+            node = node.get(part, _MISSING) if isinstance(node, Mapping) else getattr(
+                node, part, _MISSING
+            )
+        except Exception as exc:  # OmegaConf: MissingMandatoryValue, a bad interpolation
+            return _UNSET if type(exc).__name__ == "MissingMandatoryValue" else _MISSING
+        if node is _MISSING:
+            return _MISSING
+    return _UNSET if node == "???" else node
+
+
+def _unset(key: str, role: str) -> Contradiction:
+    return Contradiction(
+        key,
+        f"{key} is not set ('???', a mandatory value): verl refuses to start, and what the "
+        f"{role} runs in cannot be checked",
+        f"set {key}, or {_FIX}",
+    )
+
+
+def _verl_config(cfg: Any) -> Any:
+    """The boundary check of ``check_config``'s ``cfg``: the whole composed verl config."""
+    if cfg is None or isinstance(cfg, (str, bytes, os.PathLike)):
+        what = "nothing" if cfg is None else "a path or text, not the config"
+        raise Invalid(
+            f"is {what}; pass the composed verl config (the OmegaConf object main_ppo gets, "
+            f"OmegaConf.load(path) of a saved one, or a dict)"
+        )
+    if isinstance(cfg, (list, tuple)) or not (isinstance(cfg, Mapping) or vars_of(cfg)):
+        raise Invalid("is not a config (a mapping or a config object); pass the composed config")
+    if _raw(cfg, "actor_rollout_ref") in (_MISSING, None):
+        keys = set(cfg) if isinstance(cfg, Mapping) else set(vars_of(cfg))
+        if not keys:
+            raise Invalid("is empty: there is nothing to check; pass the composed verl config")
+        section = keys & {"rollout", "actor", "ref", "dtype", "fsdp_config", "megatron"}
+        where = f"a section of it (with {', '.join(sorted(section))})" if section else "another"
+        raise Invalid(
+            f"has no actor_rollout_ref, so it is not the whole verl config but {where} "
+            f"config; pass the whole composed config"
+        )
+    return cfg
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    """An object's attributes (a verl config dataclass's fields), ``{}`` for other objects."""
+    try:
+        return dict(vars(obj))
+    except TypeError:
+        return {}
+
+
+_VERL_CONFIG = Validator("the whole composed verl config", _verl_config)
+
+
+@checked
 def fsdp_learner_dtype(section: Any, *, legacy: bool, critic: bool = False) -> str | None:
     """The dtype an FSDP learner section really computes in, as the given verl generation reads it.
 
@@ -221,6 +290,7 @@ def _lora_merge(cfg: Any) -> bool:
     return int(rank) > 0 and bool(lookup(model, "lora.merge", False))
 
 
+@checked(cfg=_VERL_CONFIG, verl_version=version_text("verl"), strategy=one_of(*STRATEGIES))
 def find_contradictions(
     cfg: Any,
     policy: PrecisionPolicy,
@@ -241,7 +311,9 @@ def find_contradictions(
     has_rollout = lookup(cfg, ROLLOUT) is not None
     rollout_key = rollout_dtype_key(cfg)  # engine_kwargs.sglang.dtype wins on an SGLang rollout
     rollout = canonical_dtype(lookup(cfg, rollout_key, "bfloat16"))
-    if has_rollout and rollout != want:
+    if has_rollout and _raw(cfg, rollout_key) is _UNSET:
+        out.append(_unset(rollout_key, "rollout engine"))
+    elif has_rollout and rollout != want:
         out.append(
             Contradiction(
                 rollout_key,
@@ -258,7 +330,14 @@ def find_contradictions(
         section = lookup(cfg, path)
         if section is None or (role == "ref" and not _ref_in_use(cfg)):
             continue
-        if lay.megatron:
+        unset = [
+            f"{path}.{key}"
+            for key in ("dtype", "mixed_precision.param_dtype")
+            if _raw(section, key) is _UNSET
+        ]
+        if unset:
+            out.extend(_unset(key, _ROLE_NAMES[role]) for key in unset)
+        elif lay.megatron:
             out.extend(_megatron_findings(role, path, section, policy))
         elif _turbo_role(cfg, role, lay):
             out.extend(_turbo_findings(role, path, section, policy, lay))
@@ -332,6 +411,7 @@ def find_contradictions(
     return out
 
 
+@checked
 def settle(
     problems: list[Contradiction], policy: PrecisionPolicy, where: str = "verl config"
 ) -> None:
@@ -349,6 +429,7 @@ def settle(
     log.warning("%s. verl runs as configured (strictness='warn').", head)
 
 
+@checked(cfg=_VERL_CONFIG, verl_version=version_text("verl"), strategy=one_of(*STRATEGIES))
 def check_config(
     cfg: Any,
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -368,8 +449,10 @@ def check_config(
     else logged as one warning. ``policy`` goes through
     :func:`precision_plugin.manager.resolve_policy`; ``verl_version`` defaults to the installed
     verl, ``strategy`` to ``actor_rollout_ref.actor.strategy``. Returns the contradictions.
+    Anything but the whole composed config (``None``, a path, a list, an empty dict, one of its
+    sections) is refused: an empty answer must mean the config was checked.
     """
-    pol = resolve_policy(policy, what="precision_plugin.verl.check_config()")
+    pol = resolve_policy(policy)
     problems = find_contradictions(cfg, pol, verl_version=verl_version, strategy=strategy)
     settle(problems, pol)
     return problems

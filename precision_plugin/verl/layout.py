@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from precision_plugin import versions
+from precision_plugin.boundary import checked, one_of, version_text
 from precision_plugin.errors import PrecisionConfigError
 
 #: First release without the legacy FSDP workers (verl#6067).
@@ -84,6 +85,7 @@ _CANONICAL = {
 }
 
 
+@checked
 def canonical_dtype(value: object) -> str | None:
     """verl's many spellings of a dtype (``fp16``, ``float16``, 16, ``torch.float16``) -> one."""
     if value is None:
@@ -92,6 +94,7 @@ def canonical_dtype(value: object) -> str | None:
     return _CANONICAL.get(text, text)
 
 
+@checked
 @dataclass(frozen=True)
 class Layout:
     """The precision keys of one verl version and learner strategy.
@@ -117,6 +120,7 @@ class Layout:
         return self.strategy == "fsdp_turbo"
 
 
+@checked(version=version_text("verl"))
 def verl_version(version: str | Version | None = None) -> Version:
     """``version`` when given, else the installed verl's, else :data:`ASSUMED_VERSION`."""
     if version is not None:
@@ -130,14 +134,9 @@ def verl_version(version: str | Version | None = None) -> Version:
     return versions.installed_version("verl") or ASSUMED_VERSION
 
 
+@checked(version=version_text("verl"), strategy=one_of(*STRATEGIES))
 def layout(version: str | Version | None = None, strategy: str = "fsdp") -> Layout:
     """The :class:`Layout` of verl ``version`` (default: installed) for ``strategy``."""
-    if strategy not in STRATEGIES:
-        raise PrecisionConfigError(
-            f"verl strategy {strategy!r} was asked for; precision_plugin knows "
-            f"{', '.join(STRATEGIES)}. Pass strategy='fsdp' (also for fsdp2), 'fsdp_turbo' or "
-            f"'megatron'."
-        )
     v = verl_version(version)
     if strategy == "fsdp_turbo" and v < TURBO_SINCE:
         raise PrecisionConfigError(

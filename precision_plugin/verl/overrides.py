@@ -8,6 +8,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from precision_plugin.boundary import checked, gpu_capability, one_of, version_text
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
@@ -17,6 +18,7 @@ from precision_plugin.verl.layout import (
     RAY_ENV_VARS,
     ROLLOUT,
     SHORT_NAME,
+    STRATEGIES,
     TURBO_AUTOCAST,
     TURBO_PARAM_DTYPE,
     VLLM_ENGINE_KWARGS,
@@ -39,6 +41,7 @@ def _changes(value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@checked
 def env_value(policy: PrecisionPolicy) -> str:
     """The ``PRECISION_PLUGIN`` value that carries ``policy`` into Ray workers, Hydra-quoted.
 
@@ -54,6 +57,7 @@ def env_value(policy: PrecisionPolicy) -> str:
     return "'" + json.dumps(data, sort_keys=True, separators=(",", ":")) + "'"
 
 
+@checked
 def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
     """Overrides for the actor, reference and critic learners of ``lay``.
 
@@ -89,6 +93,7 @@ def learner_overrides(policy: PrecisionPolicy, lay: Layout) -> list[str]:
     return out
 
 
+@checked(vllm_version=version_text("vLLM"), capability=gpu_capability)
 def cascade_overrides(
     policy: PrecisionPolicy, *, vllm_version: Any = _AUTO, capability: Any = _AUTO
 ) -> list[str]:
@@ -111,6 +116,13 @@ def cascade_overrides(
     return []
 
 
+@checked(
+    verl_version=version_text("verl"),
+    strategy=one_of(*STRATEGIES),
+    vllm_version=version_text("vLLM"),
+    gpu_capability=gpu_capability,
+    rollout=one_of("vllm", "sglang"),
+)
 def overrides(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
@@ -139,19 +151,14 @@ def overrides(
     ``rollout.dtype``; ``PRECISION_PLUGIN`` then reaches SGLang's ``sglang.srt.plugins`` entry
     point, which verifies the dtype in SGLang's processes).
     """
-    pol = resolve_policy(policy, what="precision_plugin.verl.overrides()")
+    pol = resolve_policy(policy)
     lay = layout(verl_version, strategy)
     if rollout == "sglang":
         from precision_plugin.verl.sglang import sglang_overrides
 
         engine = sglang_overrides(pol)
-    elif rollout == "vllm":
+    else:  # "vllm" (the boundary refused anything else)
         engine = cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability)
-    else:
-        raise PrecisionConfigError(
-            f"precision_plugin.verl.overrides(rollout={rollout!r}): the rollout engine must be "
-            f"'vllm' or 'sglang' (verl's actor_rollout_ref.rollout.name)."
-        )
     return [
         f"{ROLLOUT}.dtype={vllm_dtype(pol)}",
         *learner_overrides(pol, lay),

@@ -26,6 +26,8 @@ from typing import Literal
 
 from packaging.version import Version
 
+from precision_plugin.boundary import checked, gpu_capability, version_text
+
 CascadeMode = Literal["auto", "force", "off"]
 Action = Literal["pass_flag", "patch_runner", "leave", "drop_flag"]
 Era = Literal["missing", "no_cascade", "no_flag", "buggy", "fixed", "default_disabled", "removed"]
@@ -42,6 +44,7 @@ REMOVED = Version("0.32.0")
 _FA3_MAJORS = (9,)
 
 
+@checked
 @dataclass(frozen=True)
 class CascadeDecision:
     """What the guard does for one vLLM version, GPU and ``cascade_guard`` mode, and why.
@@ -75,6 +78,7 @@ class CascadeDecision:
         return f"cascade-attention guard ({self.mode}, {where}{gpu}): {self.action}. {self.reason}"
 
 
+@checked(version=version_text("vLLM"))
 def cascade_era(version: Version | str | None) -> Era:
     """Classify a vLLM version by what it does with cascade attention."""
     if version is None:
@@ -110,6 +114,7 @@ def _gpu_affected(capability: tuple[int, int] | None) -> tuple[bool, str]:
     )
 
 
+@checked(version=version_text("vLLM"), capability=gpu_capability)
 def cascade_decision(
     version: Version | str | None,
     capability: tuple[int, int] | None = None,
@@ -119,7 +124,7 @@ def cascade_decision(
 
     ``capability`` is the CUDA compute capability of the rollout GPU, ``None`` when unknown.
     """
-    v = None if version is None else Version(str(version))
+    v = None if version is None else Version(str(version))  # parsed by the boundary
     era = cascade_era(v)
     shown = str(v) if v is not None else None
 

@@ -7,10 +7,13 @@ the same patches through the adapter (``precision_plugin.vllm.adapter``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import adapter_patcher, requested_policy, resolve_policy
 from precision_plugin.openrlhf.layout import built_by_openrlhf
@@ -45,21 +48,26 @@ def _check_checkpoint(engine_args: Any, policy: PrecisionPolicy) -> None:
     )
 
 
-def enforce_on_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineSettings:
+def _engine_args(value: Any) -> Any:
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        raise Invalid(
+            "is not a vLLM EngineArgs instance; pass EngineArgs(...), or for keyword arguments "
+            "use engine_kwargs()"
+        )
+    return value
+
+
+@checked(engine_args=Validator("a vLLM EngineArgs instance", _engine_args))
+def enforce_on_engine_args(
+    engine_args: Any, policy: PrecisionPolicy | Mapping[str, Any] | str
+) -> EngineSettings:
     """Apply [`engine_kwargs`][precision_plugin.vllm.engine_kwargs] to an ``EngineArgs`` instance in
     place (fields as defaults).
 
     ``policy`` may be a policy, a dict or a dtype name; ``engine_args`` must be an
     ``EngineArgs`` (a dataclass instance).
     """
-    import dataclasses
-
-    policy = resolve_policy(policy, what="enforce_on_engine_args()")
-    if not dataclasses.is_dataclass(engine_args) or isinstance(engine_args, type):
-        raise PrecisionConfigError(
-            f"enforce_on_engine_args(): expected a vLLM EngineArgs instance, got "
-            f"{type(engine_args).__name__}; for keyword arguments use engine_kwargs()."
-        )
+    policy = resolve_policy(policy)
     fields = engine_arg_fields(type(engine_args)) or {}
     explicit = {
         name: getattr(engine_args, name)
@@ -123,6 +131,7 @@ def _no_cascade_prefix(original: Any, *args: Any, **kwargs: Any) -> int:
     return 0
 
 
+@checked
 def install_vllm_patches(
     policy: PrecisionPolicy, patcher: Patcher, *, runner: bool = True
 ) -> list[str]:
@@ -172,6 +181,7 @@ def install_vllm_patches(
     return done
 
 
+@checked
 def general_plugin() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM calls it in each of its processes).
 

@@ -10,6 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin import versions
+from precision_plugin.boundary import (
+    Invalid,
+    Validator,
+    checked,
+    fix_hint,
+    gpu_capability,
+    version_text,
+)
 from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
@@ -19,6 +27,18 @@ from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decisio
 log = logging.getLogger("precision_plugin")
 
 _AUTO: Any = object()
+
+
+def _engine_args_class(value: Any) -> Any:
+    if not dataclasses.is_dataclass(value):
+        raise Invalid("is not vLLM's EngineArgs class (a dataclass); pass vllm's EngineArgs")
+    return value
+
+
+_VERSION = version_text("vLLM")
+_KWARGS = fix_hint("pass the LLM(...) keyword arguments as a dict such as {'model': PATH}")
+
+
 #: Default of an ``EngineArgs`` field that has none (a required field).
 NO_DEFAULT: Any = object()
 #: EngineArgs fields the plugin manages.
@@ -27,6 +47,7 @@ _HALF_KV = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
 
 
 # -- engine settings ---------------------------------------------------------------------------
+@checked
 @dataclasses.dataclass
 class EngineSettings:
     """The result of ``resolve_engine_kwargs``: kwargs, the guard decision, and what changed.
@@ -42,6 +63,7 @@ class EngineSettings:
     conflicts: list[str] = dataclasses.field(default_factory=list)
 
 
+@checked
 def canonical_dtype(value: Any) -> str | None:
     """Canonical dtype name of a vLLM ``dtype`` value; ``None`` for ``auto``/unset."""
     if value is None or str(value).strip().lower() == "auto":
@@ -52,6 +74,7 @@ def canonical_dtype(value: Any) -> str | None:
         return str(value)
 
 
+@checked
 def resolve_engine_kwargs(
     kwargs: Mapping[str, Any],
     policy: PrecisionPolicy,
@@ -112,6 +135,7 @@ def resolve_engine_kwargs(
     return result
 
 
+@checked
 def report_settings(settings: EngineSettings, policy: PrecisionPolicy, where: str) -> None:
     """Log what changed; raise or warn about conflicts according to ``policy.strictness``."""
     if settings.conflicts:
@@ -128,11 +152,13 @@ def report_settings(settings: EngineSettings, policy: PrecisionPolicy, where: st
         log.info("%s: %s", where, "; ".join(settings.notes))
 
 
+@checked
 def vllm_version() -> versions.PackageInfo | None:
     """The installed vLLM (any distribution that ships ``vllm``), without importing it."""
     return versions.package_info("vllm")
 
 
+@checked(engine_args_cls=Validator("vLLM's EngineArgs class", _engine_args_class))
 def engine_arg_fields(engine_args_cls: type | None = None) -> dict[str, Any] | None:
     """``EngineArgs`` field names -> defaults of the installed vLLM, or ``None`` without vLLM."""
     if engine_args_cls is None:
@@ -144,17 +170,13 @@ def engine_arg_fields(engine_args_cls: type | None = None) -> dict[str, Any] | N
             log.debug("vllm.engine.arg_utils not importable: %s", exc)
             return None
         engine_args_cls = EngineArgs
-    if not (isinstance(engine_args_cls, type) and dataclasses.is_dataclass(engine_args_cls)):
-        raise PrecisionConfigError(
-            f"engine_arg_fields(): expected vLLM's EngineArgs class (a dataclass), got "
-            f"{engine_args_cls!r}."
-        )
     out: dict[str, Any] = {}
     for f in dataclasses.fields(engine_args_cls):
         out[f.name] = f.default if f.default is not dataclasses.MISSING else NO_DEFAULT
     return out
 
 
+@checked
 def rollout_gpu_capability() -> tuple[int, int] | None:
     """Compute capability of the GPU vLLM will use, or ``None`` (no GPU, or unknown).
 
@@ -175,8 +197,9 @@ def rollout_gpu_capability() -> tuple[int, int] | None:
     return info.capability if info.kind == "cuda" else None
 
 
+@checked(version=_VERSION, capability=gpu_capability)
 def cascade_guard(
-    policy: PrecisionPolicy | None = None,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
     version: Any = _AUTO,
     capability: Any = _AUTO,
@@ -191,9 +214,10 @@ def cascade_guard(
     return cascade_decision(version, capability, policy.vllm.cascade_guard)
 
 
+@checked(kwargs=_KWARGS, version=_VERSION, capability=gpu_capability)
 def engine_kwargs(
     kwargs: Mapping[str, Any] | None = None,
-    policy: PrecisionPolicy | None = None,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
     version: Any = _AUTO,
     capability: Any = _AUTO,
@@ -212,12 +236,7 @@ def engine_kwargs(
     """
     from precision_plugin.vllm.models import check_engine_model
 
-    policy = resolve_policy(policy, what="vLLM engine_kwargs()")
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise PrecisionConfigError(
-            f"vLLM engine_kwargs(): expected the LLM(...) keyword arguments as a dict such as "
-            f"{{'model': PATH}}, got {type(kwargs).__name__}."
-        )
+    policy = resolve_policy(policy)
     decision = cascade_guard(policy, version=version, capability=capability)
     if fields is _AUTO:
         fields = engine_arg_fields() if decision.era != "missing" else None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
@@ -52,6 +53,7 @@ _BF16_HINT = (
 )
 
 
+@checked
 def vllm_refusal_table() -> dict[str, str]:
     """The installed vLLM's own fp16 refusal table when vLLM is already imported, else ours.
 
@@ -109,6 +111,7 @@ def _model_types(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
     return (str(top) if top else None), nested
 
 
+@checked
 def checkpoint_dtype(config: Mapping[str, Any]) -> str | None:
     """The dtype a checkpoint's config declares (``dtype`` or legacy ``torch_dtype``)."""
     for source in (config, config.get("text_config") or {}):
@@ -119,9 +122,10 @@ def checkpoint_dtype(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+@checked
 def check_model_config(
     path_or_dict: str | os.PathLike[str] | Mapping[str, Any],
-    policy: PrecisionPolicy | None = None,
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
     raise_on_refusal: bool = True,
     refused: Mapping[str, str] | None = None,
@@ -203,6 +207,7 @@ def check_model_config(
     return findings
 
 
+@checked
 def config_json_for(model: Any, revision: Any = None) -> str | None:
     """Local ``config.json`` of a model path or an already cached hub id; never downloads."""
     if not model:
@@ -221,6 +226,7 @@ def config_json_for(model: Any, revision: Any = None) -> str | None:
     return found if isinstance(found, str) else None
 
 
+@checked
 def check_engine_model(
     model: Any, policy: PrecisionPolicy, *, dtype: str | None, revision: Any = None
 ) -> None:

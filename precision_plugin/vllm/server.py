@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin import versions
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
@@ -29,6 +30,7 @@ _FIX = (
 )
 
 
+@checked
 def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET {base_url}/server_info?config_format=json``; returns the whole response."""
     try:
@@ -54,13 +56,25 @@ def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
         info = fetch_server_info(server)
         version = (info.get("system_env") or {}).get("vllm_version")
         return dict(info["vllm_config"]), version, f"vLLM server at {server}"
-    if hasattr(server, "get_server_info"):
-        where = getattr(server, "base_url", None)
-        return dict(server.get_server_info()), None, f"vLLM server at {where or repr(server)}"
-    raise PrecisionConfigError(
-        f"verify_server(): expected a TRL VLLMClient, a base URL or the /server_info JSON, got "
-        f"{type(server).__name__}."
-    )
+    where = getattr(server, "base_url", None)  # a TRL VLLMClient (the boundary checked it)
+    return dict(server.get_server_info()), None, f"vLLM server at {where or server!r}"
+
+
+def _server(value: Any) -> Any:
+    if not isinstance(value, (Mapping, str)) and not hasattr(value, "get_server_info"):
+        raise Invalid("is not a TRL VLLMClient, a base URL or the /server_info JSON")
+    return value
+
+
+def _engine(value: Any) -> Any:
+    engine = getattr(value, "llm_engine", value)
+    config = getattr(engine, "vllm_config", None)
+    if getattr(config, "model_config", None) is None and not hasattr(engine, "model_config"):
+        raise Invalid(
+            "is not a vllm.LLM (or its llm_engine): it has no model_config; for a server use "
+            "verify_server()"
+        )
+    return value
 
 
 def _dtype_name(value: Any) -> str | None:
@@ -72,6 +86,7 @@ def _dtype_name(value: Any) -> str | None:
         return str(value)
 
 
+@checked
 def compare_runtime(
     *,
     dtype: Any,
@@ -129,7 +144,10 @@ def compare_runtime(
     return findings
 
 
-def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
+@checked(server=Validator("a TRL VLLMClient, a base URL or the /server_info JSON", _server))
+def verify_server(
+    server: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> list[Finding]:
     """Ask a running vLLM server what it runs and compare with ``policy`` (the learner's dtype).
 
     ``server`` is a TRL ``VLLMClient`` (its ``get_server_info()``), a base URL such as
@@ -137,7 +155,7 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``, else it is logged as a warning; the findings are returned either way.
     """
-    policy = resolve_policy(policy, what="verify_server()")
+    policy = resolve_policy(policy)
     try:
         config, version, where = _server_config(server)
     except ServerUnreachableError as exc:
@@ -168,18 +186,16 @@ def verify_server(server: Any, policy: PrecisionPolicy | None = None) -> list[Fi
     return settle_findings(findings, policy)
 
 
-def verify_engine(llm: Any, policy: PrecisionPolicy | None = None) -> list[Finding]:
+@checked(llm=Validator("a vllm.LLM", _engine))
+def verify_engine(
+    llm: Any, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+) -> list[Finding]:
     """Compare a colocated ``vllm.LLM`` (e.g. TRL's ``trainer.vllm_generation.llm``) with
     ``policy``; same behaviour as [`verify_server`][precision_plugin.vllm.verify_server]."""
-    policy = resolve_policy(policy, what="verify_engine()")
+    policy = resolve_policy(policy)
     engine = getattr(llm, "llm_engine", llm)
     config = getattr(engine, "vllm_config", None)
     model = getattr(config, "model_config", None) or getattr(engine, "model_config", None)
-    if model is None:
-        raise PrecisionConfigError(
-            f"verify_engine(): expected a vllm.LLM (or its llm_engine), got "
-            f"{type(llm).__name__} with no model_config; for a server use verify_server()."
-        )
     cache = getattr(config, "cache_config", None)
     findings = compare_runtime(
         dtype=getattr(model, "dtype", None),

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def test_accumulator_sums_on_the_gpu_and_flushes_the_cpu_figures():
     gen = torch.Generator().manual_seed(0)
-    train = -torch.rand(3, 7, generator=gen, dtype=torch.float64)
+    train = -torch.rand(3, 7, generator=gen, dtype=torch.float64) - 1.0  # log-probs <= 0
     rollout = train + 0.01 * torch.randn(3, 7, generator=gen, dtype=torch.float64)
     mask = torch.ones(3, 7)
     mask[1, 4:] = 0

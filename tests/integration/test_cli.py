@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -175,7 +176,12 @@ def test_bad_input_is_one_line_and_exit_2(
     build, expected = BAD_ARGS[case]
     rc = main(build(tmp_path))
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    # Progress lines (stderr is no terminal here) may come first; the error is one line.
+    lines = [
+        line
+        for line in err.splitlines()
+        if line.strip() and not re.match(r"precision-plugin: \[\d+:\d\d:\d\d\] ", line)
+    ]
     assert rc == 2
     assert len(lines) == 1, err
     assert lines[0].startswith("precision-plugin: error: ")
@@ -249,3 +255,77 @@ def test_a_failed_write_is_one_clear_error() -> None:
 
     with pytest.raises(PrecisionPluginError, match=r"--json: cannot write 'x.json': No space left"):
         cli._write("x.json", "--json", full_disk)
+
+
+def _cli(*args: str, shell_tail: str = "", env: dict[str, str] | None = None, **kw):
+    """``python -m precision_plugin ARGS`` in a shell, so ``> /dev/full`` and ``>&-`` apply."""
+    import os
+
+    command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "precision_plugin", *args))
+    return subprocess.run(
+        ["sh", "-c", f"exec {command} {shell_tail}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("redirect", ["> /dev/full", ">&-"])
+@pytest.mark.parametrize("command", [("verl-overrides",), ("doctor", "--json"), ("doctor",)])
+def test_stdout_closed_or_full_is_one_line_and_exit_74(command, redirect) -> None:
+    proc = _cli(*command, shell_tail=redirect)
+    assert proc.returncode == 74, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("precision-plugin")]
+    assert lines == [lines[-1]] and "cannot write the output" in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_probe_writes_its_results_before_failing_on_stdout(tmp_path: Path) -> None:
+    out = tmp_path / "probe.json"
+    args = ("probe", "--num-prompts", "2", "--max-new-tokens", "4", "--dtypes", "float16")
+    proc = _cli(*args, "--json", str(out), shell_tail="> /dev/full")
+    assert proc.returncode == 74, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.rstrip().endswith(
+        "precision-plugin: error: cannot write the output: No space left on device."
+    )
+    assert set(json.loads(out.read_text())["results"]) == {"float32", "float16"}
+    closed = _cli(*args, shell_tail=">&-")  # no --json FILE: refused before the run
+    assert closed.returncode == 74 and "no --json FILE" in closed.stderr
+    assert "float32: rollout" not in closed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code", "said"), [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")]
+)
+def test_a_stopped_probe_removes_its_temporary_model(tmp_path: Path, sig, code, said) -> None:
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "precision_plugin", "probe", "--max-new-tokens", "256"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob("precision-probe-*/config.json")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the probe never saved its model"
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert err.rstrip().endswith(f"precision-plugin: {said}") and "Traceback" not in err
+    assert list(tmp_path.glob("precision-probe-*")) == []

@@ -23,7 +23,7 @@ def fixed_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same ragged batch of (train, rollout, mask) on every rank, with one NaN token and a
     mismatch large enough that the sequence masks and the TIS clip act on some rows."""
     g = torch.Generator().manual_seed(7)
-    train = -4.0 * torch.rand(ROWS, WIDTH, generator=g, dtype=torch.float64)
+    train = -4.0 * torch.rand(ROWS, WIDTH, generator=g, dtype=torch.float64) - 2.0  # <= 0
     rollout = train + 0.4 * torch.randn(ROWS, WIDTH, generator=g, dtype=torch.float64)
     lengths = torch.randint(2, WIDTH + 1, (ROWS,), generator=g)
     mask = torch.arange(WIDTH)[None, :] < lengths[:, None]

@@ -47,7 +47,7 @@ def test_shares_and_ess_on_known_sequence_ratios():
 
 
 def test_tis_clip_counts_tokens_above_log_two():
-    train = torch.tensor([[-1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
+    train = torch.tensor([[-5.0, -5.0, -5.0, -5.0]], dtype=torch.float64)  # log-probs are <= 0
     rollout = train - torch.tensor([[0.7, 0.69, -3.0, 2.0]], dtype=torch.float64)
     c = compute_consequence(train, rollout)
     assert c.tis_clip_fraction == 0.5  # 0.7 and 2.0 exceed log 2 = 0.6931...
@@ -83,7 +83,7 @@ def test_no_sequence_gives_nan_and_zero_counts():
 @pytest.mark.parametrize("cuts", [(1,), (2, 5), (3, 4, 6)])
 def test_shards_add_up_to_the_whole_batch(cuts):
     g = torch.Generator().manual_seed(3)
-    train = -3.0 * torch.rand(7, 9, generator=g, dtype=torch.float64)
+    train = -3.0 * torch.rand(7, 9, generator=g, dtype=torch.float64) - 3.0  # log-probs <= 0
     rollout = train + 0.5 * torch.randn(7, 9, generator=g, dtype=torch.float64)
     mask = torch.arange(9)[None, :] < torch.randint(1, 10, (7, 1), generator=g)
     whole = compute_consequence(train, rollout, mask)
@@ -161,7 +161,7 @@ def test_the_trl_accumulator_reports_the_whole_batch_over_micro_batches():
     from precision_plugin.trl.telemetry import MismatchAccumulator
 
     g = torch.Generator().manual_seed(5)
-    train = -2.0 * torch.rand(6, 10, generator=g, dtype=torch.float64)
+    train = -2.0 * torch.rand(6, 10, generator=g, dtype=torch.float64) - 4.0  # log-probs <= 0
     rollout = train + 0.8 * torch.randn(6, 10, generator=g, dtype=torch.float64)
     mask = torch.arange(10)[None, :] < torch.tensor([[3], [10], [7], [1], [5], [9]])
     acc = MismatchAccumulator()

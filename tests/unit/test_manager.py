@@ -186,7 +186,7 @@ def test_enable_reads_env_when_no_policy_given(monkeypatch):
 
 
 def test_enable_bad_input_is_clear():
-    with pytest.raises(pp.PrecisionConfigError, match="policy must be a PrecisionPolicy"):
+    with pytest.raises(pp.PrecisionConfigError, match=r"argument .policy. got int 3, expected a PrecisionPolicy, a dict of its keys, a dtype name or None"):
         pp.enable(3)  # type: ignore[arg-type]
     with pytest.raises(pp.PrecisionConfigError, match="dtype: 'fp8'"):
         pp.enable(dtype="fp8")
@@ -241,7 +241,8 @@ def test_import_changes_nothing():
         import json, os, sys
         before = dict(os.environ)
         import precision_plugin
-        heavy = [m for m in ("deepspeed", "accelerate", "trl", "vllm", "transformers", "torch")
+        heavy = [m for m in ("deepspeed", "accelerate", "trl", "vllm", "transformers", "torch",
+                                  "beartype", "hypothesis")
                  if m in sys.modules]
         print(json.dumps({"heavy": heavy, "env_same": dict(os.environ) == before,
                           "policy": precision_plugin.current_policy()}))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from precision_plugin.consequence import CONSEQUENCE_METRICS
-from precision_plugin.mismatch import ALIASES, compute_mismatch, prefixed, verdict
+from precision_plugin.mismatch import ALIASES, compute_mismatch, mismatch_sums, prefixed, verdict
 from precision_plugin.policy import MetricSettings
 
 
@@ -51,10 +51,10 @@ def test_identical_policies_are_zero():
 def test_mask_and_nan_are_excluded_and_counted():
     nan = float("nan")
     pi = torch.tensor([[0.5, 0.2, 0.9], [0.3, nan, 0.7]]).log()
-    mu = torch.tensor([[0.4, 0.25, 0.1], [0.3, 0.5, float("inf")]]).log()
+    mu = torch.tensor([[0.4, 0.25, 0.1], [0.3, 0.5, nan]]).log()
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     m = compute_mismatch(pi, mu, mask)
-    # Valid: (0,0), (0,1), (1,0). (0,2) masked out; (1,1) NaN; (1,2) log(inf)=inf -> counted as NaN.
+    # Valid: (0,0), (0,1), (1,0). (0,2) masked out; (1,1) and (1,2) NaN: counted.
     assert (m.tokens, m.nan_tokens, m.sequences) == (3, 2, 2)
     assert m.prob_diff_mean == pytest.approx((0.1 + 0.05 + 0.0) / 3, rel=1e-5)
     assert all(math.isfinite(v) for v in (m.k1_kl, m.k3_kl, m.prob_diff_max, m.prob_pearson))
@@ -151,7 +151,7 @@ def test_full_distributions_and_ragged_lists_are_refused():
 
     with pytest.raises(PrecisionConfigError, match=r"shape \(2, 3, 5\).*not the full"):
         compute_mismatch(torch.zeros(2, 3, 5), torch.zeros(2, 3, 5))
-    with pytest.raises(PrecisionConfigError, match="train_logprobs is not a rectangular"):
+    with pytest.raises(PrecisionConfigError, match=r"'train_logprobs' got .* not a rectangular"):
         compute_mismatch([[-0.1, -0.2], [-0.3]], [[-0.1, -0.2], [-0.3, -0.1]])
 
 
@@ -185,3 +185,32 @@ def test_prefixed_and_aliases():
     assert "seq_log_ratio" not in m.to_dict()
     assert set(ALIASES) <= set(m.to_dict()) | set(CONSEQUENCE_METRICS)
     assert {"logp_abs_diff_max", "prob_diff_std", "mult_prob_error"} <= set(m.to_dict())
+
+
+def test_a_probability_of_zero_counts_as_total_disagreement():
+    """-inf is a log-prob (probability 0), not a missing one: the token counts, the log-ratio
+    metrics are infinite, and the verdict is a problem, however small the mean |π − μ|."""
+    pi = [[math.log(0.5), -math.inf], [math.log(0.25), -math.inf]]
+    mu = [[math.log(0.5), math.log(1e-4)], [math.log(0.25), -math.inf]]
+    m = compute_mismatch(pi, mu)
+    assert (m.tokens, m.nan_tokens) == (4, 0)
+    assert m.prob_diff_mean == pytest.approx(1e-4 / 4, rel=1e-12)
+    assert m.prob_diff_max == pytest.approx(1e-4, rel=1e-12)
+    assert m.k1_kl == math.inf and m.k3_kl == math.inf and m.logp_abs_diff_max == math.inf
+    label, reason = verdict(m)
+    assert label == "problem" and "probability 0" in reason
+    # Both sides at probability 0 agree: that token adds nothing.
+    both = compute_mismatch([[-0.5, -math.inf]], [[-0.5, -math.inf]])
+    assert both.tokens == 2 and both.k3_kl == 0 and verdict(both)[0] == "ok"
+
+
+@pytest.mark.parametrize("bad", [[[0.5, 0.25]], [[-0.1, math.inf]], [[-0.2, 0.02]]])
+def test_values_above_zero_are_no_log_probs(bad):
+    from precision_plugin.errors import PrecisionConfigError
+
+    with pytest.raises(PrecisionConfigError, match=r"argument 'rollout_logprobs'.*above 0"):
+        compute_mismatch([[-0.1, -0.1]], bad)
+    with pytest.raises(PrecisionConfigError, match=r"argument 'train_logprobs'.*above 0"):
+        mismatch_sums(bad, [[-0.1, -0.1]])
+    # Rounding noise of a log-softmax (a few ulps above 0) is a log-prob.
+    assert compute_mismatch([[1e-7, -0.1]], [[0.0, -0.1]]).tokens == 2

@@ -198,7 +198,7 @@ def test_detection_on_a_healthy_model_finds_nothing_and_a_one_off_check():
 
 
 def test_detector_refuses_an_unknown_mode():
-    with pytest.raises(PrecisionConfigError, match="mode='sometimes'"):
+    with pytest.raises(PrecisionConfigError, match="argument 'mode' got 'sometimes'"):
         OverflowDetector(_healthy(), mode="sometimes")
 
 

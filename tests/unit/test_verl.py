@@ -108,7 +108,7 @@ def test_megatron_overrides_use_megatron_dtype_only():
 def test_megatron_refuses_float32_and_unknown_strategies_are_refused():
     with pytest.raises(PrecisionConfigError, match="bfloat16 or float16"):
         overrides("float32", strategy="megatron", **NO_VLLM)
-    with pytest.raises(PrecisionConfigError, match="strategy 'deepspeed'"):
+    with pytest.raises(PrecisionConfigError, match="argument 'strategy' got 'deepspeed'"):
         overrides(strategy="deepspeed", **NO_VLLM)
     with pytest.raises(PrecisionConfigError, match="not a version number"):
         overrides(verl_version="latest", **NO_VLLM)

@@ -1,0 +1,766 @@
+"""The one boundary check: every public function and class checks its arguments where the
+user's call enters the plugin (type and value), and the error names the parameter.
+
+```python
+@checked(every=at_least(1), strictness=policy_field("strictness"))
+def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn") -> ...: ...
+```
+
+- **Types** come from the annotations. Each leaf value is checked with beartype's
+  ``is_bearable``; unions, literals and containers are walked here so that every item is
+  checked (beartype samples one), a lone string never passes for a list of strings (it would
+  be read one character at a time) and a ``bool`` never passes for a number.
+- **Values** are checked by the validators named per parameter (below), after the type. The
+  policy's own validators are reused: :func:`policy_field` checks a value as the policy field
+  it stands for, :func:`dtype_name` is the policy's dtype parser, and a parameter typed to take
+  a ``PrecisionPolicy`` (a dict, a dtype name) is built into one by the policy itself.
+- Only arguments the caller passed are checked; a value that *is* the parameter's default (a
+  sentinel) passes unchecked, and ``None``, where the annotation allows it, skips the validator.
+
+A wrong argument raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
+before the function body runs, in one line: ``name(): argument 'p' got ..., expected ...``.
+On a class, ``@checked`` wraps ``__init__`` and every public method defined in the class body
+(not a method that overrides a framework's, such as a ``TrainerCallback`` event: the framework
+calls those). beartype is imported on the first check, so importing the plugin stays light.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import difflib
+import functools
+import inspect
+import math
+import os
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from precision_plugin.errors import PrecisionConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Attribute holding the :class:`Boundary` of a checked function (or of a class's ``__init__``).
+SPEC_ATTR = "__precision_boundary__"
+
+_SHOWN = 60  # characters of a value quoted in an error
+
+
+class Invalid(ValueError):
+    """Raised by a validator: the message says what was found wrong and what is allowed."""
+
+
+# -- validators ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Validator:
+    """A value check run after the type check.
+
+    ``check(value)`` returns the value to pass on (possibly normalised) or raises
+    :class:`Invalid`/:class:`PrecisionConfigError` saying what is allowed. ``allowed`` describes
+    the valid values in words; ``bad`` lists values of the right type it refuses (for tests).
+    """
+
+    allowed: str
+    check: Callable[[Any], Any] = field(repr=False)
+    bad: tuple[Any, ...] = ()
+    #: Bounds, for numeric validators: ``(low, high, integer)``.
+    bounds: tuple[float | None, float | None, bool] | None = None
+    #: The fix a wrong *type* gets instead of "pass <the annotation>".
+    fix: str = ""
+
+    def __call__(self, value: Any) -> Any:
+        return self.check(value)
+
+
+def fix_hint(fix: str) -> Validator:
+    """No value check: ``fix`` replaces the generic fix of a wrong type for this parameter
+    (``"read a JSON file with load_config(path) first"``)."""
+    return Validator("", lambda value: value, (), None, fix)
+
+
+def in_range(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    integer: bool = False,
+    why: str = "",
+) -> Validator:
+    """A finite number in ``[low, high]`` (either side open when ``None``); ``why`` is shown."""
+    kind = "an integer" if integer else "a number"
+    if low is not None and high is not None:
+        allowed = f"{kind} in [{low:g}, {high:g}]"
+    elif low is not None:
+        allowed = f"{kind} >= {low:g}"
+    elif high is not None:
+        allowed = f"{kind} <= {high:g}"
+    else:
+        allowed = f"a finite {kind.split()[-1]}"
+    if why:
+        allowed += f" ({why})"
+
+    def check(value: Any) -> Any:
+        from precision_plugin.policy import real_number
+
+        number = real_number(value)
+        if number is None:
+            raise Invalid(f"expected {allowed}")
+        if integer and not isinstance(value, int):
+            raise Invalid(f"expected {allowed}, not a fraction")
+        if not math.isfinite(number):
+            raise Invalid(f"is not a finite number; allowed: {allowed}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise Invalid(f"is out of range; allowed: {allowed}")
+        return value
+
+    bad: list[Any] = [math.nan, math.inf, -math.inf] if not integer else []
+    if low is not None:
+        bad.append(int(low) - 1 if integer else low - 1.0)
+    if high is not None:
+        bad.append(int(high) + 1 if integer else high + 1.0)
+    return Validator(allowed, check, tuple(bad), (low, high, integer))
+
+
+def at_least(low: float, *, integer: bool = True, why: str = "") -> Validator:
+    """An integer (or, with ``integer=False``, a finite number) ``>= low``."""
+    return in_range(low, None, integer=integer, why=why)
+
+
+def positive(why: str = "") -> Validator:
+    """A finite number ``> 0``."""
+    allowed = "a finite number > 0" + (f" ({why})" if why else "")
+    base = in_range(why=why)
+
+    def check(value: Any) -> Any:
+        base(value)
+        if not value > 0:
+            raise Invalid(f"is out of range; allowed: {allowed}")
+        return value
+
+    return Validator(allowed, check, (0, 0.0, -1.0, math.nan, math.inf))
+
+
+def one_of(*choices: Any) -> Validator:
+    """One of ``choices`` (compared by type and value: ``True`` is not ``1``)."""
+    allowed = "one of " + ", ".join(repr(c) for c in choices)
+
+    def check(value: Any) -> Any:
+        if not any(type(value) is type(c) and value == c for c in choices):
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise Invalid(f"is not allowed{hint}; choose {allowed}")
+        return value
+
+    bad = ("", "nosuch") if all(isinstance(c, str) for c in choices) else ()
+    return Validator(allowed, check, bad)
+
+
+def non_empty(what: str = "") -> Validator:
+    """A non-empty (not blank) string, or a non-empty collection."""
+    allowed = what or "a non-empty value"
+
+    def check(value: Any) -> Any:
+        seen = os.fspath(value) if isinstance(value, os.PathLike) else value
+        empty = not seen.strip() if isinstance(seen, str) else len(seen) == 0
+        if empty:
+            raise Invalid(f"is empty; pass {allowed}")
+        return value
+
+    return Validator(allowed, check, ("", "  "))
+
+
+def policy_field(path: str) -> Validator:
+    """The value as the policy field ``path`` (``"strictness"``, ``"overflow.margin_bits"``)
+    would take it: the policy's own type and range checks; returns the normalised value."""
+    section, _, name = path.rpartition(".")
+
+    def check(value: Any) -> Any:
+        from precision_plugin.policy import PrecisionPolicy
+
+        data: dict[str, Any] = {name: value}
+        policy = PrecisionPolicy.from_dict({section: data} if section else data)
+        return getattr(getattr(policy, section) if section else policy, name)
+
+    return Validator(f"a valid policy {path}", check, _POLICY_BAD.get(path, ()))
+
+
+#: Values of the right type that each policy field refuses (for tests and docs).
+_POLICY_BAD: dict[str, tuple[Any, ...]] = {
+    "strictness": ("strict", "", "Error"),
+    "dtype": ("fp8", "auto", ""),
+    "overflow.margin_bits": (-1.0, math.nan, math.inf, 17.0),
+    "overflow.detect": ("on", "", "never"),
+    "overflow.detect_every": (0, -1),
+    "overflow.keep_fp32_modules": ("lm_head", [""], ["  "]),
+}
+
+
+def _dtype(value: Any) -> str:
+    from precision_plugin.policy import normalize_dtype
+
+    return normalize_dtype(value)
+
+
+#: A precision name (``float16``/``bfloat16``/``float32``, aliases, or a ``torch.dtype``),
+#: parsed by the policy's ``normalize_dtype``; passes the canonical name on.
+dtype_name = Validator("float16, bfloat16 or float32 (or an alias)", _dtype, ("fp8", "auto", ""))
+
+
+def _policy(value: Any) -> Any:
+    from precision_plugin.policy import PrecisionPolicy
+
+    if isinstance(value, PrecisionPolicy):
+        return value
+    if isinstance(value, cabc.Mapping):
+        return PrecisionPolicy.from_dict(value)
+    return PrecisionPolicy(dtype=value)
+
+
+#: A ``PrecisionPolicy``, a dict of its keys or a dtype name, built into a policy. Applied to
+#: every parameter whose annotation takes a ``PrecisionPolicy``.
+policy_arg = Validator("a PrecisionPolicy, a dict of its keys or a dtype name", _policy, ("fp8",))
+
+
+def duck(*attributes: str, what: str) -> Validator:
+    """An object with every one of ``attributes`` (a framework object the plugin does not
+    import to check its class); ``what`` names it for the error."""
+
+    def check(value: Any) -> Any:
+        missing = [a for a in attributes if not hasattr(value, a)]
+        if missing:
+            raise Invalid(f"is not {what} (it has no {', '.join(missing)}); pass {what}")
+        return value
+
+    return Validator(what, check, (None, "x", 0, object()), fix=f"pass {what}")
+
+
+def version_text(what: str) -> Validator:
+    """A version number (``"0.9.1"``, a ``packaging`` ``Version``), or ``None``."""
+
+    def check(value: Any) -> Any:
+        from packaging.version import InvalidVersion, Version
+
+        if value is None or isinstance(value, Version):
+            return value
+        try:
+            Version(str(value))
+        except InvalidVersion:
+            raise Invalid(
+                f"is not a version number; pass {what}'s version such as '0.9.1', or leave it "
+                f"out for the installed one"
+            ) from None
+        return value
+
+    return Validator(f"a {what} version such as '0.9.1'", check, ("banana", "", "latest"))
+
+
+def _capability(value: Any) -> Any:
+    ok = (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in value)
+    )
+    if value is not None and not ok:
+        raise Invalid(
+            "is not a GPU compute capability; pass a (major, minor) tuple of integers such as "
+            "(8, 0) for an A100 or (9, 0) for an H100, or None for no GPU"
+        )
+    return value
+
+
+#: A CUDA compute capability ``(major, minor)``, or ``None`` (no GPU).
+gpu_capability = Validator(
+    "a (major, minor) tuple such as (8, 0), or None", _capability, ("9.0", (9,), (9, 0, 1), 9.0)
+)
+
+
+def _torch_device(value: Any) -> Any:
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise Invalid(
+            f"is not a torch device ({' '.join(str(exc).split())}); pass 'cuda', 'cpu', "
+            f"'cuda:1' or a torch.device"
+        ) from None
+    return value
+
+
+#: A device name torch parses (``"cpu"``, ``"cuda:1"``) or a ``torch.device``.
+torch_device = Validator("a torch device such as 'cpu' or 'cuda:1'", _torch_device, ("gpu0", ""))
+
+
+def existing_path(kind: str) -> Validator:
+    """A path (``str`` or ``os.PathLike``) to an existing ``kind`` (``"file"`` or ``"folder"``)."""
+
+    def check(value: Any) -> Any:
+        path = os.path.expanduser(os.fspath(value))
+        if not str(path).strip():
+            raise Invalid(f"is empty; pass the path of a {kind}")
+        exists = os.path.isfile(path) if kind == "file" else os.path.isdir(path)
+        if not exists:
+            found = "does not exist" if not os.path.exists(path) else f"is not a {kind}"
+            raise Invalid(f"{found}; pass the path of an existing {kind}")
+        return value
+
+    return Validator(f"the path of an existing {kind}", check, ("", "no/such/path"))
+
+
+# -- the decorator ---------------------------------------------------------------------------
+
+
+def checked(target: Any = None, /, **validators: Validator) -> Any:
+    """Check the arguments of a function, or of a class's ``__init__`` and public methods, at
+    the boundary (see the module docstring); ``validators`` maps parameter names to
+    :class:`Validator` value checks."""
+
+    def decorate(obj: Any) -> Any:
+        if isinstance(obj, type):
+            return _check_class(obj, validators)
+        return _wrap(obj, validators)
+
+    return decorate if target is None else decorate(target)
+
+
+def self_checked(cls: type) -> type:
+    """``@checked`` for a config class whose ``__post_init__`` validates every field itself,
+    types and values (the policy's sections, ``ProbeConfig``): the boundary binds the call (an
+    unknown argument gets a "did you mean") and checks the public methods; the fields are left
+    to the class, which accepts more than their annotations say (``dtype="fp16"``, a section as
+    a dict)."""
+    _check_class(cls, {}, typed=False)
+    return cls
+
+
+def boundary_of(obj: Any) -> Boundary | None:
+    """The :class:`Boundary` of a checked function, method or class (``None`` when unchecked)."""
+    if isinstance(obj, type):
+        obj = vars(obj).get("__init__")
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    return getattr(obj, SPEC_ATTR, None)
+
+
+@dataclass
+class Boundary:
+    """What ``@checked`` checks for one function: its name in errors, its parameters' types
+    and validators."""
+
+    name: str
+    func: Callable[..., Any]
+    validators: dict[str, Validator]
+    owner: type | None = None
+    skip_first: bool = False
+    #: False when the function checks its own arguments' types (``self_checked``).
+    typed: bool = True
+    _signature: inspect.Signature | None = field(default=None, repr=False)
+    _hints: dict[str, Any] | None = field(default=None, repr=False)
+    _plans: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The function's own signature."""
+        if self._signature is None:
+            self._signature = inspect.signature(self.func)
+        return self._signature
+
+    @property
+    def parameters(self) -> list[inspect.Parameter]:
+        """The parameters a caller passes (``self``/``cls`` left out)."""
+        params = list(self.signature.parameters.values())
+        return params[1:] if self.skip_first else params
+
+    def hints(self) -> dict[str, Any]:
+        """Each parameter's resolved annotation (``Any`` where there is none); raises
+        ``NameError`` for one that cannot be resolved (the test of the public API asserts
+        there is none)."""
+        if self._hints is None:
+            module = inspect.getmodule(self.owner or self.func)
+            namespace = dict(vars(module)) if module is not None else {}
+            namespace.update(getattr(self.func, "__globals__", {}))
+            if self.owner is not None:
+                namespace.setdefault(self.owner.__name__, self.owner)
+            hints: dict[str, Any] = {}
+            for param in self.parameters:
+                hints[param.name] = _resolve(param.annotation, namespace)
+            self._hints = hints
+        return self._hints
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """Bind and check a call's arguments; return them with validators' conversions."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise PrecisionConfigError(self._call_error(exc, kwargs)) from None
+        try:
+            hints = self.hints() if self.typed else {}
+        except NameError:  # an unresolvable annotation: check the values only
+            hints = {}
+        changed = False
+        params = self.signature.parameters
+        first = next(iter(params), None) if self.skip_first else None
+        for name, value in bound.arguments.items():
+            if name == first:
+                continue
+            param = params[name]
+            hint = hints.get(name, Any)
+            if param.kind is param.VAR_POSITIONAL:
+                new = tuple(self._one(f"{name}[{i}]", v, hint, param) for i, v in enumerate(value))
+            elif param.kind is param.VAR_KEYWORD:
+                new = {k: self._one(k, v, hint, param) for k, v in value.items()}
+            else:
+                new = self._one(name, value, hint, param)
+            if new is not value:
+                bound.arguments[name] = new
+                changed = True
+        return (bound.args, bound.kwargs) if changed else (args, kwargs)
+
+    def _plan(self, param: str, hint: Any) -> tuple[Callable[[Any], bool], bool, Any]:
+        """(a fast conformance test, whether None passes as "not given", the validator) of one
+        parameter, worked out once."""
+        plan = self._plans.get(param)
+        if plan is None:
+            validator = self.validators.get(param)
+            if validator is None and _takes_policy(hint):
+                validator = policy_arg
+            none_ok = any(a is None or a is type(None) for a in _arms(hint))
+            plan = self._plans[param] = (_fast(hint), none_ok, validator)
+        return plan
+
+    def _one(self, name: str, value: Any, hint: Any, param: inspect.Parameter) -> Any:
+        if value is param.default:
+            return value  # the function's own default (a sentinel, None) passed on explicitly
+        fast, none_ok, validator = self._plan(param.name, hint)
+        problem = None if fast(value) else _mismatch(value, hint)
+        if problem is not None:
+            where, item, expected = problem
+            found = f"item {where} is {_kind(item)}" if where else f"got {_kind(item)}"
+            wanted = _describe(hint)
+            if not where and _takes_policy(hint) and str in _arms(hint):
+                tail = ", a dtype name or None" if "None" in wanted else " or a dtype name"
+                expected = wanted = "a PrecisionPolicy, a dict of its keys" + tail
+            fix = f"pass {wanted} as {name}"
+            custom = self.validators.get(param.name)
+            if custom is not None and custom.fix:
+                fix = custom.fix
+            elif isinstance(item, str) and expected.startswith(("a list", "a tuple", "a set")):
+                fix = f"a lone string would be read one character at a time; pass [{item!r}]"
+            raise PrecisionConfigError(
+                f"{self.name}: argument {name!r} {found}, expected {expected} (fix: {fix})."
+            )
+        if value is None and none_ok:
+            return value  # the annotation names None: "not given", for the function to resolve
+        if validator is None:
+            return value
+        try:
+            return validator(value)
+        except (Invalid, PrecisionConfigError) as exc:
+            reason = " ".join(str(exc).split()).rstrip(".")
+            raise PrecisionConfigError(
+                f"{self.name}: argument {name!r} got {_show(value)}, which {reason}."
+                if isinstance(exc, Invalid)
+                else f"{self.name}: argument {name!r} got {_show(value)}: {reason}."
+            ) from None
+
+    def _call_error(self, exc: TypeError, kwargs: dict[str, Any]) -> str:
+        known = [p.name for p in self.parameters]
+        unknown = [k for k in kwargs if k not in self.signature.parameters]
+        hint = ""
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+        return (
+            f"{self.name}: {exc}.{hint} Call it as "
+            f"{self.name.removesuffix('()')}{_signature_text(self)}."
+        )
+
+
+def _signature_text(spec: Boundary) -> str:
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in spec.parameters]
+    return str(spec.signature.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def _wrap(
+    func: F, validators: dict[str, Validator], owner: type | None = None, typed: bool = True
+) -> F:
+    if isinstance(func, (classmethod, staticmethod)):
+        return type(func)(_wrap(func.__func__, validators, owner))  # type: ignore[return-value]
+    params = list(inspect.signature(func).parameters)
+    unknown = set(validators) - set(params)
+    if unknown:
+        raise TypeError(f"@checked: {func.__qualname__} has no parameter {sorted(unknown)}")
+    qualname = func.__qualname__.rsplit("<locals>.", 1)[-1]
+    is_method = owner is not None or "." in qualname
+    skip_first = is_method and bool(params) and params[0] in ("self", "cls")
+    name = qualname.removesuffix(".__init__") + "()"
+    spec = Boundary(name, func, dict(validators), owner, skip_first, typed)
+
+    @functools.wraps(func)
+    def checked_call(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = spec.check(args, kwargs)
+        return func(*args, **kwargs)
+
+    setattr(checked_call, SPEC_ATTR, spec)
+    return checked_call  # type: ignore[return-value]
+
+
+def _check_class(cls: type, validators: dict[str, Validator], typed: bool = True) -> type:
+    init = vars(cls).get("__init__")
+    if init is not None and boundary_of(init) is None:
+        cls.__init__ = _wrap(init, validators, cls, typed)  # type: ignore[misc]
+    elif validators:
+        raise TypeError(f"@checked: {cls.__qualname__} defines no __init__ of its own")
+    for name, member in list(vars(cls).items()):
+        if (name.startswith("_") and name != "__call__") or _overrides_framework(cls, name):
+            continue
+        func = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if isinstance(func, types.FunctionType) and boundary_of(func) is None:
+            setattr(cls, name, _wrap(member, {}, cls))
+    return cls
+
+
+def _overrides_framework(cls: type, name: str) -> bool:
+    """True when ``name`` overrides a method of a base class outside this package."""
+    return any(
+        name in vars(base) and not base.__module__.startswith("precision_plugin")
+        for base in cls.__mro__[1:]
+        if base is not object
+    )
+
+
+# -- types -----------------------------------------------------------------------------------
+
+
+def _resolve(annotation: Any, namespace: dict[str, Any]) -> Any:
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if isinstance(annotation, str):
+        return eval(annotation, namespace)
+    return annotation
+
+
+def _takes_policy(hint: Any) -> bool:
+    from precision_plugin.policy import PrecisionPolicy
+
+    return any(arm is PrecisionPolicy for arm in _arms(hint))
+
+
+def _arms(hint: Any) -> list[Any]:
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _arms(typing.get_args(hint)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(hint) for a in _arms(arg)]
+    return [hint]
+
+
+_SEQUENCES = {
+    list,
+    tuple,
+    set,
+    frozenset,
+    cabc.Sequence,
+    cabc.MutableSequence,
+    cabc.Iterable,
+    cabc.Collection,
+    cabc.Set,
+    cabc.MutableSet,
+}
+_MAPPINGS = {dict, cabc.Mapping, cabc.MutableMapping}
+
+
+def _fast(hint: Any) -> Callable[[Any], bool]:
+    """A quick test that ``value`` conforms to ``hint`` (True), compiled once per parameter;
+    False sends the value to :func:`_mismatch`, which finds what does not conform and says it."""
+    if hint is Any or hint is object:
+        return lambda value: True
+    arms = _arms(hint)
+    if len(arms) > 1:
+        tests = [_fast(arm) for arm in arms]
+        return lambda value: any(test(value) for test in tests)
+    hint = arms[0]
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return lambda value: value is None
+    if origin is typing.Literal:
+        return lambda value: any(type(value) is type(a) and value == a for a in args)
+    if hint is int:
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in _SEQUENCES and args and not (origin is tuple and args[-1] is not Ellipsis):
+        item = _fast(args[0])
+        kinds = (list, tuple) if origin is tuple else origin
+        return lambda value: (
+            isinstance(value, kinds)
+            and not isinstance(value, (str, bytes))
+            and isinstance(value, cabc.Collection)
+            and all(item(v) for v in value)
+        )
+    if origin in _MAPPINGS and len(args) == 2:
+        key, item = _fast(args[0]), _fast(args[1])
+        return lambda value: isinstance(value, cabc.Mapping) and all(
+            key(k) and item(v) for k, v in value.items()
+        )
+    if isinstance(hint, type) and not args and not getattr(hint, "_is_protocol", False):
+        return lambda value: isinstance(value, hint)
+    return lambda value: False  # the general case: _mismatch (beartype) decides
+
+
+def _mismatch(value: Any, hint: Any, where: str = "") -> tuple[str, Any, str] | None:
+    """``None`` when ``value`` conforms to ``hint``, else ``(where, item, expected)``: the path
+    of the first item that does not (``""`` for the value itself), that item, and what was
+    expected there in words."""
+    if hint is Any or hint is object:
+        return None
+    arms = _arms(hint)
+    if len(arms) > 1:
+        results = [_mismatch(value, arm, where) for arm in arms]
+        if any(r is None for r in results):
+            return None
+        deepest = max(results, key=lambda r: len(r[0]))  # type: ignore[arg-type,return-value]
+        if deepest[0] != where:  # the container fits an arm; one of its items does not
+            return deepest
+        return where, value, _describe(hint)
+    hint = arms[0]
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if origin is typing.Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return None
+        return where, value, _describe(hint)
+    if hint is None or hint is type(None):
+        return None if value is None else (where, value, "None")
+    if isinstance(value, bool) and hint in (int, float, complex):
+        return where, value, _describe(hint)
+    if origin in _SEQUENCES:
+        variadic = origin is tuple and len(args) == 2 and args[1] is Ellipsis
+        if variadic and isinstance(value, list):
+            origin = list  # a list where a tuple of any length is declared: what users pass
+        if isinstance(value, (str, bytes)) or not _bearable(value, origin):
+            return where, value, _describe(hint)
+        if origin is tuple and args and not variadic:
+            if len(value) != len(args):
+                return where, value, _describe(hint)
+            items = list(zip(value, args, strict=True))
+        elif args and isinstance(value, cabc.Collection):
+            items = [(v, args[0]) for v in value]
+        else:
+            return None  # an iterator: its items cannot be checked without consuming it
+        for i, (item, item_hint) in enumerate(items):
+            found = _mismatch(item, item_hint, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if origin in _MAPPINGS:
+        if not _bearable(value, origin):
+            return where, value, _describe(hint)
+        if len(args) == 2:
+            for key, item in value.items():
+                found = _mismatch(key, args[0], f"{where} key {key!r}")
+                if found is None:
+                    found = _mismatch(item, args[1], f"{where}[{key!r}]")
+                if found is not None:
+                    return found
+        return None
+    return None if _bearable(value, hint) else (where, value, _describe(hint))
+
+
+def _bearable(value: Any, hint: Any) -> bool:
+    if isinstance(hint, type) and hint not in (float, complex) and typing.get_args(hint) == ():
+        try:
+            return isinstance(value, hint)
+        except TypeError:  # pragma: no cover - a class with a broken __instancecheck__
+            pass
+    from beartype import BeartypeConf
+    from beartype.door import is_bearable
+
+    return is_bearable(value, hint, conf=_conf(BeartypeConf))
+
+
+@functools.lru_cache(maxsize=1)
+def _conf(conf_class: Any) -> Any:
+    return conf_class(is_pep484_tower=True)  # an int is a valid float
+
+
+#: Public names for classes whose ``__module__`` is a private module.
+_PUBLIC_NAMES = {
+    "torch.nn.modules.module.Module": "torch.nn.Module",
+    "torch.Tensor": "torch.Tensor",
+    "os.PathLike": "a path",
+    "packaging.version.Version": "packaging Version",
+}
+
+
+def _describe(hint: Any) -> str:
+    """``hint`` in words: ``a torch.nn.Module``, ``a list of str``, ``one of 'a', 'b'``."""
+    if hint is Any or hint is object:
+        return "anything"
+    arms = _arms(hint)
+    if len(arms) > 1:
+        words = [_describe(a) for a in arms if a is not type(None)]
+        text = ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
+        return text + (" or None" if type(None) in arms or None in arms else "")
+    hint = arms[0]
+    origin = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if hint is None or hint is type(None):
+        return "None"
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        return f"a tuple of {len(args)} ({', '.join(_describe(a) for a in args)})"
+    if origin in _SEQUENCES:
+        kind = {tuple: "a tuple", set: "a set", frozenset: "a set"}.get(origin, "a list")
+        return f"{kind} of {_plural(args[0])}" if args else kind
+    if origin in _MAPPINGS:
+        if not args or args[1] is Any:
+            return "a dict"
+        return f"a dict of {_plural(args[0])} to {_plural(args[1])}"
+    if origin is cabc.Callable:
+        return "a callable"
+    if isinstance(origin, type):
+        full = f"{origin.__module__}.{origin.__qualname__}"
+        top = f"{origin.__module__.split('.')[0]}.{origin.__qualname__}"
+        name = _PUBLIC_NAMES.get(full) or _PUBLIC_NAMES.get(top)
+        if name is None:
+            builtin = origin.__module__ == "builtins"
+            name = origin.__qualname__ if builtin or "precision_plugin" in full else full
+        return name if name.startswith("a ") else f"{_article(name)} {name}"
+    return str(hint).replace("typing.", "")
+
+
+def _plural(hint: Any) -> str:
+    text = _describe(hint)
+    for article in ("a ", "an "):
+        if text.startswith(article):
+            return text[len(article) :]
+    return text
+
+
+def _article(name: str) -> str:
+    return "an" if name[:1].lower() in "aeiou" else "a"
+
+
+def _kind(value: Any) -> str:
+    """``value``'s type and a short form of it: ``NoneType None``, ``str 'lm_head'``."""
+    return f"{type(value).__name__} {_show(value)}"
+
+
+def _show(value: Any) -> str:
+    """A one-line, short form of ``value`` for an error message."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} of shape {tuple(shape)}, {value.dtype}>"
+    try:
+        text = repr(value)
+    except Exception:  # a framework object whose repr fails
+        text = ""
+    if not text or "\n" in text or (len(text) > _SHOWN and text.startswith("<")):
+        return f"<{type(value).__qualname__} object>"
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
