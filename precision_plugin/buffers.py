@@ -35,9 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from precision_plugin.boundary import checked
+
 log = logging.getLogger("precision_plugin")
 
 
+@checked
 @dataclass(frozen=True)
 class Float32Buffer:
     """A buffer name suffix vLLM keeps in float32, and where its source says so."""
@@ -64,6 +67,7 @@ FLOAT32_BUFFERS: tuple[Float32Buffer, ...] = (
 _LOW = ("float16", "bfloat16")
 
 
+@checked
 def keeps_float32(name: str) -> bool:
     """True when the buffer called ``name`` (a dotted path or a bare name) stays float32."""
     leaf = name.rsplit(".", 1)[-1]
@@ -80,6 +84,7 @@ def _named_float32_buffers(model: Any) -> list[tuple[str, Any, str]]:
     return found
 
 
+@checked
 def float32_buffers(model: Any) -> dict[str, Any]:
     """Float32 copies of the table's buffers that are float32 now (save them before a cast)."""
     import torch
@@ -91,6 +96,7 @@ def float32_buffers(model: Any) -> dict[str, Any]:
     }
 
 
+@checked
 def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Put every table buffer of ``model`` back in float32 after a cast; ``{name: how}``.
 
@@ -119,6 +125,7 @@ def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> 
     return done
 
 
+@checked
 def cast_model(model: Any, dtype: Any, device: Any = None, *, float32: bool = True) -> Any:
     """``model.to(device, dtype)`` keeping the table's buffers in float32, as vLLM does.
 
@@ -135,6 +142,7 @@ def cast_model(model: Any, dtype: Any, device: Any = None, *, float32: bool = Tr
     return model
 
 
+@checked
 def buffer_dtypes(model: Any) -> dict[str, str]:
     """``{dtype name: element count}`` of the table's buffers of ``model`` (the audit's view)."""
     counts: dict[str, int] = {}

@@ -360,6 +360,7 @@ def _as_2d(x: Any) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 1 else t
 
 
+@checked
 def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
     """``(drift, stderr, variance)`` per token of sequences' log-ratios ``S_i`` (sums of
     log π − log μ) and lengths ``L_i``, under the random walk ``S ~ Normal(drift·L, variance·L)``.
@@ -384,6 +385,7 @@ def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
     return drift, math.sqrt(variance / total), variance
 
 
+@checked
 def drift_per_1k(lengths: Any, sums: Any) -> tuple[float, float]:
     """The drift per 1,000 tokens (``1000 · Σ S / Σ L``, that is −1000·k1) and its standard
     error, from [`drift_fit`][precision_plugin.mismatch.drift_fit]."""

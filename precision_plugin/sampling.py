@@ -24,19 +24,41 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.boundary import Invalid, Validator, at_least, checked, in_range, positive
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 
 
-def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise PrecisionConfigError(
-            f"sampling {name}: {value!r} is out of range; allowed: {allowed} (vLLM's "
-            f"SamplingParams range, which TRL's vLLM path passes it to)."
-        )
+#: vLLM's ``SamplingParams`` ranges, which TRL's vLLM path passes the settings to.
+_VLLM = "vLLM's SamplingParams range"
 
 
+def _above_zero(high: float, why: str) -> Validator:
+    """A number in ``(0, high]``: 0 (greedy, or nothing kept) has no distribution to compare."""
+    allowed = f"a number in (0, {high:g}] ({why}; 0 has no distribution to compare)"
+    closed = in_range(0.0, high)
+
+    def check(value: Any) -> Any:
+        try:
+            closed(value)
+        except Invalid:
+            raise Invalid(f"is out of range; allowed: {allowed}") from None
+        if value == 0:
+            raise Invalid(f"is out of range; allowed: {allowed}")
+        return value
+
+    return Validator(allowed, check, (0.0, high + 1.0, math.nan))
+
+
+@checked(
+    temperature=_above_zero(2.0, _VLLM),
+    top_p=_above_zero(1.0, _VLLM),
+    top_k=at_least(-1, why=f"{_VLLM}: 0 or -1 (off) or at least 1"),
+    min_p=in_range(0.0, 1.0, why=_VLLM),
+    repetition_penalty=positive(_VLLM),
+    frequency_penalty=in_range(-2.0, 2.0, why=_VLLM),
+    presence_penalty=in_range(-2.0, 2.0, why=_VLLM),
+)
 @dataclass(frozen=True)
 class SamplingSettings:
     """What a rollout samples with, each field with vLLM's ``SamplingParams`` meaning.
@@ -57,38 +79,6 @@ class SamplingSettings:
     presence_penalty: float = 0.0
     logprobs_mode: LogprobsMode = "raw_logprobs"
 
-    def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
-                     "frequency_penalty", "presence_penalty"):  # fmt: skip
-            value = getattr(self, name)
-            _check(
-                not isinstance(value, bool)
-                and isinstance(value, (int, float))
-                and math.isfinite(value),
-                name,
-                value,
-                "a finite number",
-            )
-        _check(0.0 < self.temperature <= 2.0, "temperature", self.temperature,
-               "(0, 2]; greedy decoding (0) has no distribution to compare")  # fmt: skip
-        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "(0, 1]")
-        _check(
-            isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
-            "top_k",
-            self.top_k,
-            "an integer: 0 or -1 (off) or at least 1",
-        )
-        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "[0, 1]")
-        _check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "> 0")
-        for name in ("frequency_penalty", "presence_penalty"):
-            _check(-2.0 <= getattr(self, name) <= 2.0, name, getattr(self, name), "[-2, 2]")
-        _check(
-            self.logprobs_mode in ("processed_logprobs", "raw_logprobs"),
-            "logprobs_mode",
-            self.logprobs_mode,
-            "'processed_logprobs' or 'raw_logprobs'",
-        )
-
     @property
     def penalties(self) -> bool:
         """True when a repetition, frequency or presence penalty is on."""
@@ -99,6 +89,7 @@ class SamplingSettings:
         )
 
 
+@checked
 class LogitsProcessor:
     """One batch's sampling state: the prompt mask and output counts the penalties need.
 

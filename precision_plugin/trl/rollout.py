@@ -175,6 +175,7 @@ GENERATION_KWARGS: tuple[str, ...] = (
 )
 
 
+@checked
 def sampling_settings(trainer: Any) -> tuple[SamplingSettings, int]:
     """The trainer's sampling settings as TRL's vLLM path builds them, and the token budget.
 

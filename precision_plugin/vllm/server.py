@@ -57,7 +57,7 @@ def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
         version = (info.get("system_env") or {}).get("vllm_version")
         return dict(info["vllm_config"]), version, f"vLLM server at {server}"
     where = getattr(server, "base_url", None)  # a TRL VLLMClient (the boundary checked it)
-    return dict(server.get_server_info()), None, f"vLLM server at {where or server!r}"
+    return dict(server.get_server_info()), None, f"vLLM server at {where or repr(server)}"
 
 
 def _server(value: Any) -> Any:

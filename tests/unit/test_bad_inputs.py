@@ -29,6 +29,7 @@ import torch
 import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.cli import main
+from precision_plugin.mismatch import SUM_FIELDS
 from tests.unit.state import assert_unchanged as _assert_unchanged
 from tests.unit.state import snapshot as _snapshot
 
@@ -700,7 +701,7 @@ NEW_SURFACES: list[Case] = [
         "metrics_from_sums short",
         "metrics",
         mismatch_api("metrics_from_sums", torch.zeros(3), torch.zeros(1)),
-        names=("'sums'", "(11,)"),
+        names=("'sums'", f"({len(SUM_FIELDS)},)"),
     ),
     Case(
         "verdict bad settings",

@@ -37,6 +37,8 @@ from precision_plugin.boundary import (
     _takes_policy,
     boundary_of,
 )
+from precision_plugin.mismatch import SUM_FIELDS
+from precision_plugin.sampling import SamplingSettings
 from tests.unit.state import assert_unchanged, model_untouched, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,9 +271,10 @@ def candidates(tmp: Path) -> list[Any]:
         cascade_decision(None),
         headroom(model, torch.zeros(1, 2)),
         ProbeConfig(),
+        SamplingSettings(),
         SelfCheck(True, 0.0, 1e-6, "float32 paths agree"),
         SanityConfig(),
-        torch.zeros(11, dtype=torch.float64),  # mismatch_sums()'s sums
+        torch.zeros(len(SUM_FIELDS), dtype=torch.float64),  # mismatch_sums()'s sums
         {"actor_rollout_ref": {"rollout": {"dtype": "float16"}}},  # a verl config
         {"actor": {"dtype": "float16"}},  # an AReaL config
         trainer,  # a trainer, as the boundary sees one

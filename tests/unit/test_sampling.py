@@ -141,24 +141,25 @@ def test_processor_counts_penalised_tokens_per_row():
         ("temperature", 2.5, "(0, 2]"),
         ("top_p", 0.0, "(0, 1]"),
         ("top_k", -2, "0 or -1"),
-        ("top_k", 2.5, "0 or -1"),
+        ("top_k", 2.5, "expected an int"),
         ("min_p", 1.5, "[0, 1]"),
         ("repetition_penalty", 0.0, "> 0"),
         ("frequency_penalty", 3.0, "[-2, 2]"),
-        ("presence_penalty", math.nan, "finite"),
+        ("presence_penalty", math.nan, "not a finite number"),
         ("logprobs_mode", "raw_logits", "processed_logprobs"),
     ],
 )
 def test_out_of_range_settings_are_refused_naming_the_setting(field, value, allowed):
-    with pytest.raises(
-        PrecisionConfigError, match=rf"sampling {field}: .*{__import__('re').escape(allowed)}"
-    ):
+    with pytest.raises(PrecisionConfigError) as info:
         SamplingSettings(**{field: value})
+    message = str(info.value)
+    assert message.startswith(f"SamplingSettings(): argument {field!r} got ")
+    assert allowed in message and "\n" not in message
 
 
 def test_engine_refuses_what_is_not_a_sampling_settings():
     engine = HFRolloutEngine(_model(), "float32", "cpu")
-    with pytest.raises(PrecisionConfigError, match="expected a SamplingSettings, got dict"):
+    with pytest.raises(PrecisionConfigError, match=r"argument 'sampling' got dict .*expected a SamplingSettings"):
         engine.generate(PROMPTS, 2, 0, sampling={"temperature": 0.7})
 
 
