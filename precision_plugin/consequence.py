@@ -248,8 +248,12 @@ class GrowthFit:
     """The sequence log-ratio as a random walk with drift: ``S(L) ~ Normal(drift·L,
     variance·L)`` for a completion of ``L`` tokens.
 
-    ``drift`` is the weighted least-squares estimate ``Σ S / Σ L`` (per token) with its
-    standard error; ``variance`` is ``Σ (S − drift·L)² / L / (n − 1)`` per token with its
+    ``drift`` is ``−KL(μ‖π)`` per token, the expectation of ``S / L`` under the rollout's
+    sampling: estimated from the sequences' k3 sums ``K`` (``−Σ K / Σ L``, ``drift_from="k3"``)
+    when the fit is given them, else by ``Σ S / Σ L`` (``"k1"``), with its standard error (the
+    same random-walk formula). Both estimate the same drift, k3 with far less noise: a
+    projection many times longer than the measured completions carries the drift's error with
+    it. ``variance`` is ``Σ (S − drift·L)² / L / (n − 1)`` per token with its
     ``COVERAGE`` chi-square interval (``n − 1`` degrees of freedom). Measured over
     completions of different lengths, ``variance`` includes whatever correlation the tokens
     of one sequence have at those lengths; a correlation that grows beyond them makes longer
@@ -265,6 +269,7 @@ class GrowthFit:
     variance_low: float
     variance_high: float
     tis_clip: Interval
+    drift_from: str = "k1"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -276,10 +281,17 @@ class GrowthFit:
 
 @checked(clipped_tokens=at_least(0))
 def fit_growth(
-    seq_log_ratio: Sequence[float], seq_lengths: Sequence[int], clipped_tokens: int = 0
+    seq_log_ratio: Sequence[float],
+    seq_lengths: Sequence[int],
+    clipped_tokens: int = 0,
+    *,
+    seq_kl: Sequence[float] | None = None,
 ) -> GrowthFit:
     """Fit ``GrowthFit`` to sequences' log-ratios ``S_i`` and lengths ``L_i`` (valid tokens);
-    ``clipped_tokens`` of the ``Σ L_i`` tokens had a ratio above ``TIS_CLIP``."""
+    ``clipped_tokens`` of the ``Σ L_i`` tokens had a ratio above ``TIS_CLIP``. ``seq_kl``: each
+    sequence's sum of k3 terms (``expm1(d) − d``, ``d = log π − log μ``), for the drift."""
+    if seq_kl is not None:
+        kl = [float(k) for k, n in zip(seq_kl, seq_lengths, strict=True) if n > 0]
     pairs = [(float(s), int(n)) for s, n in zip(seq_log_ratio, seq_lengths, strict=True) if n > 0]
     n = len(pairs)
     tokens = sum(length for _, length in pairs)
@@ -291,7 +303,10 @@ def fit_growth(
         )
     if n == 0:
         return GrowthFit(0, 0, nan, nan, nan, nan, nan, Interval(nan, nan, nan))
-    drift, stderr, variance = drift_fit([length for _, length in pairs], [s for s, _ in pairs])
+    lengths = [length for _, length in pairs]
+    drift, stderr, variance = drift_fit(lengths, [s for s, _ in pairs])
+    if seq_kl is not None:
+        drift, stderr, _ = drift_fit(lengths, [-k for k in kl])
     if n < 2:
         low = high = nan
     else:
@@ -299,7 +314,17 @@ def fit_growth(
         tail = (1.0 - COVERAGE) / 2.0
         low = variance * dof / chi2_quantile(1.0 - tail, dof)
         high = variance * dof / chi2_quantile(tail, dof)
-    return GrowthFit(n, tokens, drift, stderr, variance, low, high, _wilson(clipped_tokens, tokens))
+    return GrowthFit(
+        n,
+        tokens,
+        drift,
+        stderr,
+        variance,
+        low,
+        high,
+        _wilson(clipped_tokens, tokens),
+        "k1" if seq_kl is None else "k3",
+    )
 
 
 def _wilson(k: int, n: int) -> Interval:

@@ -159,14 +159,15 @@ def _batch_sums(train: list[list[float]], rollout: list[list[float]]) -> tuple[A
 
 def _sequences(
     train: list[list[float]], rollout: list[list[float]]
-) -> list[tuple[int, int, float]]:
-    """``(row, valid tokens, Σ log π − log μ)`` of each row with a valid token, in input order
-    (valid: finite on both sides, as the metrics count them)."""
+) -> list[tuple[int, int, float, float]]:
+    """``(row, valid tokens, Σ log π − log μ, Σ k3)`` of each row with a valid token, in input
+    order (valid: finite on both sides, as the metrics count them)."""
     out = []
     for i, (a, b) in enumerate(zip(train, rollout, strict=True)):
         d = [x - y for x, y in zip(a, b, strict=True) if math.isfinite(x - y)]
         if d:
-            out.append((i, len(d), math.fsum(d)))
+            k3 = math.fsum(math.expm1(min(x, 700.0)) - x for x in d)  # 700: expm1's range
+            out.append((i, len(d), math.fsum(d), k3))
     return out
 
 
@@ -196,7 +197,9 @@ def dtype_consequence(
             )
         )
     clipped = int(counts[COUNT_FIELDS.index("tis_clipped")].item())
-    fit = fit_growth([s[2] for s in seqs], [s[1] for s in seqs], clipped)
+    fit = fit_growth(
+        [s[2] for s in seqs], [s[1] for s in seqs], clipped, seq_kl=[s[3] for s in seqs]
+    )
     return DtypeConsequence(
         dtype,
         consequence_from_sums(counts, moments),

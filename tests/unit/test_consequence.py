@@ -173,3 +173,20 @@ def test_the_trl_accumulator_reports_the_whole_batch_over_micro_batches():
         assert flushed[name] == pytest.approx(getattr(whole, name), rel=1e-12), name
     assert 0 < whole.seq_mask_fraction_verl < 1 and 0 < whole.tis_clip_fraction < 1
     assert acc.flush()["tokens"] == 0  # reset
+
+
+def test_the_drift_comes_from_the_k3_sums_when_given():
+    """E_mu[log pi - log mu] = -KL(mu||pi), which k3 estimates with far less noise than the
+    signed mean: the projection takes its drift from the sequences' k3 sums."""
+    sums, lengths, kl = [1.0, -2.0, 0.5, 3.0], [100, 200, 300, 400], [0.02, 0.05, 0.04, 0.09]
+    plain = fit_growth(sums, lengths)
+    fit = fit_growth(sums, lengths, seq_kl=kl)
+    drift = -0.2 / 1000
+    spread = sum((-k - drift * n) ** 2 / n for k, n in zip(kl, lengths, strict=True)) / 3
+    assert (fit.drift_from, plain.drift_from) == ("k3", "k1")
+    assert fit.drift == pytest.approx(drift, rel=1e-12)
+    assert fit.drift_stderr == pytest.approx(math.sqrt(spread / 1000), rel=1e-12)
+    assert (fit.variance, fit.variance_low, fit.variance_high) == (
+        plain.variance, plain.variance_low, plain.variance_high
+    )  # the spread of S around its own mean, as before
+    assert fit.to_dict()["drift_from"] == "k3"
