@@ -11,7 +11,8 @@ A results block is an HTML comment pair around the rendered text, on one line or
 section names (``precision_plugin.provenance``); ``VIEW`` says what to show of it:
 
 - ``value:PATH`` or ``value:PATH:FORMAT``: one number or string, ``PATH`` a dotted path into
-  the JSON (list items by index), ``FORMAT`` a Python format spec (``.2e``, ``.0f``, ``,``);
+  the JSON (list items by index), ``FORMAT`` a Python format spec (``.2e``, ``.0f``, ``,``),
+  optionally after a scale (``*1e6:.1f``: seconds shown as microseconds);
 - ``command``: the command line, as inline code;
 - ``provenance``: one sentence: the command, the date, the versions and the machine;
 - a name in ``VIEWS``: a renderer of a whole table or block, registered below.
@@ -121,6 +122,17 @@ def _sanity_seeds(data: dict[str, Any]) -> str:
     return per_seed_markdown(data)
 
 
+@view("sanity-verdict")
+def _sanity_verdict(data: dict[str, Any]) -> str:
+    """The pre-registered verdict in words: reproduced, not reproduced, or neither."""
+    verdict = data["verdict"]
+    if verdict["paper_consequence_reproduced"]:
+        return "reproduced"
+    if not verdict["dtypes"]["bfloat16"]["degrades"]:
+        return "not reproduced"
+    return "neither reproduced nor refuted (float16 degrades too)"
+
+
 @view("sanity-timing")
 def _sanity_timing(data: dict[str, Any]) -> str:
     timing = data["timing"]
@@ -203,13 +215,34 @@ def _rope_buffers(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("probe-scale")
+def _probe_scale(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_probe_scale.py``: peak RSS and wall time per case."""
+    rows = [
+        "| vocabulary | parameters | new tokens | peak RSS | wall time | status |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for case in data["cases"]:
+        rows.append(
+            f"| {case['vocab']:,} | {case['params'] / 1e6:.1f} M | {case['max_new_tokens']:,} | "
+            f"{case['peak_mib'] / 1024:.2f} GB | {case['wall_s']:,.0f} s | {case['status']} |"
+        )
+    return "\n".join(rows)
+
+
 def render(name: str, view_name: str) -> str:
     """The text of block ``NAME VIEW``."""
     data = load(name)
     if view_name.startswith("value:"):
         _, path, *spec = view_name.split(":", 2)
         value = lookup(data, path)
-        return format(value, spec[0]) if spec else str(value)
+        if not spec:
+            return str(value)
+        fmt = spec[0]
+        if fmt.startswith("*"):  # a scale first: *1e6:.1f
+            factor, _, fmt = fmt[1:].partition(":")
+            value = value * float(factor)
+        return format(value, fmt)
     if view_name not in VIEWS:
         raise KeyError(f"unknown view {view_name!r} (known: value:PATH[:FORMAT], {sorted(VIEWS)})")
     return VIEWS[view_name](data)

@@ -1,13 +1,13 @@
 """Cost of the DeepSpeed telemetry per optimizer step.
 
-    .venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry [--steps 200] [--rounds 3] [--json]
+    .venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry [--steps 200] [--rounds 3] [--json FILE]
 
 The headline figure is the telemetry's own work timed in isolation: what the step wrap of
 :func:`track_engine` adds around ``step()`` (skip counting, the floor check) plus one
 :func:`engine_scaler_stats` read (what a logging callback does at ``logging_steps=1``, the worst
 case), against the median bare step. The same ZeRO-2 fp16 engine's whole step, bare and tracked, is
 also timed in interleaved rounds; on a shared machine that difference is usually noise, and the
-table says when it is. Prints a small table (JSON with ``--json``). A script, not a test.
+table says when it is. Prints a small table (``--json FILE`` also writes the figures). A script, not a test.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 from tests.benchmarks.report import (
     Spread,
+    add_json_option,
     block_medians,
     emit,
     fmt_time,
@@ -59,7 +60,7 @@ def main() -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200, help="steps per round and engine")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--json", action="store_true", help="print one JSON line instead")
+    add_json_option(parser)
     options = parser.parse_args()
 
     ds_cpu.single_process_env()
@@ -113,7 +114,14 @@ def main() -> dict:
         f"{options.rounds} interleaved rounds x {options.steps} steps per engine; (noise): zero "
         f"lies within the middle half of the per-block differences"
     )
-    emit("DeepSpeed loss-scale telemetry vs a bare engine", rows, headline, data, options.json)
+    emit(
+        "DeepSpeed loss-scale telemetry vs a bare engine",
+        rows,
+        headline,
+        data,
+        options.json,
+        "tests.benchmarks.bench_deepspeed_telemetry",
+    )
     return data
 
 

@@ -1,6 +1,6 @@
 """HF rollout engine (HFRollout's and the probe's) tokens/s against plain ``model.generate``.
 
-    .venv/bin/python -m tests.benchmarks.bench_hf_rollout [--runs 5] [--new-tokens 128] [--json]
+    .venv/bin/python -m tests.benchmarks.bench_hf_rollout [--runs 5] [--new-tokens 128] [--json FILE]
 
 Same random-init Llama (4 layers, hidden 256, vocab 32,000), same dtype copy, same prompts
 (8 × 16 tokens), sampling at temperature 1 over the full vocabulary, KV cache, no EOS (every
@@ -15,12 +15,13 @@ shared with other jobs disturbs far less than wall time. A script, not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
 
 import torch
+
+from tests.benchmarks.report import add_json_option, write_json
 
 
 def _model(dtype: torch.dtype) -> Any:
@@ -64,7 +65,7 @@ def _generate(model: Any, ids: torch.Tensor, new: int, scores: bool) -> None:
 
 
 def main() -> dict[str, Any]:
-    """Measure, print a table (or ``--json``) and return the figures."""
+    """Measure, print a table (``--json FILE``: also write them) and return the figures."""
     from precision_plugin.probe.engine import HFRolloutEngine
 
     parser = argparse.ArgumentParser()
@@ -73,7 +74,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--json", action="store_true")
+    add_json_option(parser)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     dtype = getattr(torch, options.dtype)
@@ -98,16 +99,14 @@ def main() -> dict[str, Any]:
     result = {name: statistics.median(v) for name, v in runs.items()}
     result["engine_vs_generate_scores"] = result["engine"] / result["generate+scores"]
     result["engine_vs_generate"] = result["engine"] / result["generate"]
-    if options.json:
-        print(json.dumps(result))
-    else:
-        for name, values in runs.items():
-            print(
-                f"{name:<16} {statistics.median(values):9.1f} CPU-time tokens/s  "
-                f"(range {min(values):.1f}-{max(values):.1f})"
-            )
-        print(f"engine / generate+scores  {result['engine_vs_generate_scores']:.3f}")
-        print(f"engine / generate         {result['engine_vs_generate']:.3f}")
+    for name, values in runs.items():
+        print(
+            f"{name:<16} {statistics.median(values):9.1f} CPU-time tokens/s  "
+            f"(range {min(values):.1f}-{max(values):.1f})"
+        )
+    print(f"engine / generate+scores  {result['engine_vs_generate_scores']:.3f}")
+    print(f"engine / generate         {result['engine_vs_generate']:.3f}")
+    write_json(options.json, result, "tests.benchmarks.bench_hf_rollout")
     return result
 
 

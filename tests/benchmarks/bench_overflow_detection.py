@@ -1,6 +1,6 @@
 """Cost of runtime overflow detection per training step: off vs sampled every 10 steps.
 
-    .venv/bin/python tests/benchmarks/bench_overflow_detection.py [--pairs 200] [--json]
+    .venv/bin/python -m tests.benchmarks.bench_overflow_detection [--pairs 200] [--json FILE]
 
 A small Llama (default 2 layers, hidden 128, batch 2 x 64 tokens, one CPU thread: several
 threads on a shared 2-core machine mostly measure contention), fp16 autocast, the plugin's loss
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import platform
 import statistics
 import time
@@ -26,6 +25,7 @@ import torch
 from precision_plugin import PrecisionPolicy
 from precision_plugin.overflow import OverflowDetector
 from precision_plugin.scaler import make_grad_scaler
+from tests.benchmarks.report import add_json_option, write_json
 
 
 def _model(layers: int, hidden: int, device: str) -> torch.nn.Module:
@@ -44,7 +44,7 @@ def _model(layers: int, hidden: int, device: str) -> torch.nn.Module:
 
 
 def main() -> dict:
-    """Measure; print a table (or one JSON line with --json); return the figures."""
+    """Measure; print a table (``--json FILE`` also writes them); return the figures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=200, help="unchecked/checked step pairs")
     parser.add_argument("--every", type=int, default=10, help="sampling interval of 'sampled'")
@@ -54,7 +54,7 @@ def main() -> dict:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", action="store_true", help="print one JSON line instead")
+    add_json_option(parser)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     device = options.device
@@ -103,9 +103,6 @@ def main() -> dict:
         "checked_step_overhead_pct": 100 * checked_s / step_s,
         "sampled_overhead_pct": 100 * checked_s / options.every / step_s,
     }
-    if options.json:
-        print(json.dumps(result))
-        return result
     print(
         f"{result['model']}, {result['modules_hooked']} modules hooked, {device}, "
         f"{options.threads} thread(s), {options.pairs} step pairs"
@@ -118,6 +115,7 @@ def main() -> dict:
     )
     for label, seconds in rows:
         print(f"{label:<22}{seconds * 1e3:>11.2f} ms{100 * (seconds / step_s - 1):>+9.2f}%")
+    write_json(options.json, result, "tests.benchmarks.bench_overflow_detection")
     return result
 
 

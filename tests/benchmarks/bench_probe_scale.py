@@ -1,8 +1,8 @@
 """Peak memory and wall time of ``precision-plugin probe`` against generation length and vocabulary.
 
-    .venv/bin/python tests/benchmarks/bench_probe_scale.py [--tokens 256,1024,4096]
+    .venv/bin/python -m tests.benchmarks.bench_probe_scale [--tokens 256,1024,4096]
         [--vocabs 32000,151936] [--num-prompts 8] [--dtypes float32] [--rss-cap-gb 8]
-        [--case-timeout S] [--json] [-- further probe options]
+        [--case-timeout S] [--json FILE] [-- further probe options]
 
 For each vocabulary a random-init Qwen2-shaped checkpoint is built in code and saved to a
 temporary folder (hidden 192, 2 layers, GQA 4/2, untied head: about 59 M parameters at Qwen2.5's
@@ -12,7 +12,7 @@ its own subprocess; the child reports its own peak RSS (``getrusage(RUSAGE_SELF)
 and the parent kills it when its RSS passes ``--rss-cap-gb`` (recorded as ``killed``), so a case
 that would exhaust a shared machine's memory is measured as "more than the cap" instead.
 
-Prints a table (``--json``: one JSON document instead). A script, not a test: pytest does not
+Prints a table (``--json FILE`` also writes the figures with their provenance). A script, not a test: pytest does not
 collect it (speed and memory claims are measured, never asserted).
 """
 
@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.benchmarks.report import add_json_option, write_json
 
 #: The Qwen2 shape of the benchmark model (random init, saved in bfloat16 like a real checkpoint).
 QWEN2_SHAPE: dict[str, Any] = {
@@ -175,7 +177,7 @@ def main() -> dict[str, Any]:
     parser.add_argument(
         "--case-timeout", type=float, default=0, help="stop a case after this many s (0: never)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_option(parser)
     parser.add_argument("extra", nargs="*", help="further probe options, after --")
     options = parser.parse_args()
     rows = []
@@ -193,7 +195,8 @@ def main() -> dict[str, Any]:
         "dtypes": options.dtypes,
         "cases": rows,
     }
-    print(json.dumps(result, indent=2) if options.json else _table(rows))
+    print(_table(rows))
+    write_json(options.json, result, "tests.benchmarks.bench_probe_scale")
     return result
 
 

@@ -1,13 +1,13 @@
 """Cost of the loss-scale telemetry per optimizer step, against a bare torch GradScaler.
 
-    .venv/bin/python tests/benchmarks/bench_scaler_overhead.py [--steps 400] [--device cpu] [--json]
+    .venv/bin/python -m tests.benchmarks.bench_scaler_overhead [--steps 400] [--device cpu] [--json FILE]
 
 Same tiny Llama, same data, fp16 autocast, AdamW. Both scalers run interleaved in blocks so
 drift of the machine hits both alike. Two figures: the whole optimizer step (forward, backward,
 scaler.step, scaler.update) and ``scaler.update()`` alone, where all of the telemetry lives: the
 headline is the ``update()`` difference, the telemetry timed in isolation; the whole-step
-difference is shown with whether it is within the machine's noise. Prints a small table (JSON with
-``--json``). A script, not a test: pytest does not collect it (speed claims are measured, never
+difference is shown with whether it is within the machine's noise. Prints a small table (``--json FILE``
+also writes the figures with their provenance). A script, not a test: pytest does not collect it (speed claims are measured, never
 asserted).
 """
 
@@ -23,6 +23,7 @@ from precision_plugin import PrecisionPolicy
 from precision_plugin.scaler import make_grad_scaler
 from tests.benchmarks.report import (
     Spread,
+    add_json_option,
     block_medians,
     emit,
     fmt_time,
@@ -67,7 +68,7 @@ def main() -> dict:
     parser.add_argument("--steps", type=int, default=400, help="measured steps per scaler")
     parser.add_argument("--block", type=int, default=20, help="steps per interleaved block")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", action="store_true", help="print one JSON line instead")
+    add_json_option(parser)
     options = parser.parse_args()
     device = options.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -134,7 +135,14 @@ def main() -> dict:
         + f"\n{device}, {len(times['bare'])} steps per scaler in interleaved blocks of "
         f"{options.block}; (noise): zero lies within the middle half of the per-block differences"
     )
-    emit("loss-scale telemetry vs a bare torch GradScaler", rows, headline, data, options.json)
+    emit(
+        "loss-scale telemetry vs a bare torch GradScaler",
+        rows,
+        headline,
+        data,
+        options.json,
+        "tests.benchmarks.bench_scaler_overhead",
+    )
     return data
 
 

@@ -1,6 +1,6 @@
 """Cost of the TRL mismatch telemetry per GRPO step, with the recipe on CPU.
 
-    .venv/bin/python -m tests.benchmarks.bench_trl_telemetry [--runs 5] [--steps 8] [--json]
+    .venv/bin/python -m tests.benchmarks.bench_trl_telemetry [--runs 5] [--steps 8] [--json FILE]
 
 The recipe (integrations/trl/grpo_fp16.py: tiny Llama, HFRollout, fp16) trains ``--steps``
 steps with ``metrics.enabled`` on and off, alternating runs so drift of the machine hits both
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import logging
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.benchmarks.report import add_json_option, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,11 +65,11 @@ def _run(recipe: Any, enabled: bool, steps: int, seed: int) -> tuple[list[float]
 
 
 def main() -> dict[str, Any]:
-    """Measure, print a table (or ``--json``) and return the figures."""
+    """Measure, print a table (``--json FILE``: also write them) and return the figures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5, help="runs per setting")
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps per run")
-    parser.add_argument("--json", action="store_true")
+    add_json_option(parser)
     options = parser.parse_args()
     logging.disable(logging.WARNING)
     recipe = _recipe()
@@ -91,21 +92,19 @@ def main() -> dict[str, Any]:
         "spread_off_s": [min(steps[False]), max(steps[False])],
         "spread_on_s": [min(steps[True]), max(steps[True])],
     }
-    if options.json:
-        print(json.dumps(result))
-    else:
-        print(
-            f"median step, telemetry off   {off * 1e3:9.2f} ms  (range {min(steps[False]) * 1e3:.1f}-{max(steps[False]) * 1e3:.1f})"
-        )
-        print(
-            f"median step, telemetry on    {on * 1e3:9.2f} ms  (range {min(steps[True]) * 1e3:.1f}-{max(steps[True]) * 1e3:.1f})"
-        )
-        print(
-            f"whole-step difference        {result['whole_step_difference_pct']:+9.2f} %  (noise-bound when within the ranges)"
-        )
-        print(
-            f"telemetry alone per step     {alone * 1e6:9.1f} µs = {result['telemetry_pct_of_step']:.3f} % of a step"
-        )
+    print(
+        f"median step, telemetry off   {off * 1e3:9.2f} ms  (range {min(steps[False]) * 1e3:.1f}-{max(steps[False]) * 1e3:.1f})"
+    )
+    print(
+        f"median step, telemetry on    {on * 1e3:9.2f} ms  (range {min(steps[True]) * 1e3:.1f}-{max(steps[True]) * 1e3:.1f})"
+    )
+    print(
+        f"whole-step difference        {result['whole_step_difference_pct']:+9.2f} %  (noise-bound when within the ranges)"
+    )
+    print(
+        f"telemetry alone per step     {alone * 1e6:9.1f} µs = {result['telemetry_pct_of_step']:.3f} % of a step"
+    )
+    write_json(options.json, result, "tests.benchmarks.bench_trl_telemetry")
     return result
 
 

@@ -1,10 +1,12 @@
 """What the benchmark scripts print: a small table of medians and spreads, whether a difference is
-within the machine's noise, and the headline figure; JSON instead behind ``--json``."""
+within the machine's noise, and the headline figure; ``--json FILE`` also writes the figures as a
+results file with their provenance (``docs/results/<name>.json`` for the published ones)."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,11 +76,37 @@ def spread_row(
     return [label, fmt_time(spread.median), f"{fmt_time(spread.q1)} – {fmt_time(spread.q3)}", diff]
 
 
-def emit(title: str, rows: list[list[str]], headline: str, data: dict[str, Any], as_json: bool):
-    """Print ``data`` as JSON (``--json``), else a rich table of ``rows`` and the headline."""
-    if as_json:
-        print(json.dumps(data))
-        return
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks' common ``--json FILE`` option."""
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the figures, with their provenance, to FILE"
+    )
+
+
+def benchmark_command(module: str, argv: Sequence[str] | None = None) -> list[str]:
+    """The command line that reruns benchmark ``module`` (``tests.benchmarks.bench_x``)."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    return [".venv/bin/python", "-m", module, *given]
+
+
+def write_json(path: str | None, data: dict[str, Any], module: str) -> None:
+    """Write ``data`` with its provenance to ``path`` (when given) and say so."""
+    if path:
+        from precision_plugin.provenance import write_results
+
+        write_results(path, data, benchmark_command(module))
+        print(f"wrote {path}")
+
+
+def emit(
+    title: str,
+    rows: list[list[str]],
+    headline: str,
+    data: dict[str, Any],
+    json_path: str | None,
+    module: str,
+) -> None:
+    """Print a rich table of ``rows`` and the headline; write ``data`` to ``json_path`` if given."""
     from rich.console import Console
     from rich.table import Table
 
@@ -90,3 +118,4 @@ def emit(title: str, rows: list[list[str]], headline: str, data: dict[str, Any],
     console = Console()
     console.print(table)
     console.print(headline)
+    write_json(json_path, data, module)

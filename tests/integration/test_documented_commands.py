@@ -102,19 +102,19 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "bash scripts/dev.sh probe": Run(timeout=600, needs="dev-venv", progress=True),
     "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command"),
     # docs/benchmarks.md
-    ".venv/bin/python tests/benchmarks/bench_scaler_overhead.py --steps 400": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_scaler_overhead --steps 400": Run(timeout=600),
     ".venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry": Run(
         timeout=600, needs="deepspeed"
     ),
-    ".venv/bin/python tests/benchmarks/bench_overflow_detection.py": Run(timeout=600),
-    ".venv/bin/python tests/benchmarks/bench_overflow_detection.py --layers 1 --hidden 32 "
+    ".venv/bin/python -m tests.benchmarks.bench_overflow_detection": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_overflow_detection --layers 1 --hidden 32 "
     "--seq 16 --pairs 300": Run(timeout=600),
     ".venv/bin/python -m tests.benchmarks.bench_trl_telemetry --runs 4 --steps 6": Run(
         timeout=900, needs="trl"
     ),
     ".venv/bin/python -m tests.benchmarks.bench_hf_rollout --runs 5 --new-tokens 32 "
     "--dtype float32": Run(timeout=600),
-    ".venv/bin/python tests/benchmarks/bench_probe_scale.py --tokens 256,1024,4096 --vocabs "
+    ".venv/bin/python -m tests.benchmarks.bench_probe_scale --tokens 256,1024,4096 --vocabs "
     "32000,151936 --num-prompts 8 --dtypes float32 --rss-cap-gb 8": Elsewhere(
         "six probe runs up to 4,096 tokens on a 59 M-parameter model: about half an hour on 2 "
         "CPU cores; the memory claim it measures is tested in tests/integration/"
@@ -277,7 +277,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=30000 bash integrations/sglang/serve.sh": Elsewhere(
         SGLANG_GPU
     ),
-    "PRECISION_PLUGIN='{\"dtype\": \"float16\", \"strictness\": \"error\"}' sglang serve "
+    'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' sglang serve '
     "--model-path Qwen/Qwen2.5-0.5B-Instruct --port 30000": Elsewhere(SGLANG_GPU),
     "curl -s http://localhost:30000/server_info | python -c 'import json, sys; i = "
     'json.load(sys.stdin); print(i["dtype"], i["kv_cache_dtype"], i["rl_on_policy_target"])\'': (
@@ -292,8 +292,8 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "compose against real verl 0.9.1 and 0.7.1 in "
         "tests/contract_verl/test_verl_sglang_contract.py"
     ),
-    "ray job submit --address=http://127.0.0.1:8265 --runtime-env-json='{\"env_vars\": "
-    '{\"PRECISION_PLUGIN\": \"float16\"}}\' -- python3 train.py --fp16 <your slime arguments>': (
+    'ray job submit --address=http://127.0.0.1:8265 --runtime-env-json=\'{"env_vars": '
+    '{"PRECISION_PLUGIN": "float16"}}\' -- python3 train.py --fp16 <your slime arguments>': (
         Elsewhere(
             "needs slime (Megatron, not on PyPI) and a Ray cluster with GPUs; slime's --fp16 and "
             "--sglang-* reading is checked by check_slime_args in tests/unit/test_sglang.py and "
@@ -421,7 +421,9 @@ def sandbox(tmp_path_factory):
 def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # No PYTHONPATH: a command must run as a user types it from the checkout (the benchmark
+    # scripts that import tests.* are documented as `python -m tests.benchmarks.NAME`).
+    env.pop("PYTHONPATH", None)
     for key in (
         "RANK",
         "LOCAL_RANK",

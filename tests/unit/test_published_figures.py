@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,83 @@ def test_every_results_file_is_published_somewhere():
     assert not unpublished, f"results files no page shows: {sorted(unpublished)}"
 
 
+# A time or memory figure in prose is a measurement: it belongs in a results block. These are the
+# figures on the published pages that are not measurements, each with why.
+NOT_MEASURED = {
+    ("README.md", "~20 GB"): "arithmetic: every step's full-vocabulary logits kept (benchmarks)",
+    ("docs/benchmarks.md", "4.9 MB"): "arithmetic: 151,936 x 8 x 4 bytes",
+    ("docs/benchmarks.md", "20 GB"): "arithmetic: 4.9 MB x 4,096 steps",
+    ("docs/benchmarks.md", "3 GB"): "the issue's memory target",
+    ("docs/cli.md", "64 MiB"): "the chunk size the code uses (16 Mi float32 logits)",
+    ("docs/cli.md", "3 GB"): "the memory bar the run is held to",
+}
+MEASURE = re.compile(
+    r"(?<![\w.])~?\d[\d,.]*\s?(?:µs|ms|s|seconds|min|minutes|h|hours|KB|MB|GB|MiB|GiB)\b"
+)
+
+
+def prose_figures(text: str) -> list[str]:
+    """Time and memory figures in ``text`` outside results blocks, code blocks and inline code."""
+    text = render_docs.BLOCK.sub("", text)
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m.group(0) for m in MEASURE.finditer(text)]
+
+
+def test_prose_figures_finds_measurements_outside_blocks_and_code():
+    text = (
+        "took 12 s and 1.5 GB; <!-- results: x value:y -->3 s<!-- /results --> `--steps 400 s`\n"
+        "```text\n9 ms\n```\nthe 1,024 tokens ran in 2.9 ms (~20 GB before)\n"
+    )
+    assert prose_figures(text) == ["12 s", "1.5 GB", "2.9 ms", "~20 GB"]
+
+
+@pytest.mark.parametrize(
+    "path", render_docs.published_files(), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_measured_figures_come_from_results_files(path):
+    name = str(path.relative_to(ROOT))
+    loose = [
+        figure
+        for figure in prose_figures(path.read_text(encoding="utf-8"))
+        if (name, figure) not in NOT_MEASURED
+    ]
+    assert not loose, (
+        f"{name}: time or memory figures typed by hand, outside a results block: {loose}; "
+        f"publish them from the results file of the command that measured them "
+        f"(scripts/render_docs.py), or list a figure that is not a measurement in NOT_MEASURED"
+    )
+
+
+def test_time_command_records_the_exit_code_the_summary_and_the_provenance(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("time_command", ROOT / "scripts/time_command.py")
+    time_command = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_command)
+    out = tmp_path / "timed.json"
+    script = (
+        "print('3 passed in 1s'); print('7 passed, 1 skipped'); print('bye'); raise SystemExit(3)"
+    )
+    code = time_command.main(
+        ["--json", str(out), "--summary", r"\d+ passed", "--", sys.executable, "-c", script]
+    )
+    data = json.loads(out.read_text())
+    assert code == 3 and data["returncode"] == 3
+    assert data["summary"] == "7 passed, 1 skipped"
+    assert data["wall_seconds"] >= 0 and data["cpu_seconds"] >= 0
+    assert shlex.split(data["provenance"]["command"]) == [sys.executable, "-c", script]
+    assert "bye" in capsys.readouterr().out  # the command's output passes through
+
+
+def test_time_command_without_a_command_says_how_to_give_one(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("time_command", ROOT / "scripts/time_command.py")
+    time_command = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_command)
+    with pytest.raises(SystemExit):
+        time_command.main(["--json", str(tmp_path / "x.json")])
+    assert "put it after --" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 # -- the renderer itself -------------------------------------------------------------------------
 @pytest.fixture
 def results_dir(tmp_path, monkeypatch):
@@ -86,6 +165,14 @@ def test_value_views_render_numbers_with_their_format(results_dir):
         "k3 <!-- results: demo value:k3.float16:.2e -->2.88e-05<!-- /results -->, "
         "<!-- results: demo value:ratio:.0f -->47<!-- /results -->x at "
         "<!-- results: demo value:rows.0.n:, -->1,024<!-- /results --> tokens"
+    )
+
+
+def test_a_value_view_can_scale_before_it_formats(results_dir):
+    text = "<!-- results: demo value:k3.float16:*1e6:.1f -->x<!-- /results --> µ"
+    # 2.875e-5 * 1e6 = 28.75, shown to one decimal
+    assert render_docs.rendered(text) == (
+        "<!-- results: demo value:k3.float16:*1e6:.1f -->28.8<!-- /results --> µ"
     )
 
 
@@ -117,3 +204,19 @@ def test_a_marker_quoted_in_prose_does_not_swallow_the_next_block(results_dir):
         "ratio <!-- results: demo value:ratio:.0f -->9<!-- /results -->x\n"
     )
     assert render_docs.rendered(text) == text.replace("-->9<", "-->47<")
+
+
+@pytest.mark.parametrize(
+    ("reproduced", "bf16_degrades", "words"),
+    [
+        (True, True, "reproduced"),
+        (False, False, "not reproduced"),
+        (False, True, "neither reproduced nor refuted (float16 degrades too)"),
+    ],
+)
+def test_the_sanity_verdict_is_said_in_the_protocols_words(reproduced, bf16_degrades, words):
+    verdict = {
+        "paper_consequence_reproduced": reproduced,
+        "dtypes": {"bfloat16": {"degrades": bf16_degrades}, "float16": {"degrades": True}},
+    }
+    assert render_docs.VIEWS["sanity-verdict"]({"verdict": verdict}) == words
