@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from precision_plugin import frameworks
 from precision_plugin.boundary import Invalid, Validator, checked, version_text
-from precision_plugin.errors import settle_conflict
+from precision_plugin.errors import PrecisionConfigError, settle_conflict
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -60,6 +60,23 @@ def arg(args: Any, key: str, default: Any = None) -> Any:
 
 def _has(args: Any, key: str) -> bool:
     return arg(args, key, _MISSING) is not _MISSING
+
+
+def _count(value: Any, key: str) -> int:
+    """A parsed-argument count (``ds.tensor_parallel_size``) as an int; ``None`` is 1. A value
+    OpenRLHF's parser would refuse (``"two"``, ``2.5``) is a ``PrecisionConfigError`` naming the
+    flag."""
+    if value is None:
+        return 1
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise PrecisionConfigError(
+            f"{flag(key)} is {value!r} in the arguments, which OpenRLHF's parser would refuse "
+            f"(it takes an integer); pass an integer such as 1, or parse the command line with "
+            f"precision_plugin.openrlhf.parse_args(argv)."
+        ) from None
+    return count
 
 
 def _error(message: str, fix: str, **details: Any) -> Finding:
@@ -105,8 +122,8 @@ def _bf16_only(args: Any, policy: PrecisionPolicy) -> list[Finding]:
     if policy.dtype != "float16":
         return []
     out = []
-    tp = arg(args, TENSOR_PARALLEL, 1) or 1
-    if int(tp) > 1:
+    tp = _count(arg(args, TENSOR_PARALLEL, 1), TENSOR_PARALLEL)
+    if tp > 1:
         out.append(
             _error(
                 f"{flag(TENSOR_PARALLEL)} {tp} (DeepSpeed AutoTP) cannot train in float16: "

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
@@ -93,13 +93,25 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that raises instead of printing usage and exiting the process: a
+    malformed command line given to a check is the caller's error, not the end of the caller."""
+
+    def error(self, message: str) -> NoReturn:
+        raise PrecisionConfigError(
+            f"the command line cannot be read as the framework would read it: {message} (e.g. "
+            f"a flag at the end without its value); pass the arguments exactly as launched."
+        )
+
+
 def field_parser(
     prefix: str = "", skip: tuple[str, ...] = (), **flags: dict[str, Any]
 ) -> argparse.ArgumentParser:
     """A parser for the fields in :data:`FIELDS` as ``--{prefix}{field-with-dashes}`` (SGLang's
     spellings when ``prefix`` is empty, slime's with ``sglang-``), leaving out ``skip``; absent
-    flags stay absent. ``flags`` adds more: ``{"--fp16": {"action": "store_true"}}``."""
-    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    flags stay absent. ``flags`` adds more: ``{"--fp16": {"action": "store_true"}}``. A command
+    line it cannot read raises ``PrecisionConfigError`` (argparse would exit the process)."""
+    parser = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
     for name in FIELDS:
         if name in skip:
             continue

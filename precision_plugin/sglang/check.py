@@ -108,6 +108,20 @@ def dtype_findings(
     return [Finding(FRAMEWORK, "ok", f"{where} runs {runs} ({how}).", details=details)]
 
 
+def _topk(value: Any) -> int | None:
+    """``speculative_eagle_topk`` as SGLang takes it (an integer, or unset); anything else is a
+    ``PrecisionConfigError`` naming the field."""
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise PrecisionConfigError(
+            f"speculative_eagle_topk is {value!r}, which SGLang refuses (it takes an integer); "
+            f"pass an integer such as 1, or leave it unset."
+        ) from None
+
+
 def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in _TRUE
 
@@ -204,8 +218,8 @@ def trap_findings(
                 fix=f"use the consistent-bf16 mode ({ENV_VAR}=bfloat16) for this model",
             )
         )
-    topk = values.get("speculative_eagle_topk")
-    if policy.is_fp16 and values.get("speculative_algorithm") and topk and int(topk) > 1:
+    topk = _topk(values.get("speculative_eagle_topk"))
+    if policy.is_fp16 and values.get("speculative_algorithm") and topk and topk > 1:
         out.append(
             Finding(
                 FRAMEWORK,

@@ -54,6 +54,12 @@ def _url(url: Any) -> Any:
             "is not a server URL; pass the SGLang server's base URL such as "
             "'http://localhost:30000', or its /server_info JSON"
         )
+    if isinstance(url, Mapping) and "dtype" not in url:
+        raise Invalid(
+            "has no 'dtype' field, which SGLang's /server_info always has: it is not the "
+            "/server_info JSON of an SGLang server; pass that JSON whole, or the server's base "
+            "URL such as 'http://localhost:30000'"
+        )
     return url
 
 

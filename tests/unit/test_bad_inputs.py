@@ -775,6 +775,38 @@ NEW_SURFACES: list[Case] = [
         lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_slime_args(None),
         names=("'argv'", "NoneType"),
     ),
+    Case(
+        "sglang argv flag without its value",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_server_args(
+            ["--model-path", "/m", "--dtype"], STRICT
+        ),
+        names=("argument --dtype: expected one argument", "exactly as launched"),
+    ),
+    Case(
+        "slime argv flag without its value",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).check_slime_args(
+            ["--fp16", "--sglang-dtype"], STRICT
+        ),
+        names=("argument --sglang-dtype: expected one argument",),
+    ),
+    Case(
+        "sglang verify_server JSON without dtype",
+        "kinds",
+        lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).verify_server(
+            {"model_path": "/m"}, STRICT
+        ),
+        names=("'url'", "no 'dtype' field"),
+    ),
+    Case(
+        "openrlhf tensor parallel size a word",
+        "numbers",
+        lambda t: __import__("precision_plugin.openrlhf", fromlist=["x"]).check_args(
+            {"ds.param_dtype": "fp16", "ds.tensor_parallel_size": "two"}, STRICT
+        ),
+        names=("--ds.tensor_parallel_size is 'two'", "integer"),
+    ),
     # the wrong kind of object anywhere: one line naming the parameter, no raw TypeError
     Case(
         "prepare_model swapped",

@@ -343,6 +343,18 @@ def test_bad_arguments_are_refused_at_the_boundary():
         orl.parse_args("--ds.param_dtype fp16")  # type: ignore[arg-type]
 
 
+def test_a_count_openrlhfs_parser_would_refuse_is_named_not_a_raw_error():
+    for bad in ("two", 2.5):
+        with pytest.raises(PrecisionConfigError) as err:
+            orl.check_args(parsed(**{"ds.tensor_parallel_size": bad}), STRICT)
+        assert str(err.value).startswith(
+            f"--ds.tensor_parallel_size is {bad!r} in the arguments, which OpenRLHF's parser "
+            f"would refuse (it takes an integer)"
+        )
+    ok = orl.find_problems(parsed(**{"ds.tensor_parallel_size": "1"}), STRICT, environ=FP16_ENV)
+    assert not [f for f in ok if f.status == "error"]
+
+
 def test_parse_args_without_openrlhf_says_where_to_run_it():
     with pytest.raises(PrecisionConfigError, match=r"cannot import openrlhf\.cli\.train_ppo_ray"):
         orl.parse_args(["--ds.param_dtype", "fp16"])

@@ -277,6 +277,7 @@ def candidates(tmp: Path) -> list[Any]:
         torch.zeros(len(SUM_FIELDS), dtype=torch.float64),  # mismatch_sums()'s sums
         {"actor_rollout_ref": {"rollout": {"dtype": "float16"}}},  # a verl config
         {"actor": {"dtype": "float16"}},  # an AReaL config
+        {"dtype": "float16"},  # an SGLang server's /server_info answer
         trainer,  # a trainer, as the boundary sees one
         types.SimpleNamespace(step=None, global_steps=0, optimizer=None),  # a DeepSpeed engine
         types.SimpleNamespace(model_config=types.SimpleNamespace(dtype="float16")),  # vllm.LLM

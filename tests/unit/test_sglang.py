@@ -116,6 +116,40 @@ def test_read_server_args_every_form(tmp_path):
         read_server_args(["--config", str(tmp_path / "missing.yaml")])
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--model-path", "/m", "--dtype"], "argument --dtype: expected one argument"),
+        (["--model"], "argument --model-path/--model: expected one argument"),
+        (["--speculative-eagle-topk", "x"], "argument --speculative-eagle-topk: invalid int"),
+    ],
+)
+def test_a_command_line_sglang_would_refuse_is_an_error_not_an_exit(argv, says):
+    """argparse would print its usage and exit the caller's process."""
+    with pytest.raises(PrecisionConfigError) as err:
+        check_server_args(argv, STRICT)
+    assert str(err.value).startswith(
+        f"the command line cannot be read as the framework would read it: {says}"
+    )
+    assert str(err.value).endswith(
+        "(e.g. a flag at the end without its value); pass the arguments exactly as launched."
+    )
+    with pytest.raises(PrecisionConfigError, match="argument --sglang-dtype: expected one"):
+        check_slime_args(["--fp16", "--sglang-dtype"], STRICT)
+
+
+def test_a_topk_sglang_would_refuse_is_named():
+    fields = {"dtype": "float16", "speculative_algorithm": "EAGLE", "speculative_eagle_topk": "x"}
+    with pytest.raises(PrecisionConfigError) as err:
+        check_server_args(fields, STRICT)
+    assert str(err.value) == (
+        "speculative_eagle_topk is 'x', which SGLang refuses (it takes an integer); pass an "
+        "integer such as 1, or leave it unset."
+    )
+    fields["speculative_eagle_topk"] = "4"  # a string of digits, as a YAML or env might give it
+    assert [f.status for f in check_server_args(fields)] == ["ok", "warning"]
+
+
 # -- what SGLang makes of a checkpoint -----------------------------------------------------------
 @pytest.mark.parametrize(
     ("config", "want"),
@@ -247,6 +281,13 @@ def test_verify_server_traps_and_json(checkpoint):
     assert [f.status for f in verify_server(info)] == ["ok", "warning"]
     with pytest.raises(PrecisionConfigError, match=r"verify_server\(\): argument 'url'"):
         verify_server(5)  # type: ignore[arg-type]
+
+
+def test_verify_server_refuses_json_that_is_not_server_info():
+    for info in ({}, {"vllm_config": {}}):
+        with pytest.raises(PrecisionConfigError) as err:
+            verify_server(info, STRICT)
+        assert "has no 'dtype' field, which SGLang's /server_info always has" in str(err.value)
 
 
 def test_verify_server_wrong_answers(server):
@@ -480,6 +521,7 @@ def test_doctor(monkeypatch):
     assert trap[2][0] == "error" and len(trap) == 3
     monkeypatch.setattr(versions, "entry_point_registered", lambda group, name="x": False)
     assert found({})[1][0] == "warning"
+
 
 
 def test_the_serve_recipe_leaves_the_dtype_to_the_entry_point():
