@@ -10,7 +10,7 @@ from precision_plugin import versions
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.sglang.check import FRAMEWORK, NAN_CHECK_ENV, trap_findings
-from precision_plugin.sglang.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
+from precision_plugin.sglang.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME, LOADER_SINCE
 
 #: SGLang's allow-list of general plugins (``srt/environ.py``).
 PLUGINS_ENV = "SGLANG_PLUGINS"
@@ -38,7 +38,22 @@ def doctor_findings(
     ]
     registered = versions.entry_point_registered(ENTRY_POINT_GROUP, ENTRY_POINT_NAME)
     allowed = [p.strip() for p in env.get(PLUGINS_ENV, "").split(",") if p.strip()]
-    if not registered:
+    if info.version < LOADER_SINCE:
+        findings.append(
+            Finding(
+                FRAMEWORK,
+                "warning",
+                f"SGLang {info.version} has no plugin loader (SGLang loads the "
+                f"{ENTRY_POINT_GROUP} entry points from {LOADER_SINCE}; AReaL 1.0.4 pins "
+                f"0.5.10.post1), so its processes neither set nor verify the dtype whatever "
+                f"{ENV_VAR} says: the dtype is only what the launch passes",
+                fix=f"pass --dtype {policy.dtype} explicitly (precision_plugin.sglang."
+                f"server_args(); AReaL: sglang.dtype) and check the running server with "
+                f"precision_plugin.sglang.verify_server, or install the SGLang "
+                f"precision_plugin[sglang] asks for (>= 0.5.12)",
+            )
+        )
+    elif not registered:
         findings.append(
             Finding(
                 FRAMEWORK,

@@ -17,7 +17,9 @@ registers two hooks:
   process's tokenizer manager, each scheduler), and a mismatch is refused under
   ``strictness="error"`` (the process stops) or logged. This is what remains where the record
   is resolved before plugins load (``Engine._launch_subprocesses`` as verl, slime and AReaL call
-  it): there the plugin can only verify.
+  it): there the plugin can only verify. AReaL 1.0.4's own scheduler entry does not load
+  plugins, so there it verifies in the main process only; SGLang before :data:`LOADER_SINCE`
+  (AReaL's pin 0.5.10.post1) loads no plugins at all.
 
 SGLang catches exceptions of a plugin's function, so a malformed ``PRECISION_PLUGIN`` registers
 a hook that refuses the launch instead of silently running without the plugin. SGLang's
@@ -31,6 +33,8 @@ import multiprocessing
 import os
 import threading
 from typing import Any
+
+from packaging.version import Version
 
 from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError, settle_conflict
@@ -51,6 +55,10 @@ MODEL_CONFIG_TARGET = "sglang.srt.configs.model_config.ModelConfig.from_server_a
 #: SGLang's entry-point group and this plugin's name in it (what ``SGLANG_PLUGINS`` must list).
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "precision_plugin"
+#: The first SGLang whose processes load that group (``sglang/srt/plugins/``, ``load_plugins``
+#: in ``launch_server``, ``Engine`` and the scheduler): absent from the 0.5.10.post1 wheel
+#: (AReaL 1.0.4's pin), present in 0.5.11.
+LOADER_SINCE = Version("0.5.11")
 
 _lock = threading.Lock()
 _registered: list[str] = []

@@ -523,6 +523,29 @@ def test_doctor(monkeypatch):
     assert found({})[1][0] == "warning"
 
 
+@pytest.mark.parametrize(("version", "loads"), [("0.5.10.post1", False), ("0.5.11", True)])
+def test_doctor_says_when_sglang_has_no_plugin_loader(monkeypatch, version, loads):
+    """SGLang's sglang.srt.plugins loader is absent from the 0.5.10.post1 wheel (AReaL 1.0.4's
+    pin) and present from 0.5.11: below it PRECISION_PLUGIN does nothing in SGLang."""
+    from packaging.version import Version
+
+    from precision_plugin import versions
+
+    info = versions.PackageInfo("sglang", "sglang", Version(version))
+    monkeypatch.setattr(versions, "package_info", lambda name: info if name == "sglang" else None)
+    monkeypatch.setattr(versions, "entry_point_registered", lambda group, name="x": True)
+    second = doctor_findings(PrecisionPolicy(), {"PRECISION_PLUGIN": "float16"})[1]
+    if loads:
+        assert second.status == "ok"
+        return
+    assert second.status == "warning"
+    assert second.message == (
+        "SGLang 0.5.10.post1 has no plugin loader (SGLang loads the sglang.srt.plugins entry "
+        "points from 0.5.11; AReaL 1.0.4 pins 0.5.10.post1), so its processes neither set nor "
+        "verify the dtype whatever PRECISION_PLUGIN says: the dtype is only what the launch passes"
+    )
+    assert second.fix.startswith("pass --dtype float16 explicitly")
+
 
 def test_the_serve_recipe_leaves_the_dtype_to_the_entry_point():
     import shlex
