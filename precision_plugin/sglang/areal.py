@@ -7,7 +7,10 @@ How AReaL 1.0.4 spells the precision (``areal/api/cli_args.py``):
 - ``sglang.dtype`` (default ``bfloat16``): ``SGLangConfig.build_args`` passes it as ``--dtype``
   to ``python -m areal.experimental.inference_service.sglang.launch_server``, which calls
   SGLang's ``prepare_server_args`` and ``Engine._launch_subprocesses`` without loading plugins
-  first: the plugin's entry point verifies there, it cannot set.
+  first: the plugin's entry point verifies there, it cannot set, and only in the main process
+  (AReaL's ``areal_run_scheduler_process`` does not call ``load_plugins``, and SGLang spawns its
+  schedulers). AReaL 1.0.4 pins SGLang 0.5.10.post1, which has no plugin loader at all: there
+  this config is the only place the dtype is set.
 - ``actor.dtype`` / ``ref.dtype`` / ``critic.dtype`` (default ``bfloat16``): the learners'
   compute dtype. AReaL's FSDP engine has no loss scaler (no ``GradScaler`` in
   ``areal/engine/fsdp_engine.py``); its Megatron engine passes ``fp16=True`` to Megatron, which
