@@ -237,8 +237,9 @@ def duck(*attributes: str, what: str) -> Validator:
     return Validator(what, check, (None, "x", 0, object()), fix=f"pass {what}")
 
 
-def version_text(what: str) -> Validator:
-    """A version number (``"0.9.1"``, a ``packaging`` ``Version``), or ``None``."""
+def version_text(what: str, example: str = "0.9.1") -> Validator:
+    """A version number (``"0.9.1"``, a ``packaging`` ``Version``), or ``None``; ``example`` is
+    the version the message suggests (one the adapter supports)."""
 
     def check(value: Any) -> Any:
         from packaging.version import InvalidVersion, Version
@@ -249,12 +250,12 @@ def version_text(what: str) -> Validator:
             Version(str(value))
         except InvalidVersion:
             raise Invalid(
-                f"is not a version number; pass {what}'s version such as '0.9.1', or leave it "
-                f"out for the installed one"
+                f"is not a version number; pass {what}'s version such as '{example}', or leave "
+                f"it out for the installed one"
             ) from None
         return value
 
-    return Validator(f"a {what} version such as '0.9.1'", check, ("banana", "", "latest"))
+    return Validator(f"a {what} version such as '{example}'", check, ("banana", "", "latest"))
 
 
 def _capability(value: Any) -> Any:

@@ -340,7 +340,7 @@ def _parsed_args(args: Any) -> Any:
 
 
 _ARGS = Validator("OpenRLHF's parsed arguments", _parsed_args)
-_VERSION = version_text("OpenRLHF")
+_VERSION = version_text("OpenRLHF", "0.11.2")
 
 
 @checked(args=_ARGS, openrlhf_version=_VERSION)

@@ -33,7 +33,7 @@ def env_value(policy: PrecisionPolicy) -> str:
     return policy.dtype if policy == PrecisionPolicy(dtype=policy.dtype) else policy.to_json()
 
 
-@checked(openrlhf_version=version_text("OpenRLHF"))
+@checked(openrlhf_version=version_text("OpenRLHF", "0.11.2"))
 def args(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,

@@ -102,7 +102,7 @@ class Layout:
         return [flag(IS_ENABLE)]
 
 
-@checked(version=version_text("OpenRLHF"))
+@checked(version=version_text("OpenRLHF", "0.11.2"))
 def openrlhf_version(version: str | Version | None = None) -> Version:
     """``version`` when given, else the installed OpenRLHF's, else :data:`ASSUMED_VERSION`."""
     if version is not None:
@@ -116,7 +116,7 @@ def openrlhf_version(version: str | Version | None = None) -> Version:
     return versions.installed_version("openrlhf") or ASSUMED_VERSION
 
 
-@checked(version=version_text("OpenRLHF"))
+@checked(version=version_text("OpenRLHF", "0.11.2"))
 def layout(version: str | Version | None = None) -> Layout:
     """The :class:`Layout` of OpenRLHF ``version`` (default: installed); refuses < 0.10.2."""
     v = openrlhf_version(version)

@@ -106,8 +106,12 @@ def test_args_refuse_what_openrlhf_cannot_run():
         orl.args("float32")
     with pytest.raises(PrecisionConfigError, match=r"OpenRLHF 0\.10\.1 .*--param_dtype"):
         orl.args(openrlhf_version="0.10.1")
-    with pytest.raises(PrecisionConfigError, match="not a version number"):
+    with pytest.raises(PrecisionConfigError) as err:
         orl.args(openrlhf_version="latest")
+    assert str(err.value) == (
+        "args(): argument 'openrlhf_version' got 'latest', which is not a version number; pass "
+        "OpenRLHF's version such as '0.11.2', or leave it out for the installed one."
+    )  # a version the adapter supports (>= 0.10.2), not verl's '0.9.1'
     with pytest.raises(PrecisionConfigError, match="argument 'policy' got float"):
         orl.args(3.5)  # type: ignore[arg-type]
 
