@@ -14,8 +14,10 @@ registers two hooks:
   plugins before they build or resolve the record.
 - **verify**, an AFTER hook on ``ModelConfig.from_server_args``: the torch dtype the model
   config resolved to is compared with the policy in every process that builds one (the main
-  process's tokenizer manager, each scheduler), and a mismatch is refused under
-  ``strictness="error"`` (the process stops) or logged. This is what remains where the record
+  process's tokenizer manager, each scheduler), and so are the traps the record carries
+  (``rl_on_policy_target``, a bf16 KV cache, the hpc_ops backends, ``SGLANG_SANITIZE_NAN_LOGITS``
+  in the process's environment); a contradiction is refused under ``strictness="error"`` (the
+  process stops) or logged once per process. This is what remains where the record
   is resolved before plugins load (``Engine._launch_subprocesses`` as verl, slime and AReaL call
   it): there the plugin can only verify. AReaL 1.0.4's own scheduler entry does not load
   plugins, so there it verifies in the main process only; SGLang before :data:`LOADER_SINCE`
@@ -43,7 +45,7 @@ from precision_plugin.manager import requested_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.serving import settle_findings
 from precision_plugin.sglang.args import read_server_args
-from precision_plugin.sglang.check import launch_findings
+from precision_plugin.sglang.check import launch_findings, trap_findings
 
 log = logging.getLogger("precision_plugin")
 
@@ -63,6 +65,10 @@ LOADER_SINCE = Version("0.5.11")
 _lock = threading.Lock()
 _registered: list[str] = []
 _verified: set[tuple[str, str]] = set()
+#: Trap findings already logged in this process (the force and verify hooks both check them).
+_logged_traps: set[str] = set()
+#: How the findings of both hooks name the launch (``launch_findings``' default).
+_LAUNCH = "the SGLang launch"
 
 
 def resolve_target(server_args_cls: type) -> str:
@@ -98,6 +104,7 @@ def force_dtype(server_args: Any, policy: PrecisionPolicy) -> None:
         server_args.dtype = wanted
         log.info("precision_plugin: SGLang dtype %s -> %s", asked, wanted)
     findings = launch_findings(read_server_args(server_args), policy, os.environ)
+    _logged_traps.update(f.message for f in findings if f.status in ("warning", "error"))
     settle_findings([f for f in findings if f.status != "ok"], policy)
 
 
@@ -146,11 +153,32 @@ def verify_model_config(model_config: Any, policy: PrecisionPolicy, *, draft: bo
         log.warning("%s; it runs as resolved (strictness='warn'). Fix: %s.", message, fix)
 
 
+def verify_traps(server_args: Any, policy: PrecisionPolicy) -> None:
+    """Check the traps of a record this process got resolved (verl, slime and AReaL build it
+    before the plugin loads, so the force hook never saw it): ``rl_on_policy_target``, a bf16
+    KV cache, the hpc_ops backends, ``SGLANG_SANITIZE_NAN_LOGITS`` here. Errors are refused
+    under ``strictness="error"``; otherwise each finding is logged once per process."""
+    found = trap_findings(read_server_args(server_args), None, policy, os.environ, _LAUNCH)
+    errors = [f for f in found if f.status == "error"]
+    if errors and policy.strictness == "error":
+        settle_findings(errors, policy)  # raises
+    for finding in found:
+        if finding.status in ("warning", "error") and finding.message not in _logged_traps:
+            _logged_traps.add(finding.message)
+            log.warning("precision_plugin: %s Fix: %s.", finding.message, finding.fix)
+
+
 def _after_model_config(result: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER hook on ``ModelConfig.from_server_args``: verify what was built."""
+    """AFTER hook on ``ModelConfig.from_server_args``: verify what was built, and the traps of
+    the record it was built from."""
     policy = requested_policy()
-    if policy is not None:
-        verify_model_config(result, policy, draft=bool(kwargs.get("is_draft_model")))
+    if policy is None:
+        return
+    draft = bool(kwargs.get("is_draft_model"))
+    verify_model_config(result, policy, draft=draft)
+    server_args = args[0] if args else kwargs.get("server_args")
+    if not draft and server_args is not None:
+        verify_traps(server_args, policy)
 
 
 def _refuse(message: str) -> Any:

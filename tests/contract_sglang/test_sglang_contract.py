@@ -339,6 +339,53 @@ def test_resolved_before_plugins_load_the_scheduler_verifies(llama_dir, tmp_path
     assert (out["agree.RUNS"], out["agree.WARNED"]) == ("torch.bfloat16", "-")
 
 
+TRAPS = """
+import pickle, sys
+import precision_plugin
+print("FILE", precision_plugin.__file__)
+from sglang.srt.plugins import load_plugins
+from sglang.srt.configs.model_config import ModelConfig
+record = pickle.loads(sys.stdin.buffer.read())
+load_plugins()
+try:
+    print("RUNS", ModelConfig.from_server_args(record).dtype)
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc).replace(chr(10), " "))
+"""
+
+
+def test_resolved_before_plugins_load_the_traps_are_verified_too(llama_dir, tmp_path):
+    """slime's --sglang-rl-on-policy-target fsdp reaches a record resolved before plugins load:
+    the dtype is float16, but the logits are bf16; the scheduler refuses it under strict mode."""
+    import os
+
+    record = ServerArgs(
+        model_path=llama_dir,
+        device="cpu",
+        skip_tokenizer_init=True,
+        dtype="float16",
+        rl_on_policy_target="fsdp",
+        attention_backend="triton",  # rl_on_policy_target needs a deterministic backend
+    )
+    record.resolve_once()
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=str(Path(__file__).parent / "stubs"), PRECISION_PLUGIN=STRICT_ENV)
+    done = subprocess.run(
+        [sys.executable, "-c", TRAPS],
+        input=pickle.dumps(record),
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.decode().splitlines() if " " in line)
+    assert "site-packages" in out["FILE"]
+    assert out["REFUSED"].startswith(
+        "PrecisionMismatchError the SGLang launch has --rl-on-policy-target fsdp"
+    )
+
+
 def test_enable_reaches_an_engine_built_in_the_process(llama_dir, tmp_path):
     code = (
         "import precision_plugin\n"

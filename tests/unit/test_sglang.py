@@ -350,6 +350,33 @@ def test_force_dtype(caplog):
         force_dtype(record(rl_on_policy_target="fsdp"), STRICT)
 
 
+def test_the_verify_hook_checks_the_traps_of_a_record_resolved_before_it(monkeypatch, caplog):
+    """verl, slime and AReaL resolve the record before plugins load: the force hook never sees
+    it, so the verify hook (in the main process and each scheduler) checks its traps."""
+    from precision_plugin.sglang import plugin
+
+    monkeypatch.setattr(plugin, "_logged_traps", set())
+    monkeypatch.delenv("SGLANG_SANITIZE_NAN_LOGITS", raising=False)
+    built = SimpleNamespace(dtype=torch.float16)
+    on_policy = record(dtype="float16", rl_on_policy_target="fsdp")
+    monkeypatch.setenv("PRECISION_PLUGIN", json.dumps({"dtype": "float16", "strictness": "error"}))
+    with pytest.raises(PrecisionMismatchError) as err:
+        plugin._after_model_config(built, on_policy)
+    assert str(err.value).startswith(
+        "the SGLang launch has --rl-on-policy-target fsdp: SGLang then computes the LM-head "
+        "logits and the log-probs in bfloat16"
+    )
+    assert str(err.value).endswith("(strictness='error')")
+    plugin._after_model_config(built, record(dtype="float16"))  # no trap: nothing raised
+    plugin._after_model_config(built, on_policy, is_draft_model=True)  # the draft: dtype only
+    monkeypatch.setenv("PRECISION_PLUGIN", "float16")
+    monkeypatch.setenv("SGLANG_SANITIZE_NAN_LOGITS", "1")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        plugin._after_model_config(built, record(dtype="float16"))
+        plugin._after_model_config(built, record(dtype="float16"))
+    assert caplog.text.count("SGLANG_SANITIZE_NAN_LOGITS=1 makes SGLang replace NaN/inf") == 1
+
+
 def test_verify_model_config(caplog):
     bf16 = SimpleNamespace(dtype=torch.bfloat16)
     with pytest.raises(PrecisionMismatchError, match="runs bfloat16, but the policy is float16"):
