@@ -252,10 +252,15 @@ def sglang_dtype(policy: PrecisionPolicy) -> str:
 def sglang_runs(value: Any) -> str | None:
     """The canonical dtype an SGLang ``dtype`` value runs; ``None`` for ``auto``/unset.
 
-    Raises ``PrecisionConfigError`` for a value SGLang refuses (``fp16``, ``torch.float16``).
+    A ``torch.dtype`` (``sglang.Engine(dtype=torch.float16)``) runs as it is, as SGLang's
+    ``_get_and_verify_dtype`` takes it. Raises ``PrecisionConfigError`` for a value SGLang
+    refuses (``fp16``, the string ``"torch.float16"``).
     """
     if value is None:
         return None
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        name = str(value).removeprefix("torch.")
+        return {"half": "float16", "float": "float32"}.get(name, name)
     key = str(value).strip().lower()
     if key not in SGLANG_DTYPE_CHOICES:
         raise PrecisionConfigError(

@@ -71,6 +71,18 @@ def test_sglang_spelling():
     assert sglang_runs(None) is None and sglang_runs(" BFloat16 ") == "bfloat16"
     with pytest.raises(PrecisionConfigError, match="never 'fp16'"):
         sglang_runs("fp16")
+    with pytest.raises(PrecisionConfigError, match=r"'torch\.float16' is not one SGLang accepts"):
+        sglang_runs("torch.float16")  # the string: SGLang's _get_and_verify_dtype refuses it
+    # a torch dtype object it takes as it is (sglang.Engine(dtype=torch.float16))
+    assert [sglang_runs(d) for d in (torch.float16, torch.bfloat16, torch.float32)] == [
+        "float16",
+        "bfloat16",
+        "float32",
+    ]
+    assert sglang_runs(torch.float64) == "float64"  # runs, and is no policy dtype
+    assert [f.status for f in check_server_args({"dtype": torch.float16}, STRICT)] == ["ok"]
+    with pytest.raises(PrecisionMismatchError, match=r"runs bfloat16 \(dtype=torch.bfloat16\)"):
+        check_server_args({"dtype": torch.bfloat16}, STRICT)
 
 
 def test_server_args_for_each_dtype():
