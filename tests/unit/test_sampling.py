@@ -85,6 +85,27 @@ def test_processed_logprobs_are_the_distribution_sampled_from(dtype, settings):
             assert sample.logprobs[t] == logprob(expected, token), (row, t)
 
 
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+@pytest.mark.parametrize(
+    "settings", [{"temperature": 0.6}, EVERYTHING], ids=["temperature", "everything"]
+)
+def test_tokens_are_drawn_from_the_processed_distribution(settings, mode):
+    """Each token is the draw the row's own generator (seed + row) makes from softmax of the
+    logits processed once as vLLM processes them: replayed here step by step, so a sampling step
+    that applies the temperature (or any setting) again, or samples the raw logits, picks other
+    tokens even where the recorded log-prob is right."""
+    sampling = SamplingSettings(**settings, logprobs_mode=mode)
+    samples, steps = _run("float16", sampling, tokens=16)
+    for row, sample in enumerate(samples):
+        generator = torch.Generator().manual_seed(11 + row)
+        for t, token in enumerate(sample.completion_ids):
+            expected = processed_logits(
+                steps[t][row], PROMPTS[row], sample.completion_ids[:t], **settings
+            )
+            drawn = torch.multinomial(torch.softmax(expected, -1), 1, generator=generator)
+            assert token == int(drawn), (row, t)
+
+
 def test_temperature_divides_once():
     samples, steps = _run("float16", SamplingSettings(temperature=0.6,
                                                       logprobs_mode="processed_logprobs"))  # fmt: skip
@@ -159,7 +180,9 @@ def test_out_of_range_settings_are_refused_naming_the_setting(field, value, allo
 
 def test_engine_refuses_what_is_not_a_sampling_settings():
     engine = HFRolloutEngine(_model(), "float32", "cpu")
-    with pytest.raises(PrecisionConfigError, match=r"argument 'sampling' got dict .*expected a SamplingSettings"):
+    with pytest.raises(
+        PrecisionConfigError, match=r"argument 'sampling' got dict .*expected a SamplingSettings"
+    ):
         engine.generate(PROMPTS, 2, 0, sampling={"temperature": 0.7})
 
 
