@@ -164,6 +164,52 @@ def test_frequencies_never_float32_are_recomputed_exactly(build):
     assert keep_float32_buffers(half) == {}  # already float32: nothing to do
 
 
+def test_a_dynamic_rope_that_grew_is_recomputed_at_its_original_length():
+    """A dynamic-NTK learner that already ran past its context holds the grown frequencies; cast
+    wholesale, they are recomputed at the original length, and the module is told so: its next
+    long forward grows them again in float32, exactly as the float32 model's did."""
+    model = _scaled("dynamic")
+    rot32 = _rotary(model)
+    cos32, sin32 = _cos_sin(rot32, torch.float32)  # grows inv_freq for 4,096 positions
+    assert int(rot32.max_seq_len_cached) == 4096
+    half = copy.deepcopy(model).half()
+    assert keep_float32_buffers(half) == {
+        "model.rotary_emb.inv_freq": "recomputed",
+        "model.rotary_emb.original_inv_freq": "recomputed",
+    }
+    rot16 = _rotary(half)
+    assert rot16.max_seq_len_cached == rot16.original_max_seq_len == 512
+    assert torch.equal(rot16.inv_freq, rot32.original_inv_freq)
+    cos16, sin16 = _cos_sin(rot16, torch.float16)
+    assert torch.equal(cos16, cos32.to(torch.float16)) and torch.equal(
+        sin16, sin32.to(torch.float16)
+    )
+
+
+def test_cast_model_keeps_the_float32_values_it_cannot_recompute():
+    """The MoE routing bias and a custom module's frequencies (no RoPE function to recompute
+    them with) come back bit-exact from the values saved before the cast, not widened."""
+    model = _small(
+        "DeepseekV3Config", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        first_k_dense_replace=1, n_group=2, topk_group=1, q_lora_rank=None, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    )  # fmt: skip
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    values = torch.tensor([5.001, 5.002, 5.003, 5.004])
+    with torch.no_grad():
+        dict(model.named_buffers())[bias].copy_(values)
+    custom = torch.nn.Module()
+    custom.register_buffer("inv_freq", torch.tensor([1.0, 0.1, 0.01, 1e-3]) / 3)
+    model.custom = custom
+    reference = custom.inv_freq.clone()
+    for dtype in (torch.bfloat16, torch.float16):
+        cast = cast_model(copy.deepcopy(model), dtype)
+        buffers = dict(cast.named_buffers())
+        assert buffers[bias].dtype == torch.float32 and torch.equal(buffers[bias], values)
+        assert torch.equal(buffers["custom.inv_freq"], reference)
+        assert not torch.equal(reference.to(dtype).float(), reference)  # widening would differ
+
+
 def test_saved_values_are_restored_exactly_and_the_moe_routing_bias_too():
     model = _small(
         "DeepseekV3Config", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
