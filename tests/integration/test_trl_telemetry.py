@@ -157,6 +157,27 @@ def test_metrics_every_logging_step_pinned_to_the_trainers_own_tensors(tmp_path,
     assert sum(e["precision/tokens"] for e in logs) == pytest.approx(generated)
 
 
+def test_a_rollout_reused_over_num_iterations_is_counted_once(tmp_path):
+    """num_iterations=2: TRL trains twice on each rollout; the second pass adds nothing, so a
+    step's figures are those of the slices first seen in it, pinned to TRL's own tensors."""
+    pp.enable()
+    trainer = _recipe().build_trainer(str(tmp_path), 4, num_iterations=2)
+    calls = _spy(trainer)
+    trainer.train()
+    logs = _train_logs(trainer)
+    assert len(logs) == len(calls) == 4
+    mu = [c["sampling_per_token_logps"] for c in calls]
+    assert [i == 0 or not torch.equal(mu[i], mu[i - 1]) for i in range(4)] == [
+        True, False, True, False,
+    ]  # fmt: skip
+    for step, (entry, call) in enumerate(zip(logs, calls, strict=True)):
+        if step % 2:  # the same rollout again
+            assert not any(k.startswith("precision/k") for k in entry), entry
+            continue
+        for name, value in _expected(call).items():
+            assert entry[f"precision/{name}"] == pytest.approx(value, rel=1e-9, abs=1e-15), name
+
+
 def _mean_k3(tmp_path, dtype: str) -> tuple[float, list[dict]]:
     pp.enable(dtype=dtype)
     try:
