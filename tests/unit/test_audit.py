@@ -38,6 +38,18 @@ def test_each_contradiction_names_both_sides():
     assert "bfloat16" in found["trainable"]
 
 
+def test_a_rollout_in_the_policy_dtype_still_contradicts_a_learner_that_ran_another():
+    found = contradictions(
+        PrecisionPolicy(), _learner(forward_dtype="bfloat16"), {"engine": "HFRollout",
+                                                                 "dtype": "float16"}
+    )  # fmt: skip
+    assert found == {
+        "forward": "learner: the training forward ran in bfloat16, the policy is float16",
+        "rollout": "rollout: HFRollout runs float16 while the learner runs bfloat16 "
+        "(policy float16)",
+    }
+
+
 def test_unknown_rollout_dtype_is_not_a_contradiction():
     found = contradictions(PrecisionPolicy(), _learner(), {"engine": "x", "dtype": None})
     assert found == {}
@@ -110,6 +122,17 @@ def test_a_copy_that_differs_from_its_request_is_a_contradiction():
     result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
     assert set(result["contradictions"]) == {"rollout_buffers"}
     assert "in ['float16']" in result["contradictions"]["rollout_buffers"]
+
+
+def test_a_copy_with_a_few_float32_weights_runs_the_dtype_most_weights_have():
+    rollout = _hfrollout("float16")
+    model = rollout.engine.model
+    model.lm_head.float()  # 32 x 16 weights left in float32
+    total = sum(p.numel() for p in model.parameters())
+    result = audit_run(PrecisionPolicy(), None, SimpleNamespace(rollout_func=rollout),
+                       forward_dtype=torch.float16)  # fmt: skip
+    assert result["rollout"]["params"] == {"float16": total - 512, "float32": 512}
+    assert result["rollout"]["dtype"] == "float16" and result["consistent"]
 
 
 def test_before_the_first_rollout_the_request_is_audited_as_a_request():

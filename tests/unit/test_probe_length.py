@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from precision_plugin.mismatch import drift_fit, drift_per_1k
 from precision_plugin.probe.length import MIN_PER_BUCKET, fit_slope, length_effect
 
 
@@ -110,3 +111,19 @@ def test_bucket_figures_are_token_weighted_exactly() -> None:
     assert (effect.slope_per_1k, effect.slope_stderr_per_1k) == pytest.approx(
         (1000 * slope, 1000 * slope_se), rel=1e-12
     )
+
+
+def test_drift_fit_leaves_sequences_without_tokens_out() -> None:
+    """``drift = ΣS/ΣL``, ``variance = Σ(S − drift·L)²/L/(n − 1)``, ``se = sqrt(variance/ΣL)``
+    over the sequences that have tokens: a sequence of length 0 changes none of them."""
+    lengths, sums = [0, 2, 4, 3], [0.0, 0.2, 0.6, -0.3]
+    drift = 0.5 / 9
+    variance = ((0.2 - 2 * drift) ** 2 / 2 + (0.6 - 4 * drift) ** 2 / 4
+                + (-0.3 - 3 * drift) ** 2 / 3) / 2  # fmt: skip
+    assert drift_fit(lengths, sums) == pytest.approx(
+        (drift, math.sqrt(variance / 9), variance), rel=1e-12
+    )
+    assert drift_per_1k(lengths, sums) == pytest.approx(
+        (1000 * drift, 1000 * math.sqrt(variance / 9)), rel=1e-12
+    )
+    assert all(math.isnan(v) for v in drift_fit([0, 0], [0.0, 0.0]))
