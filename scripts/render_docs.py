@@ -215,6 +215,29 @@ def _rope_buffers(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("hf-rollout")
+def _hf_rollout(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_hf_rollout.py``: CPU-time tokens/s of the engine and of
+    ``model.generate``, median and range, and the engine's speed relative to each."""
+    rows = [
+        "| | CPU-time tokens/s (median, range) | engine relative |",
+        "|---|---|---|",
+    ]
+    labels = {
+        "engine": ("`HFRolloutEngine.generate` (tokens + per-token log-probs)", None),
+        "generate+scores": (
+            "`model.generate(output_scores=True)` + log-probs gathered after",
+            "engine_vs_generate_scores",
+        ),
+        "generate": ("`model.generate` (tokens only)", "engine_vs_generate"),
+    }
+    for name, (label, relative) in labels.items():
+        low, high = data["ranges"][name]
+        ratio = f"{data[relative]:.2f}" if relative else ""
+        rows.append(f"| {label} | {data[name]:.1f} ({low:.0f}–{high:.0f}) | {ratio} |")
+    return "\n".join(rows)
+
+
 @view("probe-scale")
 def _probe_scale(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_probe_scale.py``: peak RSS and wall time per case."""

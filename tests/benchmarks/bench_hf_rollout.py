@@ -96,7 +96,12 @@ def main() -> dict[str, Any]:
             t0 = time.process_time()
             call()
             runs[name].append(tokens / (time.process_time() - t0))
-    result = {name: statistics.median(v) for name, v in runs.items()}
+    result: dict[str, Any] = {name: statistics.median(v) for name, v in runs.items()}
+    result["ranges"] = {name: [min(v), max(v)] for name, v in runs.items()}
+    result["settings"] = {
+        "runs": options.runs, "new_tokens": options.new_tokens, "batch": options.batch,
+        "dtype": options.dtype, "threads": options.threads,
+    }  # fmt: skip
     result["engine_vs_generate_scores"] = result["engine"] / result["generate+scores"]
     result["engine_vs_generate"] = result["engine"] / result["generate"]
     for name, values in runs.items():
