@@ -1,5 +1,6 @@
 """Telemetry across processes (torchrun on loopback, gloo): two processes report the
-token-weighted figures one process reports on the same batch, and both ranks log the same."""
+token-weighted figures one process reports on the same batch, both ranks log the same, and a
+real two-rank GRPO run logs the figures recomputed from both ranks' tensors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("trl")
 
@@ -42,12 +44,39 @@ def _launch(tmp_path: Path, world: int) -> dict[int, dict]:
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(world)}
 
 
+def _gathered(calls: list[dict]) -> dict[str, float]:
+    """The token-weighted figures over every rank's slice of one step, from the tensors each
+    rank's ``_compute_loss`` received (π: old_per_token_logps, else the loss's own log-probs)."""
+    d, gaps = [], []
+    for call in calls:
+        pi = torch.tensor(call.get("old_per_token_logps", call.get("pi")), dtype=torch.float64)
+        mu = torch.tensor(call["sampling_per_token_logps"], dtype=torch.float64)
+        mask = torch.tensor(call["completion_mask"]).bool()
+        if "tool_mask" in call:
+            mask &= torch.tensor(call["tool_mask"]).bool()
+        d.append((pi - mu)[mask])  # log π − log μ over the counted tokens
+        gaps.append((pi.exp() - mu.exp())[mask].abs())
+    r, gap = torch.cat(d), torch.cat(gaps)
+    assert r.numel() and not r.isnan().any()
+    return {
+        "tokens": float(r.numel()),
+        "k1_kl": float(-r.mean()),
+        "k3_kl": float((torch.expm1(r) - r).mean()),
+        "prob_diff_mean": float(gap.mean()),
+        "prob_diff_max": float(gap.max()),
+        "logp_abs_diff_mean": float(r.abs().mean()),
+        "drift_per_1k": 1000 * float(r.mean()),
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_equal_one_process(tmp_path):
     one = _launch(tmp_path, 1)[0]
     two = _launch(tmp_path, 2)
-    whole = compute_mismatch(*fixed_batch()).to_dict() | compute_consequence(*fixed_batch()).to_dict()
+    whole = (
+        compute_mismatch(*fixed_batch()).to_dict() | compute_consequence(*fixed_batch()).to_dict()
+    )
     assert set(CONSEQUENCE_METRICS) <= set(one["fixed"])
     assert 0 < whole["seq_mask_fraction_verl"] < 1 and 0 < whole["ess"] < 1
     for name, value in one["fixed"].items():
@@ -57,9 +86,11 @@ def test_two_processes_equal_one_process(tmp_path):
     # The real GRPO run on two ranks: gathered, so both ranks log the same token-weighted
     # figures, counting the tokens of the whole batch (4 completions per rank).
     assert two[0]["logs"] == two[1]["logs"]
-    for entry in two[0]["logs"]:
+    for step, entry in enumerate(two[0]["logs"]):
         assert entry["precision/tokens"] == pytest.approx(entry["completions/mean_length"] * 8)
-        assert 0 <= entry["precision/k3_kl"] < 1e-4
+        expected = _gathered([two[r]["calls"][step] for r in (0, 1)])
+        for name, value in expected.items():
+            assert entry[f"precision/{name}"] == pytest.approx(value, rel=1e-9, abs=1e-15), name
         assert 0 < entry["precision/ess"] <= 1 and entry["precision/seq_mask_fraction_verl"] >= 0
     for entry in one["logs"]:
         assert entry["precision/tokens"] == pytest.approx(entry["completions/mean_length"] * 4)

@@ -1,5 +1,6 @@
-"""Worker for test_trl_multiprocess: a real GRPO run, then a fixed batch through the same
-trainer's telemetry reduction; writes ``rank<r>.json`` into the folder given as argv[1].
+"""Worker for test_trl_multiprocess: a real GRPO run (with the tensors each ``_compute_loss``
+call received), then a fixed batch through the same trainer's telemetry reduction; writes
+``rank<r>.json`` into the folder given as argv[1].
 
     python -m torch.distributed.run --nproc-per-node=N -m tests.integration.trl_two_rank_worker OUT
 """
@@ -39,10 +40,14 @@ def main(out: Path) -> None:
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
 
+    from tests.integration.test_trl_telemetry import _spy
+
     pp.enable()
     trainer = recipe.build_trainer(str(out / "run"), 2)
+    calls = _spy(trainer)  # what each _compute_loss call of this rank receives
     trainer.train()
     rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+    tensors = [{k: v.tolist() for k, v in call.items()} for call in calls]
     logs = [
         {k: v for k, v in h.items() if k.startswith(("precision/", "completions/mean_length"))}
         for h in trainer.state.log_history
@@ -58,7 +63,7 @@ def main(out: Path) -> None:
         acc.add(train[row : row + 1], rollout[row : row + 1], mask[row : row + 1])
     fixed = trl_telemetry.flush(trainer)
     pp.disable()
-    result = {"rank": rank, "world": world, "logs": logs, "fixed": fixed}
+    result = {"rank": rank, "world": world, "logs": logs, "fixed": fixed, "calls": tensors}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
