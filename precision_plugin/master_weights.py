@@ -6,6 +6,8 @@ weights; the loss scaler unscales fp32 gradients. Trainable parameters in fp16 e
 they break the fp16 scaler (TRL casts QLoRA adapters to bf16). Frozen parameters (a LoRA base)
 may stay in the policy dtype; modules a model declares in ``_keep_in_fp32_modules`` (fp16 only)
 or ``_keep_in_fp32_modules_strict`` (fp16 and bf16) stay fp32, as transformers loads them.
+The buffers vLLM keeps in float32 (RoPE frequencies, the MoE routing bias: ``buffers.py``) go back
+to float32 where a wholesale ``model.half()`` rounded them (``policy.float32_buffers``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from precision_plugin.boundary import checked
+from precision_plugin.buffers import buffer_dtypes, keep_float32_buffers
 from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.frameworks import settle_once
 from precision_plugin.manager import resolve_policy
@@ -128,6 +131,26 @@ def check_model(
         )
         for cast in _plan(model, policy)
     ]
+    rounded = _rounded_buffers(model, policy)
+    if rounded:
+        findings.append(
+            Finding(
+                framework="torch",
+                status="change",
+                message=(
+                    f"{sum(rounded.values())} values of the buffers vLLM keeps in float32 (RoPE "
+                    f"frequencies, the MoE routing bias) are rounded to "
+                    f"{', '.join(sorted(rounded))}: the learner would compute positions "
+                    "differently from the rollout engine"
+                ),
+                fix=(
+                    "prepare_model() (enable() and PrecisionCallback run it) recomputes them in "
+                    "float32; cast with precision_plugin.buffers.cast_model instead of "
+                    "model.half()"
+                ),
+                details={"buffers": rounded},
+            )
+        )
     if not findings:
         findings.append(
             Finding("torch", "ok", f"parameter dtypes match the {policy.dtype} policy", "")
@@ -164,6 +187,9 @@ def prepare_model(
     Under float16: trainable parameters become fp32 master weights (autocast computes in fp16),
     frozen fp16/bf16 parameters are stored in fp16, and ``_keep_in_fp32_modules`` stay fp32.
     Parameters are cast in place (``param.data``), so an optimizer built already keeps working.
+    With ``policy.float32_buffers`` the buffers vLLM keeps in float32 (RoPE frequencies) that a
+    ``model.half()`` rounded are recomputed in float32
+    ([`keep_float32_buffers`][precision_plugin.buffers.keep_float32_buffers]).
     With ``policy.strictness == "error"`` nothing is changed and a
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] says what to change
     instead. ``policy`` defaults to the active policy, else the default (float16) one. Anything
@@ -172,9 +198,7 @@ def prepare_model(
     """
     policy = resolve_policy(policy)
     plan = _plan(model, policy)
-    if not plan:
-        return model
-    if policy.strictness == "error":
+    if plan and policy.strictness == "error":
         raise PrecisionMismatchError(
             "precision_plugin: the model's parameter dtypes contradict the "
             f"{policy.dtype} policy (strictness='error'): "
@@ -192,7 +216,23 @@ def prepare_model(
             trainable = cast.wanted == torch.float32 and "_keep_in_fp32" not in cast.why
             level = logging.WARNING if trainable else logging.INFO
             log.log(level, "precision_plugin: cast %s", _describe(cast))
+    if _rounded_buffers(model, policy):
+        restored = keep_float32_buffers(model)
+        log.warning(
+            "precision_plugin: %d buffers vLLM keeps in float32 were rounded (model.half()?); "
+            "back in float32 so learner and rollout compute positions alike "
+            "(policy.float32_buffers): %s",
+            len(restored),
+            ", ".join(f"{name} ({how})" for name, how in restored.items()),
+        )
     return model
+
+
+def _rounded_buffers(model: torch.nn.Module, policy: PrecisionPolicy) -> dict[str, int]:
+    """``{dtype: count}`` of the table's buffers not in float32, when the policy keeps them."""
+    if not policy.float32_buffers:
+        return {}
+    return {dtype: n for dtype, n in buffer_dtypes(model).items() if dtype != "float32"}
 
 
 def prepare_model_once(model: Any, policy: PrecisionPolicy) -> Any:

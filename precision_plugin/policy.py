@@ -332,11 +332,12 @@ class PrecisionPolicy:
     float32_buffers: bool = field(
         default=True,
         metadata=_help(
-            "Learner side: where the plugin casts a learner to float16/bfloat16 wholesale (a "
-            "DeepSpeed fp16/bf16 engine's module, ZeRO-3 zero.Init included), keep in float32 the "
-            "buffers vLLM keeps in float32 (RoPE inverse frequencies, the MoE routing bias "
-            "e_score_correction_bias), so learner and rollout compute positions alike. The "
-            "rollout copies (HFRollout, the probe's HF engine) always keep them."
+            "Learner side: where a learner was cast to float16/bfloat16 wholesale (a DeepSpeed "
+            "fp16/bf16 engine's module, ZeRO-3 zero.Init included, or the user's model.half() "
+            "seen by prepare_model), keep in float32 the buffers vLLM keeps in float32 (RoPE "
+            "inverse frequencies, the MoE routing bias e_score_correction_bias), so learner and "
+            "rollout compute positions alike. The rollout copies (HFRollout, the probe's HF "
+            "engine) always keep them."
         ),
     )
     loss_scaler: LossScalerSettings = field(

@@ -102,3 +102,65 @@ def test_lazy_export_and_default_policy():
     model = torch.nn.Linear(4, 4).half()
     pp.prepare_model(model)  # no policy, nothing enabled: the default float16 policy
     assert model.weight.dtype == torch.float32
+
+
+def _tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_learner_cast_with_half_gets_its_rope_frequencies_back_in_float32(dtype, caplog):
+    """model.half() rounds the RoPE frequencies vLLM keeps in float32; prepare_model (run by
+    enable() and the callback on every learner) recomputes them exactly, and says so."""
+    model = _tiny_llama()
+    reference = model.model.rotary_emb.inv_freq.clone()
+    model.to(getattr(torch, dtype))
+    assert model.model.rotary_emb.inv_freq.dtype == getattr(torch, dtype)
+    (finding,) = [
+        f for f in check_model(model, PrecisionPolicy(dtype=dtype)) if "buffers" in f.details
+    ]
+    # inv_freq and original_inv_freq: head_dim / 2 = 4 values each
+    assert finding.status == "change" and finding.details["buffers"] == {dtype: 8}
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        prepare_model(model, PrecisionPolicy(dtype=dtype))
+    rotary = model.model.rotary_emb
+    assert rotary.inv_freq.dtype == rotary.original_inv_freq.dtype == torch.float32
+    assert torch.equal(rotary.inv_freq, reference) and torch.equal(
+        rotary.original_inv_freq, reference
+    )
+    assert "model.rotary_emb.inv_freq (recomputed)" in caplog.text
+    assert not [
+        f for f in check_model(model, PrecisionPolicy(dtype=dtype)) if "buffers" in f.details
+    ]
+
+
+def test_float32_buffers_off_leaves_the_rounded_frequencies_alone():
+    model = _tiny_llama().half()
+    policy = PrecisionPolicy(float32_buffers=False)
+    assert all("buffers" not in f.details for f in check_model(model, policy))
+    prepare_model(model, policy)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float16
+
+
+def test_strict_mode_restores_buffers_only_where_parameters_need_no_cast():
+    """Under strictness='error' a parameter cast is refused before anything changes; the
+    buffers, which no setting of the user's asked to round, are restored when nothing is
+    refused."""
+    model = _tiny_llama().half()
+    with pytest.raises(PrecisionMismatchError):
+        prepare_model(model, PrecisionPolicy(strictness="error"))
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float16  # nothing changed
+    frozen = _tiny_llama().requires_grad_(False).half()  # frozen fp16 weights are fine
+    prepare_model(frozen, PrecisionPolicy(strictness="error"))
+    assert frozen.model.rotary_emb.inv_freq.dtype == torch.float32
