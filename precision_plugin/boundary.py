@@ -14,6 +14,11 @@ def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn")
   policy's own validators are reused: :func:`policy_field` checks a value as the policy field
   it stands for, :func:`dtype_name` is the policy's dtype parser, and a parameter typed to take
   a ``PrecisionPolicy`` (a dict, a dtype name) is built into one by the policy itself.
+- A validator may take values of another type than the annotation says (``accepts``): the
+  parameters validated by :data:`dtype_name` take a ``torch.dtype`` as the policy does.
+- **Relations** between parameters (:func:`same_length`, :func:`same_shape`) are checked once
+  each parameter passed its own check: ``lengths`` and ``sums`` of different lengths are one
+  error naming both, not an ``IndexError`` deep inside.
 - Only arguments the caller passed are checked; a value that *is* the parameter's default (a
   sentinel) passes unchecked, and ``None``, where the annotation allows it, skips the validator.
 
@@ -71,6 +76,11 @@ class Validator:
     bounds: tuple[float | None, float | None, bool] | None = None
     #: The fix a wrong *type* gets instead of "pass <the annotation>".
     fix: str = ""
+    #: Values of another type than the annotation's that the validator takes all the same
+    #: (``accepts(value)`` is True; e.g. a ``torch.dtype`` where a dtype name is annotated),
+    #: and those values in words, for the error of a wrong type.
+    accepts: Callable[[Any], bool] | None = field(default=None, repr=False)
+    accepts_what: str = ""
 
     def __call__(self, value: Any) -> Any:
         return self.check(value)
@@ -149,8 +159,10 @@ def one_of(*choices: Any) -> Validator:
 
     def check(value: Any) -> Any:
         if not any(type(value) is type(c) and value == c for c in choices):
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lowered = {str(c).lower(): c for c in choices}  # 'VERL' means 'verl'
+            key = str(value).strip().lower()
+            close = [key] if key in lowered else difflib.get_close_matches(key, list(lowered), n=1)
+            hint = f" (did you mean {lowered[close[0]]!r}?)" if close else ""
             raise Invalid(f"is not allowed{hint}; choose {allowed}")
         return value
 
@@ -206,7 +218,13 @@ def _dtype(value: Any) -> str:
 
 #: A precision name (``float16``/``bfloat16``/``float32``, aliases, or a ``torch.dtype``),
 #: parsed by the policy's ``normalize_dtype``; passes the canonical name on.
-dtype_name = Validator("float16, bfloat16 or float32 (or an alias)", _dtype, ("fp8", "auto", ""))
+dtype_name = Validator(
+    "float16, bfloat16 or float32 (or an alias)",
+    _dtype,
+    ("fp8", "auto", ""),
+    accepts=lambda value: type(value).__module__ == "torch" and type(value).__name__ == "dtype",
+    accepts_what="a torch.dtype",
+)
 
 
 def _policy(value: Any) -> Any:
@@ -295,6 +313,46 @@ def _torch_device(value: Any) -> Any:
 torch_device = Validator("a torch device such as 'cpu' or 'cuda:1'", _torch_device, ("gpu0", ""))
 
 
+def each(item: Validator) -> Validator:
+    """Every item of a collection passes ``item`` (the value is passed on unchanged)."""
+
+    def check(value: Any) -> Any:
+        for i, v in enumerate(value):
+            try:
+                item(v)
+            except Invalid as exc:
+                reason = " ".join(str(exc).split()).rstrip(".")
+                raise Invalid(f"has {_show(v)} at [{i}] ({reason})") from None
+        return value
+
+    return Validator(f"items each {item.allowed}", check, tuple([b] for b in item.bad))
+
+
+def _torch_module(value: Any) -> Any:
+    import torch
+
+    if not isinstance(value, torch.nn.Module):
+        raise Invalid("is not a torch.nn.Module; pass the model (a torch.nn.Module)")
+    return value
+
+
+#: A ``torch.nn.Module`` (the model), for a parameter annotated ``Any`` so that the module
+#: imports torch lazily.
+torch_module = Validator(
+    "a torch.nn.Module", _torch_module, (None, "model", 0), fix="pass the model (a torch.nn.Module)"
+)
+
+
+def _dtype_like(value: Any) -> Any:
+    if isinstance(value, str) or dtype_name.accepts(value):  # type: ignore[misc]
+        return value
+    raise Invalid("is not a dtype; pass a torch.dtype (torch.float16) or its name ('float16')")
+
+
+#: Any torch dtype or dtype name (a dtype something ran in, not only the policy's three).
+dtype_like = Validator("a torch.dtype or its name", _dtype_like, (3, object()))
+
+
 def existing_path(kind: str) -> Validator:
     """A path (``str`` or ``os.PathLike``) to an existing ``kind`` (``"file"`` or ``"folder"``)."""
 
@@ -311,20 +369,94 @@ def existing_path(kind: str) -> Validator:
     return Validator(f"the path of an existing {kind}", check, ("", "no/such/path"))
 
 
+def numbers_1d(what: str, *, low: float | None = None) -> Validator:
+    """A 1-D sequence (list, tuple, tensor) of real numbers, as a float64 tensor; each item
+    ``>= low`` when ``low`` is given (NaN refused then too); ``what`` names one item."""
+    allowed = f"a 1-D list or tensor of numbers ({what})"
+
+    def check(value: Any) -> Any:
+        import torch
+
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise Invalid(f"is not a list of numbers; pass {allowed}")
+        try:
+            t = torch.as_tensor(value, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            first = " ".join(str(exc).split())
+            raise Invalid(f"is not a list of numbers ({first}); pass {allowed}") from None
+        if t.dim() != 1:
+            raise Invalid(f"has shape {tuple(t.shape)}; pass {allowed}")
+        if low is not None and t.numel() and not bool((t >= low).all()):
+            bad = t[~(t >= low)][0].item()
+            raise Invalid(f"holds {bad:g}; every item must be a number >= {low:g} ({what})")
+        return t
+
+    return Validator(allowed, check, ("x", [[1.0]], 5) + (([-1.0],) if low == 0 else ()))
+
+
+# -- relations between parameters -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A check across parameters, run once each of them passed its own check (on the values
+    the validators return): ``check(values)`` gets ``{name: value}`` of those passed and not
+    ``None`` (two at least) and raises :class:`Invalid` saying how they disagree."""
+
+    params: tuple[str, ...]
+    allowed: str
+    check: Callable[[dict[str, Any]], None] = field(repr=False)
+
+
+def _sizes(values: dict[str, Any], size: Callable[[Any], Any]) -> str | None:
+    found = {name: size(value) for name, value in values.items()}
+    if len(set(found.values())) < 2:
+        return None
+    return ", ".join(f"{name}: {value}" for name, value in found.items())
+
+
+def same_length(*params: str, fix: str) -> Relation:
+    """``params`` hold as many items each (one per sequence, per field...); ``fix`` is shown."""
+
+    def check(values: dict[str, Any]) -> None:
+        differ = _sizes(values, len)
+        if differ is not None:
+            raise Invalid(f"differ in length ({differ}); {fix}")
+
+    return Relation(params, f"{' and '.join(params)} of the same length", check)
+
+
+def same_shape(*params: str, fix: str) -> Relation:
+    """``params`` (tensors, after their validators) have one shape; ``fix`` is shown."""
+
+    def check(values: dict[str, Any]) -> None:
+        differ = _sizes(values, lambda value: tuple(value.shape))
+        if differ is not None:
+            raise Invalid(f"differ in shape ({differ}); {fix}")
+
+    return Relation(params, f"{' and '.join(params)} of one shape", check)
+
+
 # -- the decorator ---------------------------------------------------------------------------
 
 
-def checked(target: Any = None, /, **validators: Validator) -> Any:
+def checked(*target: Any, **validators: Validator) -> Any:
     """Check the arguments of a function, or of a class's ``__init__`` and public methods, at
     the boundary (see the module docstring); ``validators`` maps parameter names to
-    :class:`Validator` value checks."""
+    :class:`Validator` value checks, and positional :class:`Relation` s (``same_length``,
+    ``same_shape``) check parameters against each other:
+    ``@checked(same_length("lengths", "sums", fix=...), lengths=..., sums=...)``."""
+    relations = tuple(t for t in target if isinstance(t, Relation))
+    objects = [t for t in target if not isinstance(t, Relation)]
+    if len(objects) > 1 or (objects and (relations or validators)):
+        raise TypeError("@checked takes the function, or relations and validators, not both")
 
     def decorate(obj: Any) -> Any:
         if isinstance(obj, type):
-            return _check_class(obj, validators)
-        return _wrap(obj, validators)
+            return _check_class(obj, validators, relations=relations)
+        return _wrap(obj, validators, relations=relations)
 
-    return decorate if target is None else decorate(target)
+    return decorate(objects[0]) if objects else decorate
 
 
 def self_checked(cls: type) -> type:
@@ -358,6 +490,8 @@ class Boundary:
     skip_first: bool = False
     #: False when the function checks its own arguments' types (``self_checked``).
     typed: bool = True
+    #: Checks across parameters (``same_length``, ``same_shape``), after each one's own.
+    relations: tuple[Relation, ...] = ()
     _signature: inspect.Signature | None = field(default=None, repr=False)
     _hints: dict[str, Any] | None = field(default=None, repr=False)
     _plans: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -418,7 +552,25 @@ class Boundary:
             if new is not value:
                 bound.arguments[name] = new
                 changed = True
+        for relation in self.relations:
+            self._relate(relation, bound.arguments)
         return (bound.args, bound.kwargs) if changed else (args, kwargs)
+
+    def _relate(self, relation: Relation, arguments: dict[str, Any]) -> None:
+        values = {
+            name: arguments[name]
+            for name in relation.params
+            if name in arguments and arguments[name] is not None
+        }
+        if len(values) < 2:
+            return
+        try:
+            relation.check(values)
+        except Invalid as exc:
+            names = [repr(name) for name in values]
+            listed = ", ".join(names[:-1]) + " and " + names[-1]
+            reason = " ".join(str(exc).split()).rstrip(".")
+            raise PrecisionConfigError(f"{self.name}: arguments {listed} {reason}.") from None
 
     def _plan(self, param: str, hint: Any) -> tuple[Callable[[Any], bool], bool, Any]:
         """(a fast conformance test, whether None passes as "not given", the validator) of one
@@ -437,10 +589,15 @@ class Boundary:
             return value  # the function's own default (a sentinel, None) passed on explicitly
         fast, none_ok, validator = self._plan(param.name, hint)
         problem = None if fast(value) else _mismatch(value, hint)
+        accepts = validator.accepts if validator is not None else None
+        if problem is not None and accepts is not None and accepts(value):
+            problem = None  # another type the validator takes (a torch.dtype for a name)
         if problem is not None:
             where, item, expected = problem
             found = f"item {where} is {_kind(item)}" if where else f"got {_kind(item)}"
             wanted = _describe(hint)
+            if not where and validator is not None and validator.accepts_what:
+                expected = wanted = _also(wanted, validator.accepts_what)
             if not where and _takes_policy(hint) and str in _arms(hint):
                 tail = ", a dtype name or None" if "None" in wanted else " or a dtype name"
                 expected = wanted = "a PrecisionPolicy, a dict of its keys" + tail
@@ -480,25 +637,37 @@ class Boundary:
         )
 
 
+def _also(wanted: str, other: str) -> str:
+    """``"a str or None"`` and ``"a torch.dtype"`` -> ``"a str, a torch.dtype or None"``."""
+    if wanted.endswith(" or None"):
+        return f"{wanted.removesuffix(' or None')}, {other} or None"
+    return f"{wanted} or {other}"
+
+
 def _signature_text(spec: Boundary) -> str:
     params = [p.replace(annotation=inspect.Parameter.empty) for p in spec.parameters]
     return str(spec.signature.replace(parameters=params, return_annotation=inspect.Signature.empty))
 
 
 def _wrap(
-    func: F, validators: dict[str, Validator], owner: type | None = None, typed: bool = True
+    func: F,
+    validators: dict[str, Validator],
+    owner: type | None = None,
+    typed: bool = True,
+    *,
+    relations: tuple[Relation, ...] = (),
 ) -> F:
     if isinstance(func, (classmethod, staticmethod)):
         return type(func)(_wrap(func.__func__, validators, owner))  # type: ignore[return-value]
     params = list(inspect.signature(func).parameters)
-    unknown = set(validators) - set(params)
+    unknown = (set(validators) | {n for r in relations for n in r.params}) - set(params)
     if unknown:
         raise TypeError(f"@checked: {func.__qualname__} has no parameter {sorted(unknown)}")
     qualname = func.__qualname__.rsplit("<locals>.", 1)[-1]
     is_method = owner is not None or "." in qualname
     skip_first = is_method and bool(params) and params[0] in ("self", "cls")
     name = qualname.removesuffix(".__init__") + "()"
-    spec = Boundary(name, func, dict(validators), owner, skip_first, typed)
+    spec = Boundary(name, func, dict(validators), owner, skip_first, typed, relations)
 
     @functools.wraps(func)
     def checked_call(*args: Any, **kwargs: Any) -> Any:
@@ -509,11 +678,17 @@ def _wrap(
     return checked_call  # type: ignore[return-value]
 
 
-def _check_class(cls: type, validators: dict[str, Validator], typed: bool = True) -> type:
+def _check_class(
+    cls: type,
+    validators: dict[str, Validator],
+    typed: bool = True,
+    *,
+    relations: tuple[Relation, ...] = (),
+) -> type:
     init = vars(cls).get("__init__")
     if init is not None and boundary_of(init) is None:
-        cls.__init__ = _wrap(init, validators, cls, typed)  # type: ignore[misc]
-    elif validators:
+        cls.__init__ = _wrap(init, validators, cls, typed, relations=relations)  # type: ignore[misc]
+    elif validators or relations:
         raise TypeError(f"@checked: {cls.__qualname__} defines no __init__ of its own")
     for name, member in list(vars(cls).items()):
         if (name.startswith("_") and name != "__call__") or _overrides_framework(cls, name):

@@ -16,11 +16,18 @@ from precision_plugin.boundary import (
     at_least,
     boundary_of,
     checked,
+    dtype_like,
+    dtype_name,
     duck,
+    each,
     gpu_capability,
     in_range,
+    numbers_1d,
     one_of,
     policy_field,
+    same_length,
+    same_shape,
+    torch_module,
     version_text,
 )
 
@@ -175,3 +182,79 @@ def test_a_validator_for_an_unknown_parameter_is_a_programming_error() -> None:
         @checked(nope=at_least(1))
         def f(x: int) -> int:
             return x
+
+
+def test_relations_check_parameters_against_each_other() -> None:
+    @checked(
+        same_length("lengths", "sums", fix="one of each per sequence"),
+        lengths=numbers_1d("a token count", low=0),
+        sums=numbers_1d("a sum"),
+    )
+    def fit(lengths: Any, sums: Any, extra: Any = None) -> Any:
+        return lengths, sums
+
+    lengths, sums = fit([1, 2], (0.5, -0.5))
+    assert lengths.dtype == torch.float64 and sums.tolist() == [0.5, -0.5]  # converted
+    with pytest.raises(PrecisionConfigError) as info:
+        fit([1, 2, 3], [0.1])
+    assert str(info.value) == (
+        "fit(): arguments 'lengths' and 'sums' differ in length (lengths: 3, sums: 1); one of "
+        "each per sequence."
+    )
+    # Each parameter's own check comes first, and names that parameter alone.
+    with pytest.raises(PrecisionConfigError, match=r"^fit\(\): argument 'lengths' got \[-1\]"):
+        fit([-1], [0.1, 0.2])
+    with pytest.raises(PrecisionConfigError, match=r"argument 'sums' got 'ab', which is not a list"):
+        fit([1], "ab")
+
+    @checked(same_shape("a", "b", "mask", fix="the same tokens"))
+    def pair(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        return None
+
+    pair(torch.zeros(2, 3), torch.zeros(2, 3))  # mask None: not compared
+    with pytest.raises(PrecisionConfigError) as info:
+        pair(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 2))
+    assert "arguments 'a', 'b' and 'mask' differ in shape (a: (2, 3), b: (2, 3), mask: (3, 2))" in (
+        str(info.value)
+    )
+    with pytest.raises(TypeError, match="no parameter"):
+
+        @checked(same_length("x", "nope", fix=""))
+        def f(x: list[int]) -> None:
+            return None
+
+
+def test_a_validator_can_take_another_type_than_the_annotation() -> None:
+    """The parameters validated by dtype_name take a torch.dtype, as the policy does."""
+
+    @checked(dtype=dtype_name)
+    def run(dtype: str | None = None) -> str | None:
+        return dtype
+
+    assert run(torch.float16) == "float16" and run("bf16") == "bfloat16"
+    with pytest.raises(PrecisionConfigError) as info:
+        run(5)
+    assert str(info.value) == (
+        "run(): argument 'dtype' got int 5, expected a str, a torch.dtype or None (fix: pass a "
+        "str, a torch.dtype or None as dtype)."
+    )
+    with pytest.raises(PrecisionConfigError, match=r"torch\.int8 is not a supported precision"):
+        run(torch.int8)
+
+
+def test_more_validators_alone() -> None:
+    with pytest.raises(ValueError, match=r"did you mean 'verl'\?"):
+        one_of("verl", "TRL")("VERL")  # the case differs
+    with pytest.raises(ValueError, match=r"has -1 at \[1\] \(is out of range"):
+        each(at_least(0))([3, -1])
+    assert each(at_least(0))([0, 2]) == [0, 2]
+    with pytest.raises(ValueError, match=r"is not a torch\.nn\.Module"):
+        torch_module("model")
+    assert torch_module(MODEL) is MODEL
+    with pytest.raises(ValueError, match="holds nan; every item must be a number >= 0"):
+        numbers_1d("a count", low=0)([1.0, math.nan])
+    with pytest.raises(ValueError, match=r"has shape \(1, 1\)"):
+        numbers_1d("a count")([[1.0]])
+    assert dtype_like(torch.float64) is torch.float64 and dtype_like("float64") == "float64"
+    with pytest.raises(ValueError, match="is not a dtype"):
+        dtype_like(3)
