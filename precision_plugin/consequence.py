@@ -38,9 +38,15 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import at_least, checked
+from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import drift_fit, log_probs_arg, mask_arg, masked_log_ratio
+from precision_plugin.mismatch import (
+    SAME_TOKENS,
+    drift_fit,
+    log_probs_arg,
+    mask_arg,
+    masked_log_ratio,
+)
 
 
 @checked
@@ -142,7 +148,7 @@ class Consequence:
         return asdict(self)
 
 
-@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def consequence_sums(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +191,7 @@ def consequence_sums_of(
     return counts, moments
 
 
-@checked
+@checked(log_moments=Validator("consequence_sums()'s second tensor", lambda v: _log_moments(v)))
 def combine_log_moments(log_moments: torch.Tensor) -> torch.Tensor:
     """``[k, 2]`` (or flat ``[2k]``) shards' ``log_moments`` -> the ``[2]`` of their union."""
     rows = log_moments.to(torch.float64).reshape(-1, 2)
@@ -194,7 +200,29 @@ def combine_log_moments(log_moments: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(rows, dim=0)
 
 
-@checked
+def _counts(value: torch.Tensor) -> torch.Tensor:
+    if tuple(value.shape) != (len(COUNT_FIELDS),):
+        raise Invalid(
+            f"has shape {tuple(value.shape)}, not ({len(COUNT_FIELDS)},); pass the first tensor "
+            f"consequence_sums() returns (summed over shards)"
+        )
+    return value
+
+
+def _log_moments(value: torch.Tensor) -> torch.Tensor:
+    flat = value.dim() == 1 and value.shape[0] % 2 == 0
+    if not (flat or (value.dim() == 2 and value.shape[1] == 2)):
+        raise Invalid(
+            f"has shape {tuple(value.shape)}; pass the second tensor consequence_sums() returns "
+            f"(2 values), or several shards' as [k, 2] or concatenated"
+        )
+    return value
+
+
+@checked(
+    counts=Validator("consequence_sums()'s first tensor", _counts),
+    log_moments=Validator("consequence_sums()'s second tensor", _log_moments),
+)
 def consequence_from_sums(counts: torch.Tensor, log_moments: torch.Tensor) -> Consequence:
     """The metrics from (summed) ``counts`` and (combined) ``log_moments``."""
     c = dict(zip(COUNT_FIELDS, (float(v) for v in counts.double().cpu()), strict=True))
@@ -212,7 +240,7 @@ def consequence_from_sums(counts: torch.Tensor, log_moments: torch.Tensor) -> Co
     )
 
 
-@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def compute_consequence(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> Consequence:
@@ -279,7 +307,16 @@ class GrowthFit:
         return out
 
 
-@checked(clipped_tokens=at_least(0))
+@checked(
+    same_length(
+        "seq_log_ratio",
+        "seq_lengths",
+        "seq_kl",
+        fix="pass one value per sequence in each (MismatchMetrics.seq_log_ratio, .seq_lengths)",
+    ),
+    seq_lengths=each(at_least(0)),
+    clipped_tokens=at_least(0),
+)
 def fit_growth(
     seq_log_ratio: Sequence[float],
     seq_lengths: Sequence[int],

@@ -42,7 +42,15 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.boundary import (
+    Invalid,
+    Validator,
+    checked,
+    numbers_1d,
+    one_of,
+    same_length,
+    same_shape,
+)
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
@@ -262,7 +270,11 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
 }
 
 
-@checked
+#: The systems ``ALIASES`` names (``aliases_for`` takes one of them).
+SYSTEMS = tuple(sorted({a.system for aliases in ALIASES.values() for a in aliases}))
+
+
+@checked(system=one_of(*SYSTEMS))
 def aliases_for(system: str) -> dict[str, str]:
     """``{their name: our metric}`` for the figures one system of ``ALIASES`` logs (e.g.
     ``"TRL"``)."""
@@ -360,7 +372,15 @@ def _as_2d(x: Any) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 1 else t
 
 
-@checked
+#: The drift's inputs: one token count and one log-ratio sum per sequence.
+_LENGTHS = numbers_1d("a sequence's token count", low=0)
+_SUMS = numbers_1d("a sequence's sum of log π − log μ")
+_PER_SEQUENCE = same_length(
+    "lengths", "sums", fix="pass one token count and one log-ratio sum per sequence"
+)
+
+
+@checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
 def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
     """``(drift, stderr, variance)`` per token of sequences' log-ratios ``S_i`` (sums of
     log π − log μ) and lengths ``L_i``, under the random walk ``S ~ Normal(drift·L, variance·L)``.
@@ -385,7 +405,7 @@ def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
     return drift, math.sqrt(variance / total), variance
 
 
-@checked
+@checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
 def drift_per_1k(lengths: Any, sums: Any) -> tuple[float, float]:
     """The drift per 1,000 tokens (``1000 · Σ S / Σ L``, that is −1000·k1) and its standard
     error, from [`drift_fit`][precision_plugin.mismatch.drift_fit]."""
@@ -411,13 +431,34 @@ log_probs_arg = Validator(
     _log_probs,
     ([[0.5, 0.25]], [[-0.1], [-0.2, -0.3]], [[[-0.1]]], "x", None),
 )
-#: A mask of the tokens that count, of the log-probs' shape; converted to a 2-D tensor.
+def _mask(x: Any) -> torch.Tensor:
+    t = _as_2d(x)
+    if t.numel() and not bool(((t == 0) | (t == 1)).all()):
+        bad = t[~((t == 0) | (t == 1))][0].item()
+        raise Invalid(
+            f"holds {bad:g}: a mask is 0/1 or bool (1: the token counts); pass e.g. "
+            f"attention_mask or completion_mask, not weights"
+        )
+    return t
+
+
+#: A mask of the tokens that count (bool or 0/1), of the log-probs' shape; converted to a 2-D
+#: tensor.
 mask_arg = Validator(
-    "a [batch, seq] mask of the tokens that count", _as_2d, ([[1], [1, 0]], [[[1]]], "x")
+    "a [batch, seq] mask of the tokens that count",
+    _mask,
+    ([[1], [1, 0]], [[[1]]], "x", [[2.0]], [[0.5]], [[math.nan]]),
+)
+#: The log-probs of the same tokens on both sides, and a mask of their shape.
+SAME_TOKENS = same_shape(
+    "train_logprobs",
+    "rollout_logprobs",
+    "mask",
+    fix="pass the log-probs of the same tokens, and a mask of their shape",
 )
 
 
-@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def compute_mismatch(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> MismatchMetrics:
@@ -624,7 +665,7 @@ def masked_log_ratio(
     return lt - lr, valid, base, (lt, lr)
 
 
-@checked(train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
 def mismatch_sums(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
