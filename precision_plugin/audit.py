@@ -17,7 +17,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import checked, dtype_like, torch_module
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -219,7 +219,7 @@ def contradictions(
     return found
 
 
-@checked
+@checked(model=torch_module, forward_dtype=dtype_like)
 def audit_run(
     policy: PrecisionPolicy,
     args: Any,

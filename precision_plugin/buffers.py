@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import checked, dtype_name, torch_device, torch_module
 
 log = logging.getLogger("precision_plugin")
 
@@ -84,7 +84,7 @@ def _named_float32_buffers(model: Any) -> list[tuple[str, Any, str]]:
     return found
 
 
-@checked
+@checked(model=torch_module)
 def float32_buffers(model: Any) -> dict[str, Any]:
     """Float32 copies of the table's buffers that are float32 now (save them before a cast)."""
     import torch
@@ -96,7 +96,7 @@ def float32_buffers(model: Any) -> dict[str, Any]:
     }
 
 
-@checked
+@checked(model=torch_module)
 def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Put every table buffer of ``model`` back in float32 after a cast; ``{name: how}``.
 
@@ -125,7 +125,7 @@ def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> 
     return done
 
 
-@checked
+@checked(model=torch_module, dtype=dtype_name, device=torch_device)
 def cast_model(model: Any, dtype: Any, device: Any = None, *, float32: bool = True) -> Any:
     """``model.to(device, dtype)`` keeping the table's buffers in float32, as vLLM does.
 
@@ -142,7 +142,7 @@ def cast_model(model: Any, dtype: Any, device: Any = None, *, float32: bool = Tr
     return model
 
 
-@checked
+@checked(model=torch_module)
 def buffer_dtypes(model: Any) -> dict[str, str]:
     """``{dtype name: element count}`` of the table's buffers of ``model`` (the audit's view)."""
     counts: dict[str, int] = {}

@@ -297,7 +297,10 @@ class PrecisionCallback(TrainerCallback):
         return max((int(r.get("consecutive_skips", 0)) for r in results if r), default=0)
 
     def collect(
-        self, optimizer: Any = None, logs: Any = None, mismatch_due: bool = True
+        self,
+        optimizer: Any = None,
+        logs: Mapping[str, Any] | None = None,
+        mismatch_due: bool = True,
     ) -> dict[str, float]:
         """The ``precision/<name>`` metrics to log now: every adapter's
         ``precision_collect_metrics`` (loss scaler telemetry; with ``mismatch_due``, the

@@ -24,7 +24,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from precision_plugin.boundary import Invalid, Validator, at_least, checked, in_range, positive
+from precision_plugin.boundary import (
+    Invalid,
+    Validator,
+    at_least,
+    checked,
+    in_range,
+    positive,
+    torch_device,
+)
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 
@@ -89,7 +97,7 @@ class SamplingSettings:
         )
 
 
-@checked
+@checked(device=torch_device)
 class LogitsProcessor:
     """One batch's sampling state: the prompt mask and output counts the penalties need.
 

@@ -11,8 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, non_empty
+from precision_plugin.boundary import at_least, checked, duck, non_empty
 from precision_plugin.errors import PrecisionConfigError
+
+#: What the prompt builders tokenize with.
+_TOKENIZER = duck("__call__", "decode", what="a transformers tokenizer (AutoTokenizer)")
 
 log = logging.getLogger("precision_plugin")
 
@@ -125,7 +128,7 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
     return folder
 
 
-@checked(num_prompts=at_least(1))
+@checked(tokenizer=_TOKENIZER, num_prompts=at_least(1))
 def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
     """Tokenize the built-in prompts (cycled to ``num_prompts``), all cut to one length.
 
@@ -236,7 +239,7 @@ def _record_prompt(path: str, number: int, record: Any, where: str = "") -> Prom
     )
 
 
-@checked(prompts=non_empty("at least one prompt"), num_prompts=at_least(1))
+@checked(tokenizer=_TOKENIZER, prompts=non_empty("at least one prompt"), num_prompts=at_least(1))
 def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) -> list[list[int]]:
     """Tokenize the user's prompts (cycled to ``num_prompts``), each at its own length.
 

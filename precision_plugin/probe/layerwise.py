@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import checked, dtype_name, policy_field, torch_device
+from precision_plugin.boundary import checked, dtype_name, policy_field, torch_device, torch_module
 from precision_plugin.probe.scoring import trainer_precision
 from precision_plugin.rollout import RolloutSample
 
@@ -322,7 +322,13 @@ def outliers(stages: Sequence[StageDivergence]) -> list[str]:
     return [s.name for s in stages if not s.local_units <= bar]
 
 
-@checked(dtype=dtype_name, device=torch_device, margin_bits=policy_field("overflow.margin_bits"))
+@checked(
+    trainer_model=torch_module,
+    rollout_model=torch_module,
+    dtype=dtype_name,
+    device=torch_device,
+    margin_bits=policy_field("overflow.margin_bits"),
+)
 def replay(
     trainer_model: Any,
     rollout_model: Any,

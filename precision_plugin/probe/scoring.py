@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, dtype_name, torch_device
+from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics, compute_mismatch
 from precision_plugin.policy import MetricSettings
@@ -38,7 +38,13 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
 CHUNK_LOGITS = 1 << 24
 
 
-@checked(dtype=dtype_name, device=torch_device, batch_size=at_least(1), chunk_logits=at_least(1))
+@checked(
+    model=torch_module,
+    dtype=dtype_name,
+    device=torch_device,
+    batch_size=at_least(1),
+    chunk_logits=at_least(1),
+)
 def trainer_logprobs(
     model: Any,
     samples: Sequence[RolloutSample],

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, at_least, checked, dtype_name
+from precision_plugin.boundary import Invalid, Validator, at_least, checked, dtype_name, duck
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sampling import SamplingSettings
 
@@ -175,7 +175,7 @@ GENERATION_KWARGS: tuple[str, ...] = (
 )
 
 
-@checked
+@checked(trainer=duck("args", what="a TRL GRPOTrainer (its args hold the sampling settings)"))
 def sampling_settings(trainer: Any) -> tuple[SamplingSettings, int]:
     """The trainer's sampling settings as TRL's vLLM path builds them, and the token budget.
 

@@ -214,7 +214,22 @@ def cascade_guard(
     return cascade_decision(version, capability, policy.vllm.cascade_guard)
 
 
-@checked(kwargs=_KWARGS, version=_VERSION, capability=gpu_capability)
+def _fields(value: Any) -> Any:
+    if value is not None and not isinstance(value, Mapping):
+        raise Invalid(
+            "is not a mapping of EngineArgs field names to their defaults; pass "
+            "engine_arg_fields(EngineArgs), None for a vLLM without those fields, or leave it "
+            "out for the installed vLLM"
+        )
+    return value
+
+
+@checked(
+    kwargs=_KWARGS,
+    version=_VERSION,
+    capability=gpu_capability,
+    fields=Validator("EngineArgs' fields, or None", _fields, ("x", 5, ["dtype"])),
+)
 def engine_kwargs(
     kwargs: Mapping[str, Any] | None = None,
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,

@@ -37,6 +37,7 @@ from precision_plugin.boundary import (
     _takes_policy,
     boundary_of,
 )
+from precision_plugin.consequence import COUNT_FIELDS
 from precision_plugin.mismatch import SUM_FIELDS
 from precision_plugin.sampling import SamplingSettings
 from tests.unit.state import assert_unchanged, model_untouched, snapshot
@@ -192,9 +193,139 @@ def test_every_public_entry_point_is_checked() -> None:
     )
 
 
+#: Names defined in a module docs/api.md documents member by member that are left out of the
+#: documentation on purpose: helpers of the documented API and of the adapters (no boundary
+#: check of their own; the hot ones, ``sums_of`` and ``consequence_sums_of``, skip it by design).
+#: A new public name in such a module fails ``test_a_documented_module_has_no_stray_public_name``
+#: until it is documented (and so checked) or listed here.
+INTERNAL: dict[str, set[str]] = {
+    "precision_plugin.manager": {
+        "get_plugin_manager", "call_each_reported", "adapter_names", "coerce_policy",
+        "adapter_patcher",
+    },
+    "precision_plugin.audit": {"learner_side", "colocated_vllm_dtype", "rollout_side", "render"},
+    "precision_plugin.master_weights": {"prepare_model_once"},
+    "precision_plugin.scaler": {
+        "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
+        "consecutive_skips",
+    },
+    "precision_plugin.probe.advice": {
+        "BucketConsequence", "dtype_consequence", "classify", "percent", "dtype_line", "advice",
+    },
+    "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
+    "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
+    "precision_plugin.consequence": {"consequence_sums_of", "chi2_quantile", "mask_fraction"},
+}  # fmt: skip
+
+
+def documented_modules() -> dict[str, set[str]]:
+    """Each module (not package) docs/api.md documents with a ``members`` list: those members."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    out: dict[str, set[str]] = {}
+    for match in re.finditer(r"^::: (\S+)((?:\n    .*)*)", text, re.M):
+        members = re.search(r"members: \[(.*?)\]", match.group(2))
+        if members is None:
+            continue
+        try:
+            module = importlib.import_module(match.group(1))
+        except ImportError:
+            continue
+        if not hasattr(module, "__path__"):  # a package's public names are its __all__
+            out[match.group(1)] = {n.strip() for n in members.group(1).split(",")}
+    return out
+
+
+def test_a_documented_module_has_no_stray_public_name() -> None:
+    """A public function or class added to a documented module is public API: documented in
+    docs/api.md (then enumerated above, so it must be @checked) or declared internal."""
+    stray = []
+    for target, members in documented_modules().items():
+        module = importlib.import_module(target)
+        for name, obj in vars(module).items():
+            defined_here = getattr(obj, "__module__", None) == target
+            kind = inspect.isfunction(obj) or inspect.isclass(obj)
+            if name.startswith("_") or not defined_here or not kind or name in members:
+                continue
+            if name not in INTERNAL.get(target, set()):
+                stray.append(f"{target}.{name}")
+    assert not stray, (
+        f"public name(s) neither in docs/api.md nor in INTERNAL (document them, which puts them "
+        f"under the boundary test, or declare them internal): {stray}"
+    )
+    stale = [
+        f"{t}.{n}"
+        for t, names in INTERNAL.items()
+        for n in names
+        if not hasattr(importlib.import_module(t), n) or n in documented_modules().get(t, set())
+    ]
+    assert not stale, f"INTERNAL names what is gone or documented now: {stale}"
+
+
 def test_exemptions_name_public_objects() -> None:
     public = public_objects()
     assert set(EXEMPT_OBJECTS) <= set(public), set(EXEMPT_OBJECTS) - set(public)
+
+
+#: Public parameters annotated ``Any`` without a validator, and why nothing is checked there.
+#: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
+#: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
+UNCHECKED_ANY: dict[str, str] = {
+    "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
+    "holds (or None); the adapters read only what it has",
+    "precision_plugin.deepspeed.engine_dtype engine": "any object: None for one the plugin "
+    "does not track",
+    "precision_plugin.audit.audit_run args": "the trainer's arguments, or None: read with "
+    "defaults, as the callback passes what it has",
+    "precision_plugin.audit.audit_run trainer": "the trainer, or None: read with defaults",
+    "precision_plugin.frameworks.flags_of args": "any TrainingArguments-like object, read with "
+    "defaults (TRL's unset bf16=None reads as off)",
+    "precision_plugin.frameworks.deepspeed_flag value": "a config value of any type, read as "
+    "DeepSpeed reads it (None where DeepSpeed refuses it)",
+    "precision_plugin.frameworks.deepspeed_autocast_flag value": "a config value of any type, "
+    "read as DeepSpeed reads it (a truth test)",
+    "precision_plugin.frameworks.sglang_runs value": "a config value of any type, read as "
+    "SGLang reads it (refused with the plugin's error where SGLang refuses it)",
+    "precision_plugin.frameworks.settle_once obj": "any object the decision is marked on",
+    "precision_plugin.probe.ProbeResult overflow": "a result record's field (built by the probe)",
+    "precision_plugin.probe.ProbeResult consequence": "a result record's field (built by the "
+    "probe)",
+    "precision_plugin.probe.ProbeResult layerwise": "a result record's field (built by the probe)",
+    "precision_plugin.sampling.LogitsProcessor.add tokens": "the engine's own tensor, once per "
+    "sampled token: a value check there would cost a device sync per token",
+    "precision_plugin.sampling.LogitsProcessor.process logits": "the engine's own tensor, once "
+    "per sampled token (as above)",
+    "precision_plugin.sampling.LogitsProcessor.process stop": "the engine's own tensor, once per "
+    "sampled token (as above)",
+    "precision_plugin.patching.Patcher.setattr target": "any object an adapter patches",
+    "precision_plugin.patching.Patcher.setattr value": "any value an adapter sets",
+    "precision_plugin.patching.Patcher.wrap target": "any object an adapter patches",
+    "precision_plugin.patching.Patcher.around target": "any object an adapter patches",
+}
+
+
+def _untyped(entry: Entry) -> list[str]:
+    spec = entry.spec
+    hints = spec.hints()
+    return [
+        f"{entry.name} {p.name}"
+        for p in spec.parameters
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and Any in _arms(hints.get(p.name, Any))
+        and p.name not in spec.validators
+    ]
+
+
+def test_a_parameter_typed_any_is_validated() -> None:
+    """A public parameter annotated ``Any`` has a validator (``duck``, ``torch_module``, ...)
+    or a reason in ``UNCHECKED_ANY``: a new one fails here, not in a user's run."""
+    found = [name for e in ENTRIES if e.spec is not None for name in _untyped(e)]
+    missing = sorted(set(found) - set(UNCHECKED_ANY))
+    assert not missing, (
+        f"public parameter(s) typed Any with no validator (add one to @checked, or a reason "
+        f"to UNCHECKED_ANY): {missing}"
+    )
+    stale = sorted(set(UNCHECKED_ANY) - set(found))
+    assert not stale, f"UNCHECKED_ANY names what is validated now (or gone): {stale}"
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
@@ -209,6 +340,18 @@ def test_every_annotation_resolves(entry: Entry) -> None:
 
 
 # -- calling the API with one wrong argument ---------------------------------------------------
+
+
+class _Tokenizer:
+    """What the prompt builders call a tokenizer."""
+
+    pad_token_id = 0
+
+    def __call__(self, text: str) -> Any:
+        return types.SimpleNamespace(input_ids=[1, 2, 3])
+
+    def decode(self, ids: Any) -> str:
+        return "x"
 
 
 def _fresh_model() -> torch.nn.Module:
@@ -278,6 +421,11 @@ def candidates(tmp: Path) -> list[Any]:
         {"actor_rollout_ref": {"rollout": {"dtype": "float16"}}},  # a verl config
         {"actor": {"dtype": "float16"}},  # an AReaL config
         {"dtype": "float16"},  # an SGLang server's /server_info answer
+        {"ds.param_dtype": "fp16"},  # OpenRLHF's parsed arguments
+        "TRL",  # a system of the alias table
+        "http://localhost:8000",  # a server's base URL
+        _Tokenizer(),
+        torch.zeros(len(COUNT_FIELDS), dtype=torch.float64),  # consequence_sums()'s counts
         trainer,  # a trainer, as the boundary sees one
         types.SimpleNamespace(step=None, global_steps=0, optimizer=None),  # a DeepSpeed engine
         types.SimpleNamespace(model_config=types.SimpleNamespace(dtype="float16")),  # vllm.LLM
