@@ -14,12 +14,12 @@ import urllib.error
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin.serving import get_json, settle_findings
+from precision_plugin.serving import get_json, server_url, settle_findings
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 
@@ -48,22 +48,7 @@ def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     return dict(info)
 
 
-def _url(url: Any) -> Any:
-    if isinstance(url, str) and not url.strip().lower().startswith(("http://", "https://")):
-        raise Invalid(
-            "is not a server URL; pass the SGLang server's base URL such as "
-            "'http://localhost:30000', or its /server_info JSON"
-        )
-    if isinstance(url, Mapping) and "dtype" not in url:
-        raise Invalid(
-            "has no 'dtype' field, which SGLang's /server_info always has: it is not the "
-            "/server_info JSON of an SGLang server; pass that JSON whole, or the server's base "
-            "URL such as 'http://localhost:30000'"
-        )
-    return url
-
-
-@checked(url=Validator("an SGLang server URL", _url))
+@checked(url=server_url("SGLang", info_keys=("dtype",)))
 def verify_server(
     url: str | Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
 ) -> list[Finding]:

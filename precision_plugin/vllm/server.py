@@ -19,7 +19,7 @@ from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
-from precision_plugin.serving import get_json, settle_findings
+from precision_plugin.serving import get_json, server_url, settle_findings
 from precision_plugin.vllm.cascade import cascade_decision
 
 log = logging.getLogger("precision_plugin")
@@ -60,10 +60,13 @@ def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
     return dict(server.get_server_info()), None, f"vLLM server at {where or repr(server)}"
 
 
+_URL = server_url("vLLM", info_keys=("vllm_config", "model_config"), also="a TRL VLLMClient")
+
+
 def _server(value: Any) -> Any:
     if not isinstance(value, (Mapping, str)) and not hasattr(value, "get_server_info"):
         raise Invalid("is not a TRL VLLMClient, a base URL or the /server_info JSON")
-    return value
+    return _URL(value)
 
 
 def _engine(value: Any) -> Any:

@@ -286,6 +286,42 @@ def test_verify_server_without_dev_mode(server):
 def test_verify_server_unreachable_is_a_warning():
     findings = verify_server("http://127.0.0.1:9")  # discard port: connection refused
     assert findings[0].status == "warning" and "Could not ask" in findings[0].message
+    # The hint asks whether a server runs there (not about VLLM_SERVER_DEV_MODE), with vLLM's
+    # own default port in the example.
+    assert "Is a vLLM server running at http://127.0.0.1:9? Start it first" in findings[0].message
+    assert "e.g. http://localhost:8000)" in findings[0].message
+    assert findings[0].fix == "start the server, or fix its URL"
+
+
+@pytest.mark.parametrize(
+    ("server", "problem"),
+    [
+        ("localhost:8000", "no http:// or https:// scheme"),
+        ("http://h:abc", "Port could not be cast to integer value as 'abc'"),
+        ("http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://", "no host"),
+    ],
+)
+def test_verify_server_refuses_what_is_no_url_before_asking(server, problem):
+    """One URL check for the vLLM and SGLang servers: a malformed URL is the caller's error,
+    not a finding that suggests VLLM_SERVER_DEV_MODE."""
+    from precision_plugin.sglang import verify_server as sglang_verify_server
+
+    with pytest.raises(PrecisionConfigError) as info:
+        verify_server(server)
+    assert str(info.value) == (
+        f"verify_server(): argument 'server' got {server!r}, which is not a server URL "
+        f"({problem}); pass the vLLM server's base URL such as 'http://localhost:8000', or its "
+        f"/server_info JSON, or a TRL VLLMClient."
+    )
+    with pytest.raises(PrecisionConfigError, match=r"'http://localhost:30000', or its /server"):
+        sglang_verify_server(server)
+
+
+def test_verify_server_refuses_json_that_is_no_server_info():
+    with pytest.raises(PrecisionConfigError, match=r"has no 'vllm_config' or 'model_config' key"):
+        verify_server({"dtype": "float16"})
 
 
 def test_verify_engine_reads_model_config():
