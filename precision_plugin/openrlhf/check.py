@@ -336,9 +336,17 @@ def _parsed_args(args: Any) -> Any:
             "or a dict); to check a command line use precision_plugin.openrlhf.parse_args(argv) "
             "first"
         )
+    if not any(_has(args, key) for key in _READ):
+        raise Invalid(
+            f"holds none of OpenRLHF's arguments ({', '.join(_READ)}), so there is nothing to "
+            f"check; pass what train_ppo_ray's parser returns "
+            f"(precision_plugin.openrlhf.parse_args(argv))"
+        )
     return args
 
 
+#: Arguments train_ppo_ray's parser always sets; parsed arguments hold at least one of them.
+_READ = (PARAM_DTYPE, MODEL, NUM_ENGINES)
 _ARGS = Validator("OpenRLHF's parsed arguments", _parsed_args)
 _VERSION = version_text("OpenRLHF", "0.11.2")
 

@@ -177,6 +177,11 @@ def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
 
 def _launch_args(args: Any) -> Any:
     """The boundary check of an SGLang launch: ``ServerArgs``, a dict or a command line."""
+    if isinstance(args, (Mapping, list, tuple)) and len(args) == 0:
+        raise Invalid(
+            "is empty, so there is nothing to check (every launch names at least its model); "
+            "pass ServerArgs, sglang.Engine's keyword arguments or the launch's command line"
+        )
     if isinstance(args, Mapping):
         return args
     if isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.vllm.models import config_json_for, load_model_config
 
 #: ``sglang/srt/arg_groups/model_override_base.py`` ``MODEL_OVERRIDES``: "These models require
@@ -77,7 +78,15 @@ def auto_dtype(config: Mapping[str, Any]) -> str:
     declared = text.get("dtype") or text.get("torch_dtype")
     if declared is None and text is not config:
         declared = config.get("dtype") or config.get("torch_dtype")
-    stored = _STORED.get(str(declared).removeprefix("torch.").lower(), "float32")
+    key = str(declared).removeprefix("torch.").lower()
+    named = declared is None or isinstance(declared, str) or type(declared).__name__ == "dtype"
+    if not named:  # config.json holds a dtype's name: this is no config.json
+        raise PrecisionConfigError(
+            f"auto_dtype(): the checkpoint config declares dtype {declared!r}, which is no dtype "
+            f"name (config.json holds one such as 'bfloat16'); pass the checkpoint's config.json "
+            f"contents, or launch SGLang with an explicit --dtype."
+        )
+    stored = _STORED.get(key, "float32")
     if stored != "float32":
         return stored
     model_type = str(text.get("model_type") or "")

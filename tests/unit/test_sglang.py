@@ -249,7 +249,7 @@ def test_strict_raises_every_error_at_once():
         assert says in text
     assert text.endswith("(strictness='error')")
     with pytest.raises(PrecisionConfigError, match=r"check_server_args\(\): argument 'environ'"):
-        check_server_args({}, environ=["SGLANG_SANITIZE_NAN_LOGITS"])  # type: ignore[arg-type]
+        check_server_args(fields, environ=["SGLANG_SANITIZE_NAN_LOGITS"])  # type: ignore[arg-type]
 
 
 def test_checkpoint_risks_sglang_does_not_refuse(checkpoint):
