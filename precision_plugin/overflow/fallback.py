@@ -15,7 +15,7 @@ import contextlib
 import fnmatch
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ INNER_ATTR = "_precision_plugin_fp32_inner"
 
 
 @checked(patterns=policy_field("overflow.keep_fp32_modules"))
-def match_modules(model: torch.nn.Module, patterns: Iterable[str]) -> list[str]:
+def match_modules(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
     """Paths of the modules matching any fnmatch pattern, outermost only (a matched module's
     submodules already run inside its float32 region). Raises :class:`PrecisionConfigError`
     for a pattern that matches no module."""
@@ -77,7 +77,7 @@ class Fp32Fallback:
 
 
 @checked(patterns=policy_field("overflow.keep_fp32_modules"))
-def keep_fp32_modules(model: torch.nn.Module, patterns: Iterable[str]) -> Fp32Fallback:
+def keep_fp32_modules(model: torch.nn.Module, patterns: Sequence[str]) -> Fp32Fallback:
     """Run the modules of ``model`` matching ``patterns`` in float32 outside autocast.
 
     Returns a handle whose :meth:`Fp32Fallback.remove` undoes it. A module already wrapped is

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked, policy_field
+from precision_plugin.boundary import _show, checked, policy_field
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.overflow.tensors import (
     FP16_MAX,
@@ -242,7 +242,16 @@ def headroom(
         with _float32(model), torch.no_grad():
             device = _device_of(model)
             for batch in _batches(batches):
-                _call(model, batch, device)
+                try:
+                    _call(model, batch, device)
+                except Exception as exc:  # the user's model refused the user's batch
+                    raise PrecisionConfigError(
+                        f"headroom(): argument 'batches': the model's forward failed on batch "
+                        f"{count} ({_show(batch)}) with {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]}; pass what the model takes: a "
+                        f"tensor of input ids (model(ids)) or a dict of its keyword arguments "
+                        f"(model(**batch))."
+                    ) from exc
                 count += 1
     finally:
         for handle in handles:

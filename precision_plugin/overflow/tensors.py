@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import Invalid, Validator, checked
 
 #: The largest finite float16 value.
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504.0
@@ -41,7 +41,16 @@ def abs_max(value: Any) -> torch.Tensor | None:
     return torch.stack([m.to(device) for m in maxima]).amax()
 
 
-@checked
+def _magnitude(value: float) -> float:
+    if value < 0:
+        raise Invalid(
+            "is negative, and a largest |activation| cannot be; pass max |x| (abs_max), "
+            "inf or NaN for an activation that overflowed"
+        )
+    return value
+
+
+@checked(max_abs=Validator("a magnitude |x| >= 0 (inf/NaN: overflowed)", _magnitude, (-1.0,)))
 def fp16_margin_bits(max_abs: float) -> float:
     """Headroom to float16's maximum in powers of two: ``log2(65504 / max_abs)``.
 

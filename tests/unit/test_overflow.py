@@ -16,6 +16,7 @@ from precision_plugin.errors import ForwardOverflowError, PrecisionPluginError
 from precision_plugin.overflow import (
     FP16_MAX,
     OverflowDetector,
+    fp16_margin_bits,
     headroom,
     keep_fp32_modules,
     match_modules,
@@ -278,3 +279,34 @@ def test_policy_overflow_section_round_trips_and_validates():
     for section, message in bad:
         with pytest.raises(PrecisionConfigError, match=re.escape(message)):
             PrecisionPolicy.from_dict({"overflow": section})
+
+
+@pytest.mark.parametrize(
+    ("batch", "raised"),
+    [
+        (torch.ones(1, 4, dtype=torch.long), "RuntimeError: mat1 and mat2 must have the same dtype"),
+        (torch.ones(1, 7), "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x7 and 4x4)"),
+        ({"input_ids": torch.ones(1, 4)}, "TypeError: Sequential.forward() got an unexpected"),
+    ],
+)
+def test_a_batch_the_model_refuses_is_the_batches_error_and_leaves_no_hook(batch, raised):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(PrecisionConfigError) as info:
+        headroom(model, [torch.ones(1, 4), batch])
+    text = str(info.value)
+    assert text.startswith("headroom(): argument 'batches': the model's forward failed on batch 1 (")
+    assert raised in text and "\n" not in text
+    assert text.endswith(
+        "pass what the model takes: a tensor of input ids (model(ids)) or a dict of its keyword "
+        "arguments (model(**batch))."
+    )
+    assert isinstance(info.value.__cause__, (RuntimeError, TypeError))  # kept for a traceback
+    assert all(not m._forward_hooks for m in model.modules())
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and model.training
+
+
+def test_fp16_margin_bits_refuses_a_negative_magnitude():
+    with pytest.raises(PrecisionConfigError, match=r"argument 'max_abs' got -1\.0, which is neg"):
+        fp16_margin_bits(-1.0)
+    assert fp16_margin_bits(math.nan) == -math.inf and fp16_margin_bits(0.0) == math.inf
