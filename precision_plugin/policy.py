@@ -424,7 +424,9 @@ class PrecisionPolicy:
         data: Any = {"dtype": text}
         if text.startswith("{"):
             try:
-                data = json.loads(text)
+                data = parse_json(text)
+            except DuplicateKeyError as exc:
+                raise PrecisionConfigError(f"{ENV_VAR}={raw!r}: {exc}.") from None
             except json.JSONDecodeError as exc:
                 raise PrecisionConfigError(
                     f"{ENV_VAR}: {raw!r} looks like JSON but does not parse ({exc.msg} at "
@@ -493,6 +495,30 @@ def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
     if origin is tuple:
         return _string_tuple(value, where)
     return value
+
+
+class DuplicateKeyError(PrecisionConfigError):
+    """A JSON object names one key twice (raised by :func:`parse_json`; callers say where)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(
+                f"the key {key!r} appears twice in one JSON object ({out[key]!r} and then "
+                f"{value!r}), and a JSON reader would keep only the last one, silently: keep one"
+            )
+        out[key] = value
+    return out
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` for JSON a user wrote (the ``PRECISION_PLUGIN`` object, a DeepSpeed
+    config, a prompts file): a key given twice in one object is a
+    :class:`DuplicateKeyError` instead of the last one winning (DeepSpeed refuses such a
+    config; the plugin must read it as DeepSpeed would)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def real_number(value: Any) -> float | None:

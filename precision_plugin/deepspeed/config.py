@@ -35,7 +35,7 @@ from precision_plugin.frameworks import (
     deepspeed_flag,
 )
 from precision_plugin.manager import requested_policy, resolve_policy
-from precision_plugin.policy import PrecisionPolicy, normalize_dtype
+from precision_plugin.policy import DuplicateKeyError, PrecisionPolicy, normalize_dtype, parse_json
 
 log = logging.getLogger("precision_plugin")
 
@@ -61,7 +61,11 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
         data = _read_json_file(text)
     else:
         try:
-            data = json.loads(text)
+            data = parse_json(text)
+        except DuplicateKeyError as exc:
+            raise PrecisionConfigError(
+                f"DeepSpeed config (JSON string): {exc} (DeepSpeed refuses such a config)."
+            ) from None
         except json.JSONDecodeError:
             raise PrecisionConfigError(
                 f"DeepSpeed config: {text!r} is neither an existing file nor JSON. Pass a "
@@ -83,7 +87,11 @@ def _read_json_file(path: str) -> Any:
         )
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            return parse_json(fh.read())
+    except DuplicateKeyError as exc:
+        raise PrecisionConfigError(
+            f"DeepSpeed config {path!r}: {exc} (DeepSpeed refuses such a config)."
+        ) from None
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(
             f"DeepSpeed config {path!r} is not valid JSON ({exc.msg} at line "

@@ -13,6 +13,7 @@ from typing import Any
 
 from precision_plugin.boundary import at_least, checked, duck, non_empty
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import DuplicateKeyError, parse_json
 
 #: What the prompt builders tokenize with.
 _TOKENIZER = duck("__call__", "decode", what="a transformers tokenizer (AutoTokenizer)")
@@ -193,7 +194,9 @@ def _json_array(path: str, text: str) -> list[Prompt] | None:
     if not re.match(r'\[\s*($|["{\[\]\d-])', text.lstrip()):
         return None  # "[INST] ..." is text
     try:
-        data = json.loads(text)
+        data = parse_json(text)
+    except DuplicateKeyError as exc:
+        raise PrecisionConfigError(f"prompts: {path!r}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(
             f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
@@ -213,7 +216,9 @@ def _json_array(path: str, text: str) -> list[Prompt] | None:
 def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
     where = f"prompts: {path!r} line {number}"
     try:
-        record = json.loads(line)
+        record = parse_json(line)
+    except DuplicateKeyError as exc:
+        raise PrecisionConfigError(f"{where}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(
             f"{where} is not JSON ({exc.msg}); the file is read as JSONL because its first "
