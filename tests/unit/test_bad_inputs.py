@@ -865,6 +865,260 @@ NEW_SURFACES: list[Case] = [
 ]
 
 
+def api(module: str, name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
+    """``precision_plugin.<module>.<name>(*args, **kw)``; a callable argument is built first."""
+
+    def run(tmp: Path) -> Any:
+        import importlib
+
+        target = getattr(importlib.import_module(f"precision_plugin.{module}"), name)
+        return target(*[a() if callable(a) else a for a in args], **kw)
+
+    return run
+
+
+def refused_connection_asks_for_a_server(result: Any, caplog: pytest.LogCaptureFixture) -> None:
+    (finding,) = result
+    assert finding.status == "warning", finding
+    assert "Is a vLLM server running at http://127.0.0.1:9? Start it first" in finding.message
+    assert "DEV_MODE" not in finding.message + finding.fix
+
+
+def dtype_is(expected: str) -> Callable[[Any, pytest.LogCaptureFixture], None]:
+    def check(result: Any, caplog: pytest.LogCaptureFixture) -> None:
+        assert result.dtype == expected, result.dtype
+
+    return check
+
+
+DUPLICATE_FP16 = '{"fp16": {"enabled": true}, "fp16": {"enabled": false}}'
+
+#: The audit of issues 20/21 as a new user: classes found outside the catalogue above (inputs
+#: that must agree with each other, values a validator read too generously, parameters typed
+#: Any, server URLs, objects holding nothing to check, JSON read last-key-wins).
+AUDIT_SURFACES: list[Case] = [
+    # parameters that must agree with each other: one error naming both, at the boundary
+    Case(
+        "drift_fit lengths and sums differ",
+        "metrics",
+        mismatch_api("drift_fit", [4, 8, 16], [0.1, 0.2]),
+        names=("arguments 'lengths' and 'sums' differ in length (lengths: 3, sums: 2)",),
+    ),
+    Case(
+        "drift_per_1k text",
+        "metrics",
+        mismatch_api("drift_per_1k", "abc", "def"),
+        names=("'lengths'", "not a list of numbers"),
+    ),
+    Case(
+        "drift_fit negative length",
+        "metrics",
+        mismatch_api("drift_fit", [-5, 3], [0.1, 0.1]),
+        names=("'lengths'", "holds -5", ">= 0"),
+    ),
+    Case(
+        "fit_growth lists differ",
+        "metrics",
+        api("consequence", "fit_growth", [0.1, 0.2], [4]),
+        names=("'seq_log_ratio' and 'seq_lengths' differ in length",),
+    ),
+    Case(
+        "fit_growth negative length",
+        "metrics",
+        api("consequence", "fit_growth", [0.1, 0.2], [4, -1]),
+        names=("'seq_lengths'", "has -1 at [1]"),
+    ),
+    Case(
+        "consequence_from_sums short",
+        "metrics",
+        api("consequence", "consequence_from_sums", torch.zeros(1), torch.zeros(2)),
+        names=("'counts'", "consequence_sums()"),
+    ),
+    Case(
+        "mismatch mask shape",
+        "metrics",
+        mismatch_api("mismatch_sums", [[-0.1, -0.2]], [[-0.1, -0.2]], [[1]]),
+        names=("'mask' differ in shape", "mask: (1, 1)"),
+    ),
+    # values a validator read too generously
+    Case(
+        "mismatch mask of weights",
+        "metrics",
+        mismatch_api("compute_mismatch", [[-0.1, -0.2]], [[-0.1, -0.3]], [[2, 1]]),
+        names=("'mask'", "holds 2", "0/1 or bool"),
+    ),
+    Case(
+        "consequence mask NaN",
+        "metrics",
+        api("consequence", "compute_consequence", [[-0.1, -0.2]], [[-0.1, -0.3]], [[NAN, 1]]),
+        names=("'mask'", "holds nan"),
+    ),
+    Case(
+        "aliases_for VERL",
+        "metrics",
+        mismatch_api("aliases_for", "VERL"),
+        names=("'system'", "did you mean 'verl'?"),
+    ),
+    Case(
+        "fp16_margin_bits negative",
+        "overflow",
+        overflow_api("fp16_margin_bits", -1.0),
+        names=("'max_abs'", "negative"),
+    ),
+    Case(
+        "match_modules a set",
+        "overflow",
+        overflow_api("match_modules", _model, {"0"}),
+        names=("'patterns'", "got set", "a list of str"),
+    ),
+    Case(
+        "headroom batch of ints",
+        "overflow",
+        overflow_api("headroom", _model, torch.ones(1, 2, dtype=torch.long)),
+        names=("'batches'", "forward failed on batch 0", "same dtype"),
+    ),
+    Case(
+        "headroom keyword batch",
+        "overflow",
+        overflow_api("headroom", _model, {"input_ids": torch.ones(1, 2)}),
+        names=("'batches'", "unexpected keyword argument 'input_ids'", "model(**batch)"),
+    ),
+    # parameters typed Any: validated, not a raw AttributeError deep inside
+    Case(
+        "cast_model None",
+        "types",
+        api("buffers", "cast_model", None, "float16"),
+        names=("'model'", "torch.nn.Module"),
+    ),
+    Case(
+        "cast_model device gpu0",
+        "types",
+        api("buffers", "cast_model", _model, "float16", "gpu0"),
+        names=("'device'", "not a torch device"),
+    ),
+    Case(
+        "buffer_dtypes 5",
+        "types",
+        api("buffers", "buffer_dtypes", 5),
+        names=("'model'", "torch.nn.Module"),
+    ),
+    Case(
+        "keep_float32_buffers a string",
+        "types",
+        api("buffers", "keep_float32_buffers", "model"),
+        names=("'model'",),
+    ),
+    Case(
+        "audit_run forward_dtype 3",
+        "types",
+        api("audit", "audit_run", PrecisionPolicy(), None, None, forward_dtype=3),
+        names=("'forward_dtype'", "is not a dtype"),
+    ),
+    Case(
+        "engine_kwargs fields",
+        "types",
+        api("vllm", "engine_kwargs", {"model": "m"}, fields="dtype"),
+        names=("'fields'", "EngineArgs field names"),
+    ),
+    Case(
+        "HFRollout torch dtype",
+        "rollout",
+        rollout(dtype=torch.float16),
+        raises=None,
+        check=dtype_is("float16"),  # as enable() and PrecisionPolicy take it
+    ),
+    Case(
+        "HFRollout dtype 5",
+        "rollout",
+        rollout(dtype=5),
+        names=("'dtype'", "a str, a torch.dtype or None"),
+    ),
+    # server URLs: one check for vLLM and SGLang, before any request
+    Case(
+        "vllm verify_server port text",
+        "kinds",
+        api("vllm", "verify_server", "http://h:abc"),
+        names=("'server'", "not a server URL", "Port could not be cast"),
+    ),
+    Case(
+        "vllm verify_server no scheme",
+        "kinds",
+        api("vllm", "verify_server", "localhost:8000"),
+        names=("'server'", "no http:// or https:// scheme", "http://localhost:8000"),
+    ),
+    Case(
+        "sglang verify_server IPv6",
+        "kinds",
+        api("sglang", "verify_server", "http://[::1"),
+        names=("'url'", "Invalid IPv6 URL"),
+    ),
+    Case(
+        "sglang verify_server port range",
+        "kinds",
+        api("sglang", "verify_server", "http://127.0.0.1:99999"),
+        names=("'url'", "Port out of range"),
+    ),
+    Case(
+        "vllm verify_server refused",
+        "kinds",
+        api("vllm", "verify_server", "http://127.0.0.1:9"),
+        raises=None,
+        check=refused_connection_asks_for_a_server,
+    ),
+    # objects that hold nothing to check
+    Case(
+        "vllm verify_server {}",
+        "kinds",
+        api("vllm", "verify_server", {}),
+        names=("'server'", "has no 'vllm_config' or 'model_config' key", "nothing to check"),
+    ),
+    Case(
+        "sglang verify_server no dtype",
+        "kinds",
+        api("sglang", "verify_server", {"model_path": "m"}),
+        names=("'url'", "has no 'dtype' key"),
+    ),
+    Case(
+        "openrlhf check_args {}",
+        "kinds",
+        api("openrlhf", "check_args", {}),
+        names=("'args'", "holds none of OpenRLHF's arguments", "parse_args(argv)"),
+    ),
+    Case(
+        "sglang check_server_args {}",
+        "kinds",
+        api("sglang", "check_server_args", {}),
+        names=("'args'", "is empty", "nothing to check"),
+    ),
+    Case(
+        "sglang auto_dtype 5",
+        "kinds",
+        api("sglang", "auto_dtype", {"torch_dtype": 5}),
+        names=("auto_dtype()", "declares dtype 5", "no dtype name"),
+    ),
+    # JSON a user writes: a key twice is an error, not the last one winning
+    Case(
+        "env duplicate key",
+        "env",
+        lambda t: pp.enable(),
+        env={"PRECISION_PLUGIN": '{"dtype": "float16", "dtype": "bfloat16"}'},
+        names=("PRECISION_PLUGIN", "'dtype' appears twice", "'float16' and then 'bfloat16'"),
+    ),
+    Case(
+        "ds duplicate key",
+        "files",
+        apply(lambda t: str(write(t, "dup.json", DUPLICATE_FP16))),
+        names=("dup.json", "'fp16' appears twice", "DeepSpeed refuses such a config"),
+    ),
+    Case(
+        "prompts duplicate key",
+        "prompts",
+        prompts_file("p.jsonl", '{"prompt": "a", "prompt": "b"}\n'),
+        names=("line 1", "'prompt' appears twice"),
+    ),
+]
+
+
 # -- the catalogue -----------------------------------------------------------------------------
 
 CASES: list[Case] = [
@@ -1622,6 +1876,7 @@ CASES: list[Case] = [
         names=("--plot", "extension"),
     ),
     *NEW_SURFACES,
+    *AUDIT_SURFACES,
 ]
 
 
