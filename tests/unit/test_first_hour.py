@@ -135,3 +135,33 @@ def test_subpackages_are_reachable_as_attributes_without_enable():
         "precision_plugin.trl.rollout engine_kwargs",
         "AttributeError module 'precision_plugin' has no attribute 'no_such_thing'",
     ]
+
+
+# -- the layout: imports run downward ------------------------------------------------------------
+#: Subpackages that may import the probe: the probe itself, the sanity benchmark built on it,
+#: and TRL's HFRollout, which runs the probe's one HF rollout engine (lazily, inside a method).
+PROBE_USERS = {"probe", "sanity", "trl"}
+
+
+def test_no_engine_or_framework_package_imports_the_probe():
+    """The rollout types both sides need live in precision_plugin.rollout, below both: an
+    engine package (vllm/ in particular, whose probe engine once imported the probe's
+    RolloutSample) never imports precision_plugin.probe."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "precision_plugin"
+    upward = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if len(parts) == 1 or parts[0] in PROBE_USERS:
+            continue  # top-level modules (the CLI, the doctor) sit above everything
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            upward += [
+                f"{path.relative_to(root)}:{node.lineno} {name}"
+                for name in names
+                if name == "precision_plugin.probe" or name.startswith("precision_plugin.probe.")
+            ]
+    assert not upward, upward
