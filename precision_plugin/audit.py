@@ -178,6 +178,22 @@ FIXES: dict[str, str] = {
 }
 
 
+def fix_of(kind: str, audit: dict[str, Any], policy: PrecisionPolicy) -> str:
+    """What to do about contradiction ``kind`` of ``audit`` (an ``audit_run`` result):
+    ``FIXES[kind]``, except for a rollout that runs the policy dtype beside a learner that does
+    not (fp16 asked on a CPU without ``enable()``): there the learner is the side to fix, and
+    the rollout's own fix ("follow the policy") is what it already does."""
+    rollout = audit.get("rollout") or {}
+    roll = rollout.get("dtype") or rollout.get("asked")
+    ran = (audit.get("learner") or {}).get("forward_dtype")
+    if kind == "rollout" and roll == policy.dtype and ran not in (None, policy.dtype):
+        return (
+            f"the rollout already runs the policy's {policy.dtype}; the learner does not (its "
+            f"forward ran in {ran}): {FIXES['forward']}"
+        )
+    return FIXES[kind]
+
+
 @checked
 def contradictions(
     policy: PrecisionPolicy, learner: dict[str, Any], rollout: dict[str, Any]

@@ -247,13 +247,13 @@ class PrecisionCallback(TrainerCallback):
 
     def _run_audit(self, title: str) -> None:
         """Log the audit table; settle contradictions (the forward's is settled on its own)."""
-        from precision_plugin.audit import FIXES, render
+        from precision_plugin.audit import fix_of, render
 
         result = self.audit()
         log.info("precision_plugin %s\n%s", title, render(result, title))
         for kind, message in result["contradictions"].items():
             if kind != "forward":
-                fix = FIXES[kind]
+                fix = fix_of(kind, result, self.policy)
                 settle_conflict(self.policy.strictness, message, fix=fix, outcome=f"fix: {fix}")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):

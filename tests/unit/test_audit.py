@@ -207,3 +207,22 @@ def test_a_vllm_server_is_audited_from_its_answer():
         result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
     assert result["rollout"] == {"engine": f"vLLM server at {server.url}", "dtype": "bfloat16"}
     assert "runs bfloat16 while the learner runs float16" in result["contradictions"]["rollout"]
+
+
+def test_a_rollout_on_the_policy_beside_an_fp32_learner_points_at_the_learner():
+    """fp16 asked on a CPU without enable(): the learner silently runs float32 and HFRollout
+    follows the policy. The fix names the learner, not "HFRollout(dtype=...) or no dtype",
+    which the user already did."""
+    from precision_plugin.audit import FIXES, fix_of
+
+    trainer = SimpleNamespace(rollout_func=_hfrollout("float16", built=False))
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float32)
+    assert set(result["contradictions"]) == {"forward", "rollout"}
+    assert fix_of("rollout", result, PrecisionPolicy()) == (
+        "the rollout already runs the policy's float16; the learner does not (its forward ran in "
+        "float32): call precision_plugin.enable() before building the trainer"
+    )
+    # A rollout off the policy keeps its own fix.
+    trainer = SimpleNamespace(rollout_func=_hfrollout("bfloat16", built=False))
+    result = audit_run(PrecisionPolicy(), None, trainer, forward_dtype=torch.float16)
+    assert fix_of("rollout", result, PrecisionPolicy()) == FIXES["rollout"]

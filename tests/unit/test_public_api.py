@@ -203,7 +203,9 @@ INTERNAL: dict[str, set[str]] = {
         "get_plugin_manager", "call_each_reported", "adapter_names", "coerce_policy",
         "adapter_patcher",
     },
-    "precision_plugin.audit": {"learner_side", "colocated_vllm_dtype", "rollout_side", "render"},
+    "precision_plugin.audit": {
+        "learner_side", "colocated_vllm_dtype", "rollout_side", "render", "fix_of",
+    },
     "precision_plugin.master_weights": {"prepare_model_once"},
     "precision_plugin.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
