@@ -797,7 +797,7 @@ NEW_SURFACES: list[Case] = [
         lambda t: __import__("precision_plugin.sglang", fromlist=["x"]).verify_server(
             {"model_path": "/m"}, STRICT
         ),
-        names=("'url'", "no 'dtype' field"),
+        names=("'url'", "no 'dtype' key"),
     ),
     Case(
         "openrlhf tensor parallel size a word",

@@ -299,7 +299,9 @@ def test_verify_server_refuses_json_that_is_not_server_info():
     for info in ({}, {"vllm_config": {}}):
         with pytest.raises(PrecisionConfigError) as err:
             verify_server(info, STRICT)
-        assert "has no 'dtype' field, which SGLang's /server_info always has" in str(err.value)
+        assert "which has no 'dtype' key (SGLang's /server_info answer always has one)" in str(
+            err.value
+        )
 
 
 def test_verify_server_wrong_answers(server):
