@@ -22,6 +22,7 @@ batch and two processes report what one process reports on the same data.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -29,6 +30,8 @@ from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.shield import shielded
+
+log = logging.getLogger("precision_plugin")
 
 #: Attribute holding a trainer's accumulator (an attribute of the trainer itself: no module state).
 ATTR = "_precision_plugin_mismatch"
@@ -57,6 +60,7 @@ class MismatchAccumulator:
         self.log_moments: Any = None  # [log Σ w, log Σ w²] over sequences (combine by logsumexp)
         self.capturing = False
         self.captured: Any = None
+        self.told_no_rollout_logps = False
         # id -> weak reference: a WeakSet would compare tensors with == on a hash collision.
         self._counted: dict[int, weakref.ref[Any]] = {}
 
@@ -149,6 +153,15 @@ def flush(trainer: Any) -> dict[str, float]:
     return metrics if metrics.get("tokens", 0) > 0 or metrics.get("nan_tokens", 0) > 0 else {}
 
 
+#: Said once per trainer when TRL hands the loss no rollout log-probs, so nothing is measured.
+NO_ROLLOUT_LOGPS = (
+    "precision_plugin: no precision/* mismatch metric in this run: its rollouts carry no "
+    "log-probs (TRL's own generation, use_vllm=False without a rollout_func, keeps none). "
+    "Fix: GRPOTrainer(..., rollout_func=precision_plugin.trl.HFRollout()) or use_vllm=True "
+    "measures the train/rollout mismatch; metrics.enabled=False silences this."
+)
+
+
 def _mask(inputs: Any) -> Any:
     mask = inputs["completion_mask"]
     tool = inputs.get("tool_mask")
@@ -167,6 +180,9 @@ def compute_loss(
         acc = MismatchAccumulator()
         setattr(self, ATTR, acc)
     rollout = inputs.get("sampling_per_token_logps")
+    if rollout is None and not acc.told_no_rollout_logps:
+        acc.told_no_rollout_logps = True
+        log.warning(NO_ROLLOUT_LOGPS)
     if rollout is None or acc.counted(rollout):
         return original(self, model, inputs)
     old = inputs.get("old_per_token_logps")

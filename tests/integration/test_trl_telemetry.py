@@ -7,6 +7,7 @@ TRL or transformers is mocked.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 from pathlib import Path
 
@@ -409,3 +410,20 @@ def test_the_callback_alone_measures_what_enable_measures(tmp_path, monkeypatch)
     assert len(measured) == 3 and all(set(m) == {f"precision/{k}" for k in CORE} for m in measured)
     assert measured == _mismatch_logs(enabled)
     assert all(m["precision/k3_kl"] > 0 for m in measured)
+
+
+def test_rollouts_without_log_probs_are_named_once_and_measure_nothing(tmp_path, caplog):
+    """TRL's own generation keeps no rollout log-probs: no precision/* mismatch metric can be
+    computed, and the run says so once (not once per step), with the fix."""
+    from precision_plugin.trl.telemetry import NO_ROLLOUT_LOGPS
+
+    pp.enable()
+    try:
+        trainer = _recipe().build_trainer(str(tmp_path), 3, rollout="trl")
+        with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+            trainer.train()
+    finally:
+        pp.disable()
+    assert [r.getMessage() for r in caplog.records].count(NO_ROLLOUT_LOGPS) == 1
+    assert "rollout_func=precision_plugin.trl.HFRollout()" in NO_ROLLOUT_LOGPS
+    assert _mismatch_logs(trainer) == [{}, {}, {}]
