@@ -268,8 +268,18 @@ def _how(dtype: str) -> str:
     return f" (precision_plugin.enable(dtype={dtype!r}))"
 
 
-def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str, float]) -> str:
-    """The what-to-do line over the low-precision dtypes (``k3``: each dtype's k3 KL)."""
+def advice(
+    report: Mapping[str, DtypeConsequence],
+    target: int,
+    k3: Mapping[str, float],
+    float16_refused: str | None = None,
+) -> str:
+    """The what-to-do line over the low-precision dtypes (``k3``: each dtype's k3 KL).
+
+    ``float16_refused`` says why a rollout engine will not run this model in float16 (e.g.
+    "vLLM refuses float16 for model type 'gemma3_text'"): a float16 that keeps the most is
+    then advised only for a rollout engine that runs it, and the next dtype for the one that
+    refuses it."""
     ran = {n: c for n, c in report.items() if c.verdict in VERDICTS}
     if not ran:
         return "do: nothing to compare: no low-precision dtype was measured."
@@ -277,6 +287,7 @@ def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str,
     lead = f"{', '.join(missing)} did not run (see its line). " if missing else ""
     ranked = sorted(ran.values(), key=lambda c: (-c.kept, k3.get(c.dtype, math.inf)))
     best, worst = ranked[0], ranked[-1]
+    refused = float16_refused if "float16" in ran else None
     if all(c.verdict == "negligible" for c in ranked):
         text = f"do: either dtype works at {target:,} tokens (every consequence under 1 %)"
         low = min(ranked, key=lambda c: k3.get(c.dtype, math.inf))
@@ -284,17 +295,32 @@ def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str,
         if others and k3.get(low.dtype, 0) > 0:
             factor = k3[others[0].dtype] / k3[low.dtype]
             text += f"; {low.dtype}'s k3 is {factor:.0f}x lower than {others[0].dtype}'s"
+        other = next((c for c in ranked if c.dtype != "float16"), None)
+        if refused and other is not None:
+            text += f"; but {refused}: with that engine, {other.dtype}{_how(other.dtype)}"
         return lead + text + "."
+    chosen = best
     if len(ranked) == 1:
         text = f"do: {best.dtype} keeps {percent(best.kept)} of the batch at {target:,} tokens"
+        if refused:
+            text += f", but {refused}"
+    elif refused and best.dtype == "float16":
+        chosen = ranked[1]
+        text = (
+            f"do: float16 keeps {percent(best.kept)} of the batch at {target:,} tokens, "
+            f"{chosen.dtype} {percent(chosen.kept)}, but {refused}: with that engine train in "
+            f"{chosen.dtype}{_how(chosen.dtype)}; float16{_how('float16')} only with a rollout "
+            f"engine that runs it"
+        )
     else:
         text = (
             f"do: train in {best.dtype}{_how(best.dtype)}: at {target:,} tokens it keeps "
             f"{percent(best.kept)} of the batch, {worst.dtype} {percent(worst.kept)}"
         )
-    if best.verdict in ("costly", "severe"):
+    if chosen.verdict in ("costly", "severe"):
+        even = "even " if chosen is best else ""
         text += (
-            f"; even {best.dtype} loses more than half: generate shorter, or train with a "
+            f"; {even}{chosen.dtype} loses more than half: generate shorter, or train with a "
             f"correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked share"
         )
     return lead + text + "."
@@ -302,11 +328,17 @@ def advice(report: Mapping[str, DtypeConsequence], target: int, k3: Mapping[str,
 
 @checked(target_length=at_least(1))
 def assess(
-    results: Mapping[str, Any], target_length: int, *, valid: bool = True
+    results: Mapping[str, Any],
+    target_length: int,
+    *,
+    valid: bool = True,
+    float16_refused: str | None = None,
 ) -> ConsequenceReport:
     """The ``consequence`` section for a probe's per-dtype results (``DtypeResult`` by name).
 
     ``valid`` is the float32 self-check: when it failed, every verdict is ``invalid``.
+    ``float16_refused``: why a rollout engine refuses this model in float16, for the
+    what-to-do line (see ``advice``).
     """
     started = time.perf_counter()
     report = ConsequenceReport(target_length)
@@ -327,7 +359,7 @@ def assess(
         report.dtypes[name] = c
     if valid:
         low = {n: c for n, c in report.dtypes.items() if n != "float32"}
-        report.advice = advice(low, target_length, k3)
+        report.advice = advice(low, target_length, k3, float16_refused)
     else:
         report.advice = (
             "do: fix the set-up first: the float32 self-check failed, so no dtype's figures are "

@@ -262,6 +262,15 @@ def model_notes(overflow: OverflowCheck, config: ProbeConfig) -> list[str]:
     ]
 
 
+def _float16_refusal(overflow: OverflowCheck) -> str | None:
+    """Why vLLM will not run this checkpoint in float16 (its refusal table, found by the
+    headroom check's ``model_type`` check), for the what-to-do line; ``None`` when it would."""
+    for risk in overflow.risks:
+        if risk.framework == "vllm" and risk.status == "error":
+            return f"vLLM refuses float16 for model type {risk.details.get('model_type')!r}"
+    return None
+
+
 def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
     if config.prompts is None:
         return build_prompts(tokenizer, config.num_prompts)
@@ -346,7 +355,12 @@ def run_probe(
         for r in results.values():
             if r.dtype != SELF_CHECK_DTYPE:
                 r.verdict, r.reason = "invalid", "float32 self-check failed"
-    consequence = assess(results, config.target_length, valid=check.passed)
+    consequence = assess(
+        results,
+        config.target_length,
+        valid=check.passed,
+        float16_refused=_float16_refusal(overflow),
+    )
     for r in results.values():
         if r.dtype != SELF_CHECK_DTYPE and r.verdict != "invalid":
             c = consequence.dtypes[r.dtype]

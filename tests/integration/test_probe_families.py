@@ -74,10 +74,14 @@ def test_probe_measures_every_family(tmp_path: Path, family: str) -> None:
     assert k3["bfloat16"] > 10 * k3["float16"] > 0, k3
     assert all(r.metrics.nan_tokens == 0 for r in result.results.values())
     refused = [n for n in result.notes if "vLLM refuses float16" in n]
+    advice = result.consequence.advice
     if family == "gemma2":
         assert refused and "measured with the hf engine" in refused[0]
+        # What to do names the refusal rather than telling the user to train in float16.
+        assert "but vLLM refuses float16 for model type 'gemma2'" in advice, advice
+        assert not advice.startswith("do: train in float16"), advice
     else:
-        assert not refused
+        assert not refused and "refuses" not in advice, advice
 
 
 def test_the_matrix_covers_ties_windows_and_soft_capping() -> None:

@@ -10,12 +10,14 @@ import torch
 from rich.console import Console
 
 from precision_plugin.mismatch import compute_mismatch
-from precision_plugin.probe.advice import assess
+from precision_plugin.probe.advice import assess, percent
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
 from precision_plugin.probe.table import render_probe_table
 
 
-def _result(noise: dict[str, float], target: int = 4096) -> ProbeResult:
+def _result(
+    noise: dict[str, float], target: int = 4096, float16_refused: str | None = None
+) -> ProbeResult:
     """Per dtype, 8 sequences of 40..320 tokens whose rollout log-probs differ from the
     trainer's by Gaussian noise of the given size per token (seeded)."""
     g = torch.Generator().manual_seed(0)
@@ -37,7 +39,7 @@ def _result(noise: dict[str, float], target: int = 4096) -> ProbeResult:
     check = SelfCheck(k3 < 1e-6, k3, 1e-6, f"float32 paths agree (k3 {k3:.2e} <= 1e-06).")
     results["float32"].verdict = "ok" if check.passed else "invalid"
     results["float32"].reason = check.message
-    report = assess(results, target, valid=check.passed)
+    report = assess(results, target, valid=check.passed, float16_refused=float16_refused)
     for name, r in results.items():
         if name != "float32":
             r.verdict, r.reason = report.dtypes[name].verdict, report.dtypes[name].line
@@ -113,3 +115,35 @@ def test_drift_column_shows_the_signed_drift_and_its_standard_error():
         assert f"{m.drift_per_1k:+.1e}" in lines[row].split()
         assert f"±{m.drift_per_1k_se:.0e}" in lines[row + 1].split()
     assert "drift/1K: −1000·k1" in " ".join(text.split()) and "|seq|" not in text
+
+
+REFUSED = "vLLM refuses float16 for model type 'gemma3_text'"
+
+
+def test_a_model_vllm_refuses_in_float16_is_not_told_to_train_in_float16():
+    result = _result(
+        {"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}, float16_refused=REFUSED
+    )
+    c = result.consequence.dtypes
+    assert c["float16"].kept > c["bfloat16"].kept  # float16 still keeps more, and says so
+    assert result.consequence.advice == (
+        f"do: float16 keeps {percent(c['float16'].kept)} of the batch at 4,096 tokens, bfloat16 "
+        f"{percent(c['bfloat16'].kept)}, but {REFUSED}: with that engine train in bfloat16 "
+        "(precision_plugin.enable(dtype='bfloat16')); float16 (precision_plugin.enable()) only "
+        "with a rollout engine that runs it; bfloat16 loses more than half: generate shorter, "
+        "or train with a correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked "
+        "share."
+    )
+    assert "do: train in float16" not in " ".join(_text(result).split())
+
+
+def test_a_refusal_changes_nothing_where_bfloat16_keeps_more_and_is_named_when_negligible():
+    plain = _result({"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004})
+    refused = _result(
+        {"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004}, float16_refused=REFUSED
+    )
+    assert refused.consequence.advice == plain.consequence.advice
+    small = _result({"float32": 1e-9, "float16": 1e-5, "bfloat16": 8e-5}, 512, REFUSED)
+    assert small.consequence.advice.endswith(
+        f"; but {REFUSED}: with that engine, bfloat16 (precision_plugin.enable(dtype='bfloat16'))."
+    )
