@@ -230,7 +230,8 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
             _VERL_RC + " (compute_is_metrics)",
             "rollout_is='sequence', every sequence as long and no sequence weight above "
             "rollout_is_threshold (2.0): verl averages the weights clipped at the threshold "
-            "over tokens; and " + _VERL_ONE_BATCH,
+            "over tokens (verl ≤ 0.8, e.g. 0.7.1, clips them to [1/threshold, threshold], so "
+            "there none below 0.5 either); and " + _VERL_ONE_BATCH,
             "needs algorithm.rollout_correction.rollout_is (null, i.e. off, by default)",
         ),
     ),

@@ -263,9 +263,16 @@ def _verl_masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None
     return _verl_masked_sum(values, mask, axis) / (mask.sum(axis=axis) + 1e-8)
 
 
-def verl_is_metric(key: str, batch: Batch, rollout_is: str, micro_batches: int | None = None):
+def verl_is_metric(
+    key: str,
+    batch: Batch,
+    rollout_is: str,
+    micro_batches: int | None = None,
+    verl_version: str = "0.9.1",
+):
     """rollout_corr_helper.py compute_rollout_correction_weights + compute_is_metrics with the
-    default rollout_is_threshold=2.0 (TIS: one upper bound)."""
+    default rollout_is_threshold=2.0 (TIS: one upper bound). ``verl_version`` "0.7.1": its
+    ESS clamps the weights to [1/threshold, threshold] (0.9.1: [0, threshold])."""
 
     def one(old_log_prob, rollout_log_prob, response_mask) -> float:
         threshold = 2.0
@@ -283,7 +290,8 @@ def verl_is_metric(key: str, batch: Batch, rollout_is: str, micro_batches: int |
             assert rollout_is == "token"
             above = raw_rollout_is_weights > threshold
             return _verl_masked_mean(above.float().double(), response_mask).item()
-        weights_for_ess = rollout_is_weights.clamp(min=0.0, max=threshold)
+        lower = 1.0 / threshold if verl_version == "0.7.1" else 0.0
+        weights_for_ess = rollout_is_weights.clamp(min=lower, max=threshold)
         mean_for_ess = _verl_masked_mean(weights_for_ess, response_mask)
         is_weights_normalized = weights_for_ess / (mean_for_ess + 1e-8)
         return 1.0 / _verl_masked_mean(is_weights_normalized.square(), response_mask).item()
@@ -349,6 +357,13 @@ def one_heavy_sequence(batch: Batch) -> Batch:
     """``equal_lengths`` with row 1's sequence weight raised to about e (above verl's 2.0)."""
     pi, mu, mask = equal_lengths(batch)
     mu[1, 0] = pi[1, 0] - 1.0 - (pi[1, 1:3] - mu[1, 1:3]).sum()
+    return pi, mu, mask
+
+
+def one_light_sequence(batch: Batch) -> Batch:
+    """``equal_lengths`` with row 1's sequence weight lowered to about 1/e (below 0.5)."""
+    pi, mu, mask = equal_lengths(batch)
+    pi[1, 0] = mu[1, 0] - 1.0 - (pi[1, 1:3] - mu[1, 1:3]).sum()  # π lowered: log-probs < 0
     return pi, mu, mask
 
 
@@ -463,6 +478,8 @@ CASES: dict[tuple[str, str, str], Case] = {
             {"prepare": lambda b: b},  # ragged lengths: verl weights each sequence by its tokens
             {"prepare": one_heavy_sequence},  # a weight above 2.0: verl clips it first
             {"micro_batches": 2},
+            # verl 0.7.1 also raises a weight below 0.5 to 0.5 (0.9.1 keeps it: see below)
+            {"prepare": one_light_sequence, "verl_version": "0.7.1"},
         ),
         rel_tol=1e-7,  # verl divides by mean + 1e-8
         noise=0.15,
@@ -575,3 +592,13 @@ def test_the_trl_adapter_reads_the_one_table():
         "logp_abs_diff_max": m.logp_abs_diff_max,
     }
     assert set(renamed) <= set(m.to_dict())
+
+
+def test_verl_0_9_keeps_a_light_sequence_weight_in_its_ess():
+    """The ESS alias holds for a sequence weight below 0.5 from verl 0.9 on (it clamps at 0),
+    as the condition says; verl 0.7.1 differs there (its break case above)."""
+    batch = one_light_sequence(ragged(0, noise=0.15))
+    log_w = (batch[0] - batch[1])[1, :3].sum()
+    assert float(log_w) < math.log(0.5)  # the light sequence really is below 0.5
+    theirs = verl_is_metric("rollout_is_eff_sample_size", batch, "sequence")
+    assert _agree(theirs, _ours("ess", batch), rel_tol=1e-7)
