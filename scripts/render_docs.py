@@ -122,6 +122,13 @@ def _sanity_seeds(data: dict[str, Any]) -> str:
     return per_seed_markdown(data)
 
 
+@view("sanity-consequence")
+def _sanity_consequence(data: dict[str, Any]) -> str:
+    from precision_plugin.sanity.table import consequence_markdown
+
+    return consequence_markdown(data)
+
+
 @view("sanity-verdict")
 def _sanity_verdict(data: dict[str, Any]) -> str:
     """The pre-registered verdict in words: reproduced, not reproduced, or neither."""
@@ -272,8 +279,14 @@ def render(name: str, view_name: str) -> str:
 
 
 def load(name: str) -> dict[str, Any]:
-    """``docs/results/NAME.json``."""
-    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+    """``docs/results/NAME.json`` (a sanity document with its consequence summaries computed
+    from its steps where it predates them: ``precision_plugin.sanity.table.with_consequence``)."""
+    data = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+    if data.get("benchmark") == "sanity" and "aggregate" in data:
+        from precision_plugin.sanity.table import with_consequence
+
+        data = with_consequence(data)
+    return data
 
 
 def published_files() -> list[Path]:

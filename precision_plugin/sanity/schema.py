@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,12 +23,18 @@ STEP_FIELDS: tuple[str, ...] = (
     "step", "reward", "accuracy", "k3_kl", "prob_diff_max", "loss_scale", "skipped_steps",
     "grad_cosine", "seq_log_ratio_abs", "telemetry",
 )  # fmt: skip
+#: The run's consequence metrics (``precision_plugin.consequence``, each step's ``telemetry``):
+#: their means over the logged steps, and the worst step's effective sample size.
+CONSEQUENCE_FIELDS: tuple[str, ...] = (
+    "mean_ess", "min_ess", "mean_seq_mask_fraction_trl", "mean_seq_mask_fraction_verl",
+    "mean_tis_clip_fraction",
+)  # fmt: skip
 #: Per-run summary fields (``*_accuracy`` are means over a window of ``window`` steps).
 SUMMARY_FIELDS: tuple[str, ...] = (
     "window", "first_accuracy", "peak_accuracy", "final_accuracy", "collapsed",
     "mean_k3_kl", "max_prob_diff_max", "mean_grad_cosine", "min_grad_cosine",
-    "mean_seq_log_ratio_abs", "final_loss_scale", "skipped_steps", "nan_values",
-    "seconds", "cpu_seconds",
+    "mean_seq_log_ratio_abs", *CONSEQUENCE_FIELDS, "final_loss_scale", "skipped_steps",
+    "nan_values", "seconds", "cpu_seconds",
 )  # fmt: skip
 #: A drop of the final window's accuracy this far below the run's best window is a collapse.
 COLLAPSE_DROP = 0.2
@@ -248,6 +255,7 @@ class DtypeRun:
             "mean_grad_cosine": _mean(cos),
             "min_grad_cosine": min(cos) if cos else None,
             "mean_seq_log_ratio_abs": _mean(ratio),
+            **consequence_summary(s.telemetry for s in self.steps),
             "final_loss_scale": last.loss_scale if last else None,
             "skipped_steps": last.skipped_steps if last else None,
             "nan_values": sum(v is not None and not math.isfinite(v) for v in values),
@@ -364,6 +372,26 @@ def missing_fields(data: dict[str, Any]) -> list[str]:
                 missing += [f"{where}.runs.{dtype}.steps[{j}].{f}" for f in STEP_FIELDS
                             if f not in step]  # fmt: skip
     return missing
+
+
+def consequence_summary(telemetry: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """``CONSEQUENCE_FIELDS`` of a run from its steps' ``telemetry`` (a ``StepRecord``'s or a
+    results file's): the mean of each consequence metric over the steps that logged it (NaN,
+    inf and missing left out), and the smallest effective sample size; None where no step
+    logged it (a results file written before the telemetry had them)."""
+    rows = [t for t in telemetry if t]
+
+    def values(key: str) -> list[float]:
+        return [float(t[key]) for t in rows if _finite(t.get(key))]
+
+    ess = values("ess")
+    return {
+        "mean_ess": _mean(ess),
+        "min_ess": min(ess) if ess else None,
+        "mean_seq_mask_fraction_trl": _mean(values("seq_mask_fraction_trl")),
+        "mean_seq_mask_fraction_verl": _mean(values("seq_mask_fraction_verl")),
+        "mean_tis_clip_fraction": _mean(values("tis_clip_fraction")),
+    }
 
 
 def _mean(values: list[float]) -> float | None:

@@ -6,7 +6,11 @@ rendered from ``docs/results/*.json`` show exactly what the command printed.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+from precision_plugin.sanity.aggregate import spread
+from precision_plugin.sanity.schema import CONSEQUENCE_FIELDS, consequence_summary
 
 #: The accuracy table's columns (accuracies are means over windows of ``config.window`` steps).
 ACCURACY_COLUMNS: tuple[str, ...] = (
@@ -15,6 +19,11 @@ ACCURACY_COLUMNS: tuple[str, ...] = (
 #: The mismatch table's columns.
 MISMATCH_COLUMNS: tuple[str, ...] = (
     "dtype", "k3 mean", "max |Δp|", "1 − grad cos", "|seq log-ratio|", "skipped", "NaN",
+)  # fmt: skip
+
+#: The consequence table's columns (each step's telemetry: precision_plugin.consequence).
+CONSEQUENCE_COLUMNS: tuple[str, ...] = (
+    "dtype", "ESS", "ESS worst step", "TRL mask", "verl mask", "TIS clip",
 )  # fmt: skip
 
 
@@ -86,6 +95,63 @@ def mismatch_rows(data: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def with_consequence(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a sanity JSON document) with every run's ``CONSEQUENCE_FIELDS`` and their
+    spread over seeds in ``aggregate``, computed from the steps' telemetry where the document
+    lacks them (one written before the summaries had them); a copy, ``data`` is left as is."""
+    out = copy.deepcopy(data)
+    for seed in out["seeds"]:
+        for run in seed["runs"].values():
+            summary = run.setdefault("summary", {})
+            if any(f not in summary for f in CONSEQUENCE_FIELDS):
+                telemetry = (step.get("telemetry") for step in run["steps"])
+                summary.update(consequence_summary(telemetry))
+    for dtype, agg in out["aggregate"].items():
+        for f in CONSEQUENCE_FIELDS:
+            if f not in agg:
+                agg[f] = spread(seed["runs"][dtype]["summary"][f] for seed in out["seeds"])
+    return out
+
+
+def _share(stat: dict[str, Any] | None) -> str:
+    """A mean share over seeds as a percentage (``± sd`` with several seeds)."""
+    if stat is None:
+        return "-"
+    text = f"{stat['mean']:.2%}"
+    return text if stat["n"] < 2 else f"{text} ± {stat['sd']:.2%}"
+
+
+def consequence_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per dtype: the effective sample size of the sequence importance weights (mean over the
+    steps, then mean ± sd over the seeds; and the worst step of any seed), the shares of
+    sequences TRL's default sequence_mask and verl's Seq-MIS preset would drop, and the share
+    of tokens a TIS clip at 2 clips: what an importance-sampling correction would have done to
+    these plain-policy-gradient batches. Empty when no step logged them."""
+    out = []
+    for dtype, c in with_consequence(data)["aggregate"].items():
+        if all(c[f] is None for f in CONSEQUENCE_FIELDS):
+            continue
+        worst = c["min_ess"]
+        out.append([
+            dtype,
+            _pm(c["mean_ess"], ".4f"),
+            "-" if worst is None else f"{worst['min']:.3f}",
+            _share(c["mean_seq_mask_fraction_trl"]),
+            _share(c["mean_seq_mask_fraction_verl"]),
+            _share(c["mean_tis_clip_fraction"]),
+        ])  # fmt: skip
+    return out
+
+
+def consequence_markdown(data: dict[str, Any]) -> str:
+    """``consequence_rows`` in Markdown (for docs rendered from results files)."""
+    lines = [
+        "| " + " | ".join(CONSEQUENCE_COLUMNS) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(CONSEQUENCE_COLUMNS) - 1)) + "|",
+    ]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in consequence_rows(data)])
+
+
 def title(data: dict[str, Any]) -> str:
     """What ran: preset, steps, seeds and where pretraining left the model."""
     config = data["config"]
@@ -127,10 +193,15 @@ def render_sanity_table(result: Any) -> Any:
 
     data = result if isinstance(result, dict) else result.to_dict()
     tables = []
-    for name, columns, body in (
+    sections = [
         (title(data), ACCURACY_COLUMNS, accuracy_rows(data)),
         ("train/rollout mismatch", MISMATCH_COLUMNS, mismatch_rows(data)),
-    ):
+    ]
+    consequence = consequence_rows(data)
+    if consequence:
+        what = "what an importance-sampling correction would do to the batches"
+        sections.append((what, CONSEQUENCE_COLUMNS, consequence))
+    for name, columns, body in sections:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=name)
         for column in columns:
             table.add_column(column, justify="left" if column == "dtype" else "right")

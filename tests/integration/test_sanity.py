@@ -157,6 +157,11 @@ def test_long_smoke_records_the_gradient_cosine_per_dtype(long_smoke):
     assert cos["bfloat16"] < cos["float16"] < 1.0
     ratio = {d: r["summary"]["mean_seq_log_ratio_abs"] for d, r in runs.items()}
     assert ratio["float32"] < ratio["float16"] < ratio["bfloat16"]
+    # The consequence metrics of each step's telemetry, summarized per run and printed.
+    ess = {d: r["summary"]["mean_ess"] for d, r in runs.items()}
+    assert 1 - ess["float32"] < 1e-9 and ess["bfloat16"] < ess["float16"] < 1.0
+    assert all(r["summary"]["min_ess"] <= ess[d] for d, r in runs.items())
+    assert "what an importance-sampling correction would do" in long_smoke["stdout"]
     verdict = data["verdict"]
     assert verdict["protocol_complete"] is False and set(verdict["dtypes"]) == {
         "float16", "bfloat16",

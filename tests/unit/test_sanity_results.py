@@ -11,8 +11,21 @@ import pytest
 from precision_plugin.sanity import DtypeRun, SanityResult, SeedRun, StepRecord, preset_config
 from precision_plugin.sanity.aggregate import MARGIN, degraded, spread
 from precision_plugin.sanity.plot import series
-from precision_plugin.sanity.schema import STEP_FIELDS, SUMMARY_FIELDS, missing_fields
-from precision_plugin.sanity.table import accuracy_rows, markdown_table, mismatch_rows
+from precision_plugin.sanity.schema import (
+    CONSEQUENCE_FIELDS,
+    STEP_FIELDS,
+    SUMMARY_FIELDS,
+    consequence_summary,
+    missing_fields,
+)
+from precision_plugin.sanity.table import (
+    accuracy_rows,
+    consequence_markdown,
+    consequence_rows,
+    markdown_table,
+    mismatch_rows,
+    with_consequence,
+)
 
 
 def _run(dtype, accuracy, k3=1e-6, cos=None, cpu=6.0, nan_at=None):
@@ -149,6 +162,54 @@ def test_table_rows_show_mean_and_spread_over_seeds():
     text = markdown_table(data)
     assert text.splitlines()[0].startswith("| dtype | acc start")
     assert "\\|seq log-ratio\\|" in text and len(text.splitlines()) == 11
+
+
+def test_the_consequence_metrics_are_summarized_per_run_and_over_seeds():
+    run = _run("bfloat16", [0.5] * 4)
+    logged = [(0.9, 0.0), (0.5, 0.25), (None, None), (1.0, 0.0)]
+    for step, (ess, verl) in zip(run.steps, logged, strict=True):
+        step.telemetry = {"ess": ess, "seq_mask_fraction_verl": verl, "seq_mask_fraction_trl": 0.0}
+    run.steps[3].telemetry["ess"] = float("nan")  # left out, as in every other mean
+    s = run.summarize(window=2)
+    assert s["mean_ess"] == pytest.approx(0.7) and s["min_ess"] == 0.5
+    assert s["mean_seq_mask_fraction_verl"] == pytest.approx(0.25 / 3)
+    assert s["mean_seq_mask_fraction_trl"] == 0.0 and s["mean_tis_clip_fraction"] is None
+    assert consequence_summary([None, {}]) == dict.fromkeys(CONSEQUENCE_FIELDS)
+    from precision_plugin.consequence import CONSEQUENCE_METRICS
+
+    means = {f.removeprefix("mean_") for f in CONSEQUENCE_FIELDS if f.startswith("mean_")}
+    assert means == set(CONSEQUENCE_METRICS)
+    seeds = [_seed(0, {"float32": 0.75, "bfloat16": 0.5}), _seed(1, {"float32": 0.5})]
+    seeds[1].runs["bfloat16"] = _run("bfloat16", [0.5] * 4)
+    for step in seeds[1].runs["bfloat16"].steps:
+        step.telemetry = {"ess": 0.7}
+    seeds[1].runs["bfloat16"].summarize(window=2)
+    data = _result(seeds).to_dict()
+    assert data["aggregate"]["bfloat16"]["mean_ess"] == spread([0.9, 0.7])
+    rows = {r[0]: r for r in consequence_rows(data)}
+    assert rows["bfloat16"][:3] == ["bfloat16", "0.8000 ± 0.1414", "0.700"]
+    assert rows["bfloat16"][3] == "-" and rows["float32"][1] == "0.9000 ± 0.0000"
+    assert consequence_markdown(data).splitlines()[0].startswith("| dtype | ESS | ESS worst")
+
+
+def test_a_document_older_than_the_consequence_summaries_gets_them_from_its_steps():
+    seeds = [
+        _seed(0, {"float32": 0.75, "bfloat16": 0.5}),
+        _seed(1, {"float32": 0.5, "bfloat16": 0.5}),
+    ]
+    data = _result(seeds).to_dict()
+    old = json.loads(json.dumps(data))
+    for seed in old["seeds"]:
+        for run in seed["runs"].values():
+            for f in CONSEQUENCE_FIELDS:
+                del run["summary"][f]
+    for agg in old["aggregate"].values():
+        for f in CONSEQUENCE_FIELDS:
+            del agg[f]
+    upgraded = with_consequence(old)
+    assert upgraded["aggregate"] == data["aggregate"] and upgraded["seeds"] == data["seeds"]
+    assert "mean_ess" not in old["aggregate"]["bfloat16"]  # a copy: the input is left as is
+    assert consequence_rows(old) == consequence_rows(data)
 
 
 def test_plot_series_is_the_mean_and_range_over_seeds():
