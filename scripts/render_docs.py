@@ -129,6 +129,13 @@ def _sanity_consequence(data: dict[str, Any]) -> str:
     return consequence_markdown(data)
 
 
+@view("sanity-size-needed")
+def _sanity_size_needed(data: dict[str, Any]) -> str:
+    from precision_plugin.sanity.table import size_needed_text
+
+    return size_needed_text(data)
+
+
 @view("sanity-verdict")
 def _sanity_verdict(data: dict[str, Any]) -> str:
     """The pre-registered verdict in words: reproduced, not reproduced, or neither."""

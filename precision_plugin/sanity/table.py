@@ -7,6 +7,7 @@ rendered from ``docs/results/*.json`` show exactly what the command printed.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from precision_plugin.sanity.aggregate import spread
@@ -150,6 +151,54 @@ def consequence_markdown(data: dict[str, Any]) -> str:
         "|" + "|".join(["---"] + ["---:"] * (len(CONSEQUENCE_COLUMNS) - 1)) + "|",
     ]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in consequence_rows(data)])
+
+
+def size_needed(data: dict[str, Any]) -> dict[str, Any] | None:
+    """How long the answers would have to be for bfloat16's mismatch to matter, from a run's
+    own figures (None without a bfloat16 k3 or CPU times).
+
+    If the per-token log-ratios add up as a random walk of per-token variance ``2·k3``, the
+    expected ``|Σ(log π − log μ)|`` of an ``L``-token answer is ``√(2/π)·√(2·k3·L)``: 1 (a
+    sequence weight off by a factor of e) at ``L = π / (4·k3)``. ``tokens`` is that for the
+    mean k3 over seeds (``tokens_low`` / ``tokens_high`` for the largest and smallest seed's);
+    ``protocol_cpu_hours`` the run's CPU time per GRPO step of every dtype, scaled linearly to
+    answers of ``tokens`` (a lower bound: attention grows faster), times the steps and seeds."""
+    k3 = data["aggregate"].get("bfloat16", {}).get("mean_k3_kl")
+    per_step = data["timing"]["grpo_cpu_seconds_per_step"]
+    answer = data["task"]["max_completion_tokens"]
+    if not k3 or not k3["mean"] > 0 or any(v is None for v in per_step.values()):
+        return None
+    tokens = math.pi / (4 * k3["mean"])
+    steps, seeds = data["config"]["steps"], len(data["config"]["seeds"])
+    step_seconds = sum(v["mean"] for v in per_step.values()) * tokens / answer
+    return {
+        "k3": k3["mean"],
+        "answer_tokens": answer,
+        "tokens": tokens,
+        "tokens_low": math.pi / (4 * k3["max"]),
+        "tokens_high": math.pi / (4 * k3["min"]),
+        "times_the_answers": tokens / answer,
+        "protocol_cpu_hours": steps * seeds * step_seconds / 3600,
+    }
+
+
+def size_needed_text(data: dict[str, Any]) -> str:
+    """``size_needed`` in one sentence (for the docs)."""
+    n = size_needed(data)
+    if n is None:
+        return "(no bfloat16 k3 or CPU time to size it from)"
+
+    def two(x: float) -> str:  # two significant figures: these are orders of magnitude
+        return f"{float(f'{x:.2g}'):,.0f}"
+
+    return (
+        f"With the k3 bfloat16 had here ({n['k3']:.1e}), |Σ(log π − log μ)| reaches 1 on average "
+        f"after π/(4·k3) ≈ {two(n['tokens'])} tokens ({two(n['tokens_low'])}–"
+        f"{two(n['tokens_high'])} over the seeds), {two(n['times_the_answers'])}x these "
+        f"{n['answer_tokens']}-token answers; at this run's CPU time per step, scaled only "
+        f"linearly with the answer length, the same protocol would take at least "
+        f"{two(n['protocol_cpu_hours'])} CPU hours"
+    )
 
 
 def title(data: dict[str, Any]) -> str:

@@ -24,6 +24,8 @@ from precision_plugin.sanity.table import (
     consequence_rows,
     markdown_table,
     mismatch_rows,
+    size_needed,
+    size_needed_text,
     with_consequence,
 )
 
@@ -278,3 +280,25 @@ def test_caption_marks_a_shorter_run_indicative():
         "pre-registered verdict vs float32: float16 holds, bfloat16 degrades "
         "(paper's consequence reproduced: True)"
     )
+
+
+def test_the_size_needed_follows_from_the_runs_own_k3_and_cpu_time():
+    seeds = [
+        _seed(0, {"float32": 0.75, "float16": 0.75, "bfloat16": 0.5}),
+        _seed(1, {"float32": 0.5, "float16": 0.75, "bfloat16": 0.5}),
+    ]
+    data = _result(seeds).to_dict()
+    # bfloat16's k3 is 5e-5 * step over steps 1-4 in both seeds: mean 1.25e-4
+    n = size_needed(data)
+    tokens = math.pi / (4 * 1.25e-4)
+    assert n["tokens"] == pytest.approx(tokens) == pytest.approx(6283.19, abs=0.01)
+    assert n["tokens_low"] == n["tokens_high"] == pytest.approx(tokens)
+    assert n["answer_tokens"] == 96 and n["times_the_answers"] == pytest.approx(tokens / 96)
+    # 1.5 CPU s per step and dtype, 3 dtypes, 4 steps, 2 seeds, scaled by tokens / 96
+    assert n["protocol_cpu_hours"] == pytest.approx(4 * 2 * 4.5 * tokens / 96 / 3600)
+    assert size_needed_text(data).startswith(
+        "With the k3 bfloat16 had here (1.3e-04), |Σ(log π − log μ)| reaches 1 on average after "
+        "π/(4·k3) ≈ 6,300 tokens (6,300–6,300 over the seeds), 65x these 96-token answers;"
+    )
+    del data["aggregate"]["bfloat16"]
+    assert size_needed(data) is None
