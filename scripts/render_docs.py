@@ -12,7 +12,8 @@ section names (``precision_plugin.provenance``); ``VIEW`` says what to show of i
 
 - ``value:PATH`` or ``value:PATH:FORMAT``: one number or string, ``PATH`` a dotted path into
   the JSON (list items by index), ``FORMAT`` a Python format spec (``.2e``, ``.0f``, ``,``),
-  optionally after a scale (``*1e6:.1f``: seconds shown as microseconds);
+  optionally after a scale (``*1e6:.1f``: seconds shown as microseconds), or ``share``: a
+  share as the probe's lines print it (``<0.1%``, ``4.2%``, ``87%``);
 - ``command``: the command line, as inline code;
 - ``provenance``: one sentence: the command, the date, the versions and the machine;
 - a name in ``VIEWS``: a renderer of a whole table or block, registered below.
@@ -276,6 +277,10 @@ def render(name: str, view_name: str) -> str:
         if not spec:
             return str(value)
         fmt = spec[0]
+        if fmt == "share":  # a share as the probe's lines print it: <0.1%, 4.2%, 87%
+            from precision_plugin.probe.advice import percent
+
+            return percent(value)
         if fmt.startswith("*"):  # a scale first: *1e6:.1f
             factor, _, fmt = fmt[1:].partition(":")
             value = value * float(factor)
