@@ -239,6 +239,16 @@ def percent(value: Any) -> str:
     return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
 
+def _ess(value: float) -> str:
+    """An ESS as the lines show it: two decimals, ``<0.01`` and ``>0.99`` where those would
+    round to a bound the value does not reach."""
+    if 0 < value < 0.005:
+        return "<0.01"
+    if 0.995 <= value < 1:
+        return ">0.99"
+    return f"{value:.2f}"
+
+
 def _range(iv: Interval) -> str:
     return f"{percent(iv.value)} ({percent(iv.low)}–{percent(iv.high)})"
 
@@ -255,9 +265,10 @@ def dtype_line(c: DtypeConsequence) -> str:
         f"{m.label} ({m.bounds}) drops {_range(_share(p, m))}"
         for m in sorted(SEQUENCE_MASKS, key=lambda m: -_share(p, m).value)
     )
+    ess = f"{_ess(p.ess.value)} ({_ess(p.ess.low)}–{_ess(p.ess.high)})"
     return (
         f"{c.dtype} at {p.length:,} tokens: keeps {percent(c.kept)} of the batch ({c.verdict}): "
-        f"{masks} of the sequences; ESS {p.ess.value:.2f} ({p.ess.low:.2f}–{p.ess.high:.2f}); "
+        f"{masks} of the sequences; ESS {ess}; "
         f"a TIS clip at {TIS_CLIP:g} clips {percent(p.tis_clip_fraction.value)} of the tokens."
     )
 

@@ -147,3 +147,22 @@ def test_a_refusal_changes_nothing_where_bfloat16_keeps_more_and_is_named_when_n
     assert small.consequence.advice.endswith(
         f"; but {REFUSED}: with that engine, bfloat16 (precision_plugin.enable(dtype='bfloat16'))."
     )
+
+
+def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
+    """bf16 at 4,096 tokens projects an ESS of about 1e-9: the line says <0.01, never 0.00
+    (which reads as exactly none); a value within rounding of 1 says >0.99."""
+    import dataclasses
+
+    from precision_plugin.consequence import Interval
+    from precision_plugin.probe.advice import dtype_line
+
+    report = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}).consequence
+    c = report.dtypes["bfloat16"]
+    for ess, shown in [
+        (Interval(1e-9, 1e-12, 0.004), "ESS <0.01 (<0.01–<0.01)"),
+        (Interval(0.5, 0.0, 0.996), "ESS 0.50 (0.00–>0.99)"),
+        (Interval(1.0, 0.995, 1.0), "ESS 1.00 (>0.99–1.00)"),
+    ]:
+        projection = dataclasses.replace(c.projection, ess=ess)
+        assert f"; {shown}; " in dtype_line(dataclasses.replace(c, projection=projection))
