@@ -75,7 +75,7 @@ def main() -> None:
         stats = accelerator_stats(accelerator)
         runs = pp.current_policy().dtype
     report = {
-        "mixed_precision": accelerator.mixed_precision,
+        "accelerate_mixed_precision": accelerator.mixed_precision,  # asked of Accelerate
         "engine_dtype": runs,
         "forward_dtype": str(seen[-1]).removeprefix("torch."),
         "loss_scale": stats.scale if stats else None,

@@ -161,7 +161,7 @@ def test_recipe_yaml_runs_with_accelerate_launch():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["mixed_precision"] == "fp16"
+    assert report["accelerate_mixed_precision"] == "fp16"
     assert report["forward_dtype"] == "float16"
     assert report["growth_interval"] == 50
     assert report["steps"] == 12 and math.isfinite(report["final_loss"])

@@ -319,7 +319,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     # integrations/accelerate/README.md
     "accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"mixed_precision": "fp16", "forward_dtype": "float16", "growth_interval": 400},
+        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16", "growth_interval": 400},
         needs="accelerate",
     ),
     # integrations/deepspeed/README.md, docs/deepspeed.md: fp16 where the hardware allows...
@@ -331,7 +331,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"mixed_precision": "fp16", "forward_dtype": "float16"}, needs="fp16-deepspeed"
+        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16"}, needs="fp16-deepspeed"
     ),
     # ...and in bf16 on both sides on a CPU without fp16
     "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json": Run(
@@ -341,7 +341,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "--dtype bfloat16": Run(expect={**DS_BF16, "zero_stage": 3}, needs="deepspeed"),
     "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_bf16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"mixed_precision": "bf16", "forward_dtype": "bfloat16"}, needs="deepspeed"
+        expect={"accelerate_mixed_precision": "bf16", "forward_dtype": "bfloat16"}, needs="deepspeed"
     ),
 }
 
