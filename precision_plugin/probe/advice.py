@@ -239,7 +239,7 @@ def percent(value: Any) -> str:
     return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
 
-def _ess(value: float) -> str:
+def ess_text(value: float) -> str:
     """An ESS as the lines show it: two decimals, ``<0.01`` and ``>0.99`` where those would
     round to a bound the value does not reach."""
     if 0 < value < 0.005:
@@ -265,7 +265,7 @@ def dtype_line(c: DtypeConsequence) -> str:
         f"{m.label} ({m.bounds}) drops {_range(_share(p, m))}"
         for m in sorted(SEQUENCE_MASKS, key=lambda m: -_share(p, m).value)
     )
-    ess = f"{_ess(p.ess.value)} ({_ess(p.ess.low)}–{_ess(p.ess.high)})"
+    ess = f"{ess_text(p.ess.value)} ({ess_text(p.ess.low)}–{ess_text(p.ess.high)})"
     return (
         f"{c.dtype} at {p.length:,} tokens: keeps {percent(c.kept)} of the batch ({c.verdict}): "
         f"{masks} of the sequences; ESS {ess}; "

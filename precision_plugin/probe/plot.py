@@ -167,6 +167,7 @@ def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
     """Share of the batch that counts against length: measured per bucket (markers), projected
     to the target length with the 90 % band (lines)."""
     from precision_plugin.consequence import SEQUENCE_MASKS, project
+    from precision_plugin.probe.advice import ess_text, percent
 
     p = c.projection
     top = max([p.length, *(b.max_length for b in c.buckets)])
@@ -199,7 +200,7 @@ def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
     ax.set_xlim(0, top * 1.02)
     ax.set_title(
         f"{name}: the share of an RL batch that counts ({c.verdict})\n"
-        f"at {p.length:,} tokens: ESS {p.ess.value:.2f}, kept {c.kept:.0%} (90 % bands)",
+        f"at {p.length:,} tokens: ESS {ess_text(p.ess.value)}, kept {percent(c.kept)} (90 % bands)",
         fontsize=9,
     )
     ax.set_xlabel("completion length (tokens)")

@@ -212,7 +212,8 @@ INTERNAL: dict[str, set[str]] = {
         "consecutive_skips",
     },
     "precision_plugin.probe.advice": {
-        "BucketConsequence", "dtype_consequence", "classify", "percent", "dtype_line", "advice",
+        "BucketConsequence", "dtype_consequence", "classify", "percent", "ess_text", "dtype_line",
+        "advice",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
     "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
