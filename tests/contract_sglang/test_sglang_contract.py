@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -312,18 +314,13 @@ for name, policy in [("strict", %r), ("warn", "float16"), ("agree", "bfloat16")]
 """
 
 
-def test_resolved_before_plugins_load_the_scheduler_verifies(llama_dir, tmp_path):
-    """Engine._launch_subprocesses (verl, slime, AReaL) resolves the record before it loads
-    plugins: the hook cannot set the dtype, the scheduler process refuses or warns."""
-    import os
-
-    record = ServerArgs(model_path=llama_dir, device="cpu", skip_tokenizer_init=True)
-    record.dtype = "bfloat16"  # verl: ServerArgs(**args) with rollout.dtype
-    record.resolve_once()  # before load_plugins, as engine.py does
+def _in_a_scheduler(script: str, record: Any, tmp_path: Path, policy: str) -> dict[str, str]:
+    """Run ``script`` in a fresh process (as SGLang's scheduler is), the pickled ``record`` on
+    its stdin and ``PRECISION_PLUGIN=policy``; its ``KEY value`` output lines as a dict."""
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    environ.update(PYTHONPATH=str(Path(__file__).parent / "stubs"), PRECISION_PLUGIN="float16")
+    environ.update(PYTHONPATH=str(Path(__file__).parent / "stubs"), PRECISION_PLUGIN=policy)
     done = subprocess.run(
-        [sys.executable, "-c", SCHEDULER % STRICT_ENV],
+        [sys.executable, "-c", script],
         input=pickle.dumps(record),
         cwd=tmp_path,
         env=environ,
@@ -331,7 +328,17 @@ def test_resolved_before_plugins_load_the_scheduler_verifies(llama_dir, tmp_path
         timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.decode().splitlines() if " " in line)
+    return dict(line.split(" ", 1) for line in done.stdout.decode().splitlines() if " " in line)
+
+
+def test_resolved_before_plugins_load_the_scheduler_verifies(llama_dir, tmp_path):
+    """Engine._launch_subprocesses (verl, slime, AReaL) resolves the record before it loads
+    plugins: the hook cannot set the dtype, the scheduler process refuses or warns."""
+
+    record = ServerArgs(model_path=llama_dir, device="cpu", skip_tokenizer_init=True)
+    record.dtype = "bfloat16"  # verl: ServerArgs(**args) with rollout.dtype
+    record.resolve_once()  # before load_plugins, as engine.py does
+    out = _in_a_scheduler(SCHEDULER % STRICT_ENV, record, tmp_path, "float16")
     assert "site-packages" in out["FILE"]
     assert out["strict.REFUSED"].startswith("PrecisionMismatchError")
     assert "runs bfloat16, but the policy is float16" in out["strict.REFUSED"]
@@ -357,7 +364,6 @@ except Exception as exc:
 def test_resolved_before_plugins_load_the_traps_are_verified_too(llama_dir, tmp_path):
     """slime's --sglang-rl-on-policy-target fsdp reaches a record resolved before plugins load:
     the dtype is float16, but the logits are bf16; the scheduler refuses it under strict mode."""
-    import os
 
     record = ServerArgs(
         model_path=llama_dir,
@@ -368,18 +374,7 @@ def test_resolved_before_plugins_load_the_traps_are_verified_too(llama_dir, tmp_
         attention_backend="triton",  # rl_on_policy_target needs a deterministic backend
     )
     record.resolve_once()
-    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    environ.update(PYTHONPATH=str(Path(__file__).parent / "stubs"), PRECISION_PLUGIN=STRICT_ENV)
-    done = subprocess.run(
-        [sys.executable, "-c", TRAPS],
-        input=pickle.dumps(record),
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    out = dict(line.split(" ", 1) for line in done.stdout.decode().splitlines() if " " in line)
+    out = _in_a_scheduler(TRAPS, record, tmp_path, STRICT_ENV)
     assert "site-packages" in out["FILE"]
     assert out["REFUSED"].startswith(
         "PrecisionMismatchError the SGLang launch has --rl-on-policy-target fsdp"
