@@ -1,0 +1,274 @@
+"""The layer table of the package and the import rules it implies, as data and pure functions.
+
+Layers, from the ground up (an import may only point down; see docs/contributing.md):
+
+1. foundations: errors, dtypes, the argument checker (``boundary``), versions, patching and
+   the small shared utilities that import only errors and the checker;
+2. core: policy, hookspecs, manager, metrics, learner numerics, the one framework spelling table;
+3. adapters: learners (transformers, accelerate, deepspeed) and engines (vllm, sglang), which
+   import layers 1-2 only and never each other;
+4. orchestrators (trl, verl, openrlhf, slime, AReaL), which may import the learners and engines
+   they drive, never each other;
+5. tools: probe, sanity, doctor, the CLI.
+
+``import_graph`` reads every ``import`` in the source with ``ast`` (imports inside functions and
+``TYPE_CHECKING`` blocks included); ``import_cycles`` and ``cross_layer_imports`` are what
+tests/unit/test_layers.py and scripts/import_graph.py assert on. Nothing here is imported by the
+package at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGE = "precision_plugin"
+
+#: Layer of each unit: a top-level module or subpackage of ``precision_plugin`` (or a deeper
+#: module where one package spans two layers, e.g. SGLang's slime/AReaL orchestrators).
+#: The longest matching name wins.
+LAYERS: dict[str, int] = {
+    # 1: foundations
+    "errors": 1,
+    "dtypes": 1,
+    "boundary": 1,
+    "versions": 1,
+    "patching": 1,
+    "progress": 1,
+    "provenance": 1,
+    "report": 1,
+    "shield": 1,
+    "_layers": 1,
+    # 2: core
+    "": 2,  # the package __init__: the public API
+    "__main__": 5,
+    "policy": 2,
+    "hookspecs": 2,
+    "manager": 2,
+    "metrics": 2,
+    "mismatch": 2,
+    "consequence": 2,
+    "frameworks": 2,
+    "scaler": 2,
+    "master_weights": 2,
+    "buffers": 2,
+    "sampling": 2,
+    "rollout": 2,
+    "serving": 2,
+    "overflow": 2,
+    "knowledge": 2,
+    # 3: learner and engine adapters
+    "transformers": 3,
+    "accelerate": 3,
+    "deepspeed": 3,
+    "vllm": 3,
+    "sglang": 3,
+    # 4: orchestrators
+    "callback": 4,
+    "audit": 4,
+    "trl": 4,
+    "verl": 4,
+    "openrlhf": 4,
+    "sglang.slime": 4,
+    "sglang.areal": 4,
+    # 5: tools
+    "probe": 5,
+    "sanity": 5,
+    "doctor": 5,
+    "cli": 5,
+}
+
+#: Layers whose units must not import each other (independent adapters / orchestrators).
+INDEPENDENT_LAYERS = frozenset({3, 4})
+
+#: The ONE allow-list: (importer, imported) unit pairs an import may join against the table.
+#: Each is a lazy re-export (module ``__getattr__``) that keeps an old public path working where
+#: the name now lives higher; nothing else belongs here.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("sglang", "sglang.slime"): "precision_plugin.sglang.slime_args/check_slime_args "
+    "(public path; slime is an orchestrator)",
+    ("sglang", "sglang.areal"): "precision_plugin.sglang.areal_overrides/check_areal_config "
+    "(public path; AReaL is an orchestrator)",
+}
+
+
+@dataclass
+class ImportGraph:
+    """Modules of the package (dotted names, without the ``precision_plugin.`` prefix; ``""`` is
+    the package itself), their files, and for each the modules it imports with the line numbers."""
+
+    paths: dict[str, str] = field(default_factory=dict)
+    edges: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    """The longest known module that ``name`` (relative, dotted) is or lies in."""
+    while name not in modules:
+        if "." not in name:
+            return "" if "" in modules and name == "" else (name if name in modules else None)
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def import_graph(root: Path) -> ImportGraph:
+    """Every import of ``precision_plugin`` modules under ``root`` (the package folder)."""
+    graph = ImportGraph()
+    files = sorted(root.rglob("*.py"))
+    for path in files:
+        graph.paths[_module_name(root, path)] = str(path.relative_to(root.parent))
+    modules = set(graph.paths)
+    for path in files:
+        me = _module_name(root, path)
+        is_pkg = path.name == "__init__.py"
+        targets: dict[str, int] = {}
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = me.split(".") if is_pkg else me.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                    mod = ".".join([PACKAGE, *base, *([node.module] if node.module else [])])
+                else:
+                    mod = node.module or ""
+                names = [f"{mod}.{a.name}" for a in node.names] + [mod]
+            for full in names:
+                if full != PACKAGE and not full.startswith(PACKAGE + "."):
+                    continue
+                rel = full[len(PACKAGE) + 1 :] if full != PACKAGE else ""
+                target = _resolve(rel, modules)
+                if target is None or target == me:
+                    continue
+                targets.setdefault(target, node.lineno)
+        graph.edges[me] = targets
+    return graph
+
+
+def unit_of(module: str) -> str:
+    """The entry of ``LAYERS`` that ``module`` belongs to (the longest matching name)."""
+    name = module
+    while True:
+        if name in LAYERS:
+            return name
+        if "." not in name:
+            return name if name in LAYERS else ""
+        name = name.rsplit(".", 1)[0]
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module`` (raises KeyError for a module the table does not place)."""
+    unit = unit_of(module)
+    if unit not in LAYERS:
+        raise KeyError(module)
+    return LAYERS[unit]
+
+
+def _sccs(nodes: list[str], edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges.get(nxt, ())))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def _is_ancestor(pkg: str, module: str) -> bool:
+    return pkg == "" or module.startswith(pkg + ".")
+
+
+def import_cycles(graph: ImportGraph) -> list[list[str]]:
+    """Module-level import cycles. An import of a package's own ``__init__`` by its submodules
+    (or of a submodule by its package) is the package's normal shape and not counted."""
+    edges = {
+        m: {t for t in ts if not _is_ancestor(t, m) and not _is_ancestor(m, t)}
+        for m, ts in graph.edges.items()
+    }
+    return _sccs(sorted(graph.paths), edges)
+
+
+def package_cycles(graph: ImportGraph) -> list[list[str]]:
+    """Cycles between units of the layer table (a subpackage counts as one node)."""
+    edges: dict[str, set[str]] = {}
+    for m, ts in graph.edges.items():
+        a = unit_of(m)
+        for t in ts:
+            b = unit_of(t)
+            if a != b and (a, b) not in ALLOWED and b != "":
+                edges.setdefault(a, set()).add(b)
+    return _sccs(sorted({unit_of(m) for m in graph.paths}), edges)
+
+
+def cross_layer_imports(graph: ImportGraph) -> list[str]:
+    """Every import that points up the layer table or across independent adapters, as
+    ``"path:line: importer -> imported (layer a -> b)"`` lines; allow-listed pairs excluded."""
+    bad = []
+    for m, ts in sorted(graph.edges.items()):
+        a_unit, a_layer = unit_of(m), layer_of(m)
+        for t, line in sorted(ts.items()):
+            b_unit, b_layer = unit_of(t), layer_of(t)
+            if a_unit == b_unit or (a_unit, b_unit) in ALLOWED:
+                continue
+            # The package __init__ is the public API: anything may import its names, and it may
+            # import the names it re-exports lazily (it imports no adapter at module level).
+            if b_unit == "" or a_unit == "":
+                continue
+            up = b_layer > a_layer
+            across = b_layer == a_layer and a_layer in INDEPENDENT_LAYERS
+            # A subpackage unit of the same top-level package (sglang.slime in sglang) is part
+            # of that package's tree: the module imports its parent's helpers freely.
+            if across and b_unit.split(".")[0] == a_unit.split(".")[0]:
+                across = False
+            if up or across:
+                bad.append(
+                    f"{graph.paths[m]}:{line}: {m or PACKAGE} -> {t} (layer {a_layer} -> {b_layer})"
+                )
+    return bad
