@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "provenance": 1,
     "report": 1,
     "shield": 1,
+    "conflicts": 1,
     "_layers": 1,
     # 2: core
     "": 2,  # the package __init__: the public API
@@ -86,6 +87,8 @@ INDEPENDENT_LAYERS = frozenset({3, 4})
 #: Each is a lazy re-export (module ``__getattr__``) that keeps an old public path working where
 #: the name now lives higher; nothing else belongs here.
 ALLOWED: dict[tuple[str, str], str] = {
+    ("errors", "conflicts"): "precision_plugin.errors.settle_conflict (public path; it uses the "
+    "checker, which imports errors)",
     ("sglang", "sglang.slime"): "precision_plugin.sglang.slime_args/check_slime_args "
     "(public path; slime is an orchestrator)",
     ("sglang", "sglang.areal"): "precision_plugin.sglang.areal_overrides/check_areal_config "
@@ -100,6 +103,8 @@ class ImportGraph:
 
     paths: dict[str, str] = field(default_factory=dict)
     edges: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: The imports made only inside a module-level ``__getattr__`` (lazy re-exports).
+    lazy: dict[str, set[str]] = field(default_factory=dict)
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -130,6 +135,13 @@ def import_graph(root: Path) -> ImportGraph:
         is_pkg = path.name == "__init__.py"
         targets: dict[str, int] = {}
         tree = ast.parse(path.read_text(), filename=str(path))
+        lazy_nodes = {
+            id(sub)
+            for top in tree.body
+            if isinstance(top, ast.FunctionDef) and top.name == "__getattr__"
+            for sub in ast.walk(top)
+        }
+        eager: set[str] = set()
         for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
@@ -150,7 +162,10 @@ def import_graph(root: Path) -> ImportGraph:
                 if target is None or target == me:
                     continue
                 targets.setdefault(target, node.lineno)
+                if id(node) not in lazy_nodes:
+                    eager.add(target)
         graph.edges[me] = targets
+        graph.lazy[me] = set(targets) - eager
     return graph
 
 
@@ -225,11 +240,25 @@ def _is_ancestor(pkg: str, module: str) -> bool:
     return pkg == "" or module.startswith(pkg + ".")
 
 
+def _allowed_lazy(graph: ImportGraph, importer: str, imported: str) -> bool:
+    """An allow-listed lazy re-export: the pair is in ``ALLOWED`` and the import is made only
+    inside the importer's module-level ``__getattr__`` (run on attribute access, after both
+    modules are loaded, so it cannot take part in an import-time cycle)."""
+    return (unit_of(importer), unit_of(imported)) in ALLOWED and imported in graph.lazy.get(
+        importer, ()
+    )
+
+
 def import_cycles(graph: ImportGraph) -> list[list[str]]:
-    """Module-level import cycles. An import of a package's own ``__init__`` by its submodules
-    (or of a submodule by its package) is the package's normal shape and not counted."""
+    """Module-level import cycles, imports inside functions included. An import of a package's
+    own ``__init__`` by its submodules (or of a submodule by its package) is the package's
+    normal shape and not counted, nor is an allow-listed lazy re-export."""
     edges = {
-        m: {t for t in ts if not _is_ancestor(t, m) and not _is_ancestor(m, t)}
+        m: {
+            t
+            for t in ts
+            if not _is_ancestor(t, m) and not _is_ancestor(m, t) and not _allowed_lazy(graph, m, t)
+        }
         for m, ts in graph.edges.items()
     }
     return _sccs(sorted(graph.paths), edges)
@@ -242,7 +271,7 @@ def package_cycles(graph: ImportGraph) -> list[list[str]]:
         a = unit_of(m)
         for t in ts:
             b = unit_of(t)
-            if a != b and (a, b) not in ALLOWED and b != "":
+            if a != b and not _allowed_lazy(graph, m, t) and b != "":
                 edges.setdefault(a, set()).add(b)
     return _sccs(sorted({unit_of(m) for m in graph.paths}), edges)
 
@@ -255,7 +284,7 @@ def cross_layer_imports(graph: ImportGraph) -> list[str]:
         a_unit, a_layer = unit_of(m), layer_of(m)
         for t, line in sorted(ts.items()):
             b_unit, b_layer = unit_of(t), layer_of(t)
-            if a_unit == b_unit or (a_unit, b_unit) in ALLOWED:
+            if a_unit == b_unit or _allowed_lazy(graph, m, t):
                 continue
             # The package __init__ is the public API: anything may import its names, and it may
             # import the names it re-exports lazily (it imports no adapter at module level).
@@ -272,3 +301,14 @@ def cross_layer_imports(graph: ImportGraph) -> list[str]:
                     f"{graph.paths[m]}:{line}: {m or PACKAGE} -> {t} (layer {a_layer} -> {b_layer})"
                 )
     return bad
+
+
+def unused_allowances(graph: ImportGraph) -> list[tuple[str, str]]:
+    """Allow-list entries no lazy re-export uses any more (the list must not outlive its use)."""
+    used = {
+        (unit_of(m), unit_of(t))
+        for m, ts in graph.edges.items()
+        for t in ts
+        if _allowed_lazy(graph, m, t)
+    }
+    return sorted(set(ALLOWED) - used)

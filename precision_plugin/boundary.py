@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from precision_plugin.dtypes import normalize_dtype
 from precision_plugin.errors import PrecisionConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,6 +52,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 SPEC_ATTR = "__precision_boundary__"
 
 _SHOWN = 60  # characters of a value quoted in an error
+
+
+def real_number(value: Any) -> float | None:
+    """``value`` as a float when it is an ``int`` or ``float`` (not a ``bool``; an int too large
+    for a float is ``inf``), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 class Invalid(ValueError):
@@ -113,8 +125,6 @@ def in_range(
         allowed += f" ({why})"
 
     def check(value: Any) -> Any:
-        from precision_plugin.policy import real_number
-
         number = real_number(value)
         if number is None:
             raise Invalid(f"expected {allowed}")
@@ -184,17 +194,48 @@ def non_empty(what: str = "") -> Validator:
     return Validator(allowed, check, ("", "  "))
 
 
+@dataclass(frozen=True)
+class Coercion:
+    """How a configuration type registered with the checker turns a user's value into itself.
+
+    ``build`` takes an instance, a dict of its keys or a dtype name and returns an instance;
+    ``field_value`` takes a dotted field path and a value and returns the value as that field
+    would hold it (raising ``PrecisionConfigError``). The policy registers itself
+    (``precision_plugin.policy``), as PEFT registers its methods: the checker imports nothing
+    above errors and the dtype vocabulary.
+    """
+
+    cls: type
+    build: Callable[[Any], Any]
+    field_value: Callable[[str, Any], Any]
+
+
+#: The registered coercions by role; ``"policy"`` is ``PrecisionPolicy``'s.
+COERCIONS: dict[str, Coercion] = {}
+
+
+def register_coercion(role: str, coercion: Coercion) -> None:
+    """Register how parameters of ``coercion.cls`` are built (``role="policy"`` drives
+    :data:`policy_arg` and :func:`policy_field`)."""
+    COERCIONS[role] = coercion
+
+
+def _coercion(role: str = "policy") -> Coercion:
+    found = COERCIONS.get(role)
+    if found is None:  # precision_plugin/__init__.py imports the policy, so this means a bug
+        raise RuntimeError(
+            f"precision_plugin.boundary: no {role!r} coercion registered; import "
+            f"precision_plugin (which imports precision_plugin.policy) first."
+        )
+    return found
+
+
 def policy_field(path: str) -> Validator:
     """The value as the policy field ``path`` (``"strictness"``, ``"overflow.margin_bits"``)
     would take it: the policy's own type and range checks; returns the normalised value."""
-    section, _, name = path.rpartition(".")
 
     def check(value: Any) -> Any:
-        from precision_plugin.policy import PrecisionPolicy
-
-        data: dict[str, Any] = {name: value}
-        policy = PrecisionPolicy.from_dict({section: data} if section else data)
-        return getattr(getattr(policy, section) if section else policy, name)
+        return _coercion().field_value(path, value)
 
     return Validator(f"a valid policy {path}", check, _POLICY_BAD.get(path, ()))
 
@@ -211,8 +252,6 @@ _POLICY_BAD: dict[str, tuple[Any, ...]] = {
 
 
 def _dtype(value: Any) -> str:
-    from precision_plugin.policy import normalize_dtype
-
     return normalize_dtype(value)
 
 
@@ -228,13 +267,7 @@ dtype_name = Validator(
 
 
 def _policy(value: Any) -> Any:
-    from precision_plugin.policy import PrecisionPolicy
-
-    if isinstance(value, PrecisionPolicy):
-        return value
-    if isinstance(value, cabc.Mapping):
-        return PrecisionPolicy.from_dict(value)
-    return PrecisionPolicy(dtype=value)
+    return _coercion().build(value)
 
 
 #: A ``PrecisionPolicy``, a dict of its keys or a dtype name, built into a policy. Applied to
@@ -720,9 +753,8 @@ def _resolve(annotation: Any, namespace: dict[str, Any]) -> Any:
 
 
 def _takes_policy(hint: Any) -> bool:
-    from precision_plugin.policy import PrecisionPolicy
-
-    return any(arm is PrecisionPolicy for arm in _arms(hint))
+    policy = COERCIONS.get("policy")
+    return policy is not None and any(arm is policy.cls for arm in _arms(hint))
 
 
 def _arms(hint: Any) -> list[Any]:
@@ -780,8 +812,8 @@ def _fast(hint: Any) -> Callable[[Any], bool]:
         )
     if origin in _MAPPINGS and len(args) == 2:
         key, item = _fast(args[0]), _fast(args[1])
-        return lambda value: isinstance(value, cabc.Mapping) and all(
-            key(k) and item(v) for k, v in value.items()
+        return lambda value: (
+            isinstance(value, cabc.Mapping) and all(key(k) and item(v) for k, v in value.items())
         )
     if isinstance(hint, type) and not args and not getattr(hint, "_is_protocol", False):
         return lambda value: isinstance(value, hint)

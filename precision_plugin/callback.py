@@ -18,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from precision_plugin.boundary import checked, duck
-from precision_plugin.errors import settle_conflict
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.manager import call_each_reported, resolve_policy
 from precision_plugin.patching import track, untrack
 from precision_plugin.policy import PrecisionPolicy

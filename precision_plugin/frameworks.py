@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_plugin.boundary import checked, non_empty, policy_field
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 

@@ -20,7 +20,8 @@ from packaging.version import Version
 
 from precision_plugin import frameworks
 from precision_plugin.boundary import Invalid, Validator, checked, version_text
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import args as learner_args

@@ -39,7 +39,8 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin.boundary import checked
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.frameworks import sglang_dtype, sglang_runs
 from precision_plugin.manager import requested_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype

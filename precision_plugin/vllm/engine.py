@@ -18,7 +18,8 @@ from precision_plugin.boundary import (
     gpu_capability,
     version_text,
 )
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
