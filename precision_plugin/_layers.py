@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "serving": 2,
     "overflow": 2,
     "knowledge": 2,
+    "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,
     "accelerate": 3,

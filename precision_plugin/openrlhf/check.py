@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from precision_plugin import frameworks
 from precision_plugin.boundary import Invalid, Validator, checked, version_text
+from precision_plugin.config_lookup import lookup
 from precision_plugin.conflicts import settle_conflict
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
@@ -41,7 +42,6 @@ from precision_plugin.openrlhf.layout import (
 )
 from precision_plugin.policy import ENV_VAR, LossScalerSettings, PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin.verl.check import lookup
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()

@@ -26,13 +26,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.config_lookup import lookup
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.serving import settle_findings
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
-from precision_plugin.verl.check import lookup
 
 #: AReaL's learner sections with a ``dtype`` and a ``backend``.
 LEARNERS = ("actor", "ref", "critic")
