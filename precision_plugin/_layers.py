@@ -58,7 +58,8 @@ LAYERS: dict[str, int] = {
     "rollout": 2,
     "serving": 2,
     "overflow": 2,
-    "knowledge": 2,
+    "model_risks": 2,
+    "builders": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,
@@ -76,13 +77,31 @@ LAYERS: dict[str, int] = {
     "sglang.areal": 4,
     # 5: tools
     "probe": 5,
+    # The one HF rollout engine: in the probe's package, but imports only layers 1-2 and is
+    # driven by TRL's HFRollout (layer 4) too.
+    "probe.engine": 2,
     "sanity": 5,
     "doctor": 5,
     "cli": 5,
 }
 
-#: Layers whose units must not import each other (independent adapters / orchestrators).
-INDEPENDENT_LAYERS = frozenset({3, 4})
+#: Units that must not import each other: the learner and engine adapters, and the
+#: orchestrators. (``callback`` and ``audit`` are layer-4 run-level modules the orchestrators
+#: share: they read both sides of a run.)
+INDEPENDENT: frozenset[str] = frozenset(
+    {
+        "transformers", "accelerate", "deepspeed", "vllm", "sglang",
+        "trl", "verl", "openrlhf", "sglang.slime", "sglang.areal",
+    }
+)  # fmt: skip
+
+#: Imports that still break the table, each with what fixing it takes. A ratchet, not an
+#: allow-list: the layer test fails when this list is not exactly what the source holds, so it
+#: can only shrink. Nothing new may be added.
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
+    ("transformers", "callback"): "the Trainer.__init__ patch binds the PrecisionCallback; "
+    "fixing it needs a trainer-created hook the callback implements as a built-in plugin",
+}
 
 #: The ONE allow-list: (importer, imported) unit pairs an import may join against the table.
 #: Each is a lazy re-export (module ``__getattr__``) that keeps an old public path working where
@@ -292,14 +311,16 @@ def cross_layer_imports(graph: ImportGraph) -> list[str]:
             if b_unit == "" or a_unit == "":
                 continue
             up = b_layer > a_layer
-            across = b_layer == a_layer and a_layer in INDEPENDENT_LAYERS
+            across = a_unit in INDEPENDENT and b_unit in INDEPENDENT and a_layer == b_layer
             # A subpackage unit of the same top-level package (sglang.slime in sglang) is part
             # of that package's tree: the module imports its parent's helpers freely.
-            if across and b_unit.split(".")[0] == a_unit.split(".")[0]:
+            if b_unit.split(".")[0] == a_unit.split(".")[0]:
                 across = False
             if up or across:
+                known = " [known]" if (a_unit, b_unit) in KNOWN_VIOLATIONS else ""
                 bad.append(
-                    f"{graph.paths[m]}:{line}: {m or PACKAGE} -> {t} (layer {a_layer} -> {b_layer})"
+                    f"{graph.paths[m]}:{line}: {m or PACKAGE} -> {t} "
+                    f"(layer {a_layer} -> {b_layer}){known}"
                 )
     return bad
 

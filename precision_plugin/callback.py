@@ -403,7 +403,7 @@ def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
     config = getattr(model, "config", None)
     if not policy.is_fp16 or not hasattr(config, "to_dict"):
         return
-    from precision_plugin.vllm.models import check_model_config
+    from precision_plugin.model_risks import check_model_config
 
     findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
     if policy.overflow.detect == "off":

@@ -1,4 +1,4 @@
-"""Checkpoint checks before a vLLM launch: model types vLLM refuses in float16, and families that
+"""Checkpoint checks before a rollout launch: model types vLLM refuses in float16, and families that
 overflow float16. Pure: reads a ``config.json`` (or a dict), never imports vLLM unless asked to
 read vLLM's own refusal table.
 """

@@ -41,7 +41,8 @@ def main() -> int:
     print(f"cross-layer imports: {len(bad)}")
     for line in bad:
         print("  " + line)
-    return 1 if cycles or pcycles or bad else 0
+    new = [line for line in bad if not line.endswith("[known]")]
+    return 1 if cycles or pcycles or new else 0
 
 
 if __name__ == "__main__":

@@ -319,7 +319,7 @@ def _engines(
 
 
 def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
-    from precision_plugin.vllm.models import check_model_config, config_json_for
+    from precision_plugin.model_risks import check_model_config, config_json_for
 
     path = config_json_for(arg(args, MODEL))
     if path is None or not arg(args, NUM_ENGINES):

@@ -14,7 +14,7 @@ from typing import Any
 
 from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.vllm.models import config_json_for, load_model_config
+from precision_plugin.model_risks import config_json_for, load_model_config
 
 #: ``sglang/srt/arg_groups/model_override_base.py`` ``MODEL_OVERRIDES``: "These models require
 #: bfloat16 regardless of the requested dtype".

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.builders import built_by_openrlhf
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import adapter_patcher, requested_policy, resolve_policy
-from precision_plugin.openrlhf.layout import built_by_openrlhf
+from precision_plugin.model_risks import check_engine_model
 from precision_plugin.patching import Patcher, is_patched
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
@@ -30,7 +31,6 @@ from precision_plugin.vllm.engine import (
     resolve_engine_kwargs,
     vllm_version,
 )
-from precision_plugin.vllm.models import check_engine_model
 
 log = logging.getLogger("precision_plugin")
 

@@ -250,7 +250,7 @@ def engine_kwargs(
     raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``.
     """
-    from precision_plugin.vllm.models import check_engine_model
+    from precision_plugin.model_risks import check_engine_model
 
     policy = resolve_policy(policy)
     decision = cascade_guard(policy, version=version, capability=capability)
