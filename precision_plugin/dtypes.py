@@ -40,6 +40,10 @@ DTYPE_ALIASES: dict[str, str] = {
     "torch.float": "float32",
 }
 
+#: The short spelling of each precision (Accelerate's ``mixed_precision``, verl's and
+#: OpenRLHF's ``param_dtype``, DeepSpeed's section names).
+SHORT_NAMES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
 #: Spellings some frameworks add (verl reads ``16``/``32`` as fp16/fp32); not accepted by the
 #: policy itself, but read through :func:`canonical_dtype_name` like the others.
 EXTRA_ALIASES: dict[str, str] = {"16": "float16", "32": "float32"}

@@ -22,6 +22,7 @@ from precision_plugin import frameworks
 from precision_plugin.boundary import Invalid, Validator, checked, version_text
 from precision_plugin.config_lookup import lookup
 from precision_plugin.conflicts import settle_conflict
+from precision_plugin.dtypes import SUPPORTED_DTYPES
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
@@ -45,7 +46,7 @@ from precision_plugin.report import Finding
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()
-_TORCH = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+_TORCH = {name: f"torch.{name}" for name in SUPPORTED_DTYPES}
 
 
 def arg(args: Any, key: str, default: Any = None) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.config_lookup import lookup
+from precision_plugin.dtypes import dtype_label
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -36,7 +37,6 @@ from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 
 #: AReaL's learner sections with a ``dtype`` and a ``backend``.
 LEARNERS = ("actor", "ref", "critic")
-_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @checked
@@ -87,7 +87,7 @@ def check_areal_config(
         if section is None:
             continue
         raw = str(lookup(section, "dtype", "bfloat16"))
-        runs = _ALIASES.get(raw, raw)
+        runs = dtype_label(raw)  # 'half', 'BF16', 'fp16': one vocabulary
         if runs != pol.dtype:
             findings.append(
                 Finding(
