@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "overflow": 2,
     "model_risks": 2,
     "builders": 2,
+    "plugin_check": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,

@@ -36,6 +36,11 @@ class AdapterInstallError(PrecisionPluginError, RuntimeError):
         )
 
 
+class PluginHookError(PrecisionPluginError, RuntimeError):
+    """A registered plugin implements a hook no spec defines (a misspelt hook name), found by
+    pluggy's ``check_pending()`` when ``enable()`` runs under ``strictness="error"``."""
+
+
 class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
     """The dynamic loss scale sat at its floor while steps kept overflowing."""
 
