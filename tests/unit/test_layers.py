@@ -127,3 +127,12 @@ def test_planted_relative_import_is_resolved(planted: Path) -> None:
     (planted / "vllm" / "rel.py").write_text("from ..trl import adapter  # noqa\n")
     bad = cross_layer_imports(import_graph(planted))
     assert "precision_plugin/vllm/rel.py:1: vllm.rel -> trl.adapter (layer 3 -> 4)" in bad
+
+
+def test_contributor_guide_lists_the_table() -> None:
+    """docs/contributing.md names every unit of the table and every allow-listed pair."""
+    text = (PACKAGE.parent / "docs" / "contributing.md").read_text()
+    missing = [u for u in _layers.LAYERS if u and f"`{u}`" not in text]
+    assert missing == []
+    for importer, imported in ALLOWED:
+        assert f"| `{importer}` | `{imported}` |" in text
