@@ -22,16 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Module -> public names it documents (docs/api.md), as of the layered restructuring.
 DOCUMENTED: dict[str, list[str]] = {
     "precision_plugin.conflicts": ["settle_conflict"],
-    "precision_plugin.dtypes": [
-        "DTYPE_ALIASES",
-        "SUPPORTED_DTYPES",
-        "canonical_dtype_name",
-        "dtype_label",
-        "normalize_dtype",
-        "same_dtype",
-        "spellings",
-        "torch_dtype",
-    ],
     "precision_plugin.audit": ["audit_run", "contradictions"],
     "precision_plugin.buffers": [
         "FLOAT32_BUFFERS",
