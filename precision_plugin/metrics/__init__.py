@@ -8,3 +8,6 @@
 
 ``precision_plugin.mismatch`` and ``precision_plugin.consequence`` remain their public paths.
 """
+
+#: The public names live in the two modules (documented there); the package adds none.
+__all__: list[str] = []
