@@ -179,7 +179,7 @@ def test_the_enumeration_finds_the_public_api() -> None:
         "precision_plugin.overflow.headroom",
         "precision_plugin.overflow.OverflowDetector.begin_step",
         "precision_plugin.trl.HFRollout.__call__",
-        "precision_plugin.mismatch.compute_mismatch",
+        "precision_plugin.metrics.mismatch.compute_mismatch",
         "precision_plugin.frameworks.grad_scaler",
     } <= names
     assert len(ENTRIES) >= 150, len(ENTRIES)
