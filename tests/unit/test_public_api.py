@@ -216,8 +216,12 @@ INTERNAL: dict[str, set[str]] = {
         "advice",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
-    "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
-    "precision_plugin.consequence": {"consequence_sums_of", "chi2_quantile", "mask_fraction"},
+    "precision_plugin.metrics.mismatch": {
+        "alias_table", "prefixed", "masked_log_ratio", "sums_of", "fit_drift",
+    },
+    "precision_plugin.metrics.consequence": {
+        "consequence_sums_of", "chi2_quantile", "mask_fraction",
+    },
 }  # fmt: skip
 
 
