@@ -64,6 +64,25 @@ def test_checkpoint_without_tokenizer_files_says_so(tmp_path):
     assert check_model_dir(str(tmp_path)) == tmp_path
 
 
+# -- probe: a Hub id is not downloaded; the message says how to get a local folder -------------
+def test_hub_id_says_it_is_not_downloaded_and_how_to_get_a_folder(tmp_path, monkeypatch):
+    from precision_plugin.probe.inputs import check_model_dir, looks_like_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(PrecisionConfigError) as caught:
+        check_model_dir(hub)
+    text = str(caught.value)
+    assert "looks like a Hugging Face Hub id, and the probe downloads nothing" in text
+    assert f"hf download {hub} --local-dir ./SmolLM2-135M-Instruct" in text
+    assert "save_pretrained" in text
+    for path in ("./ckpt", "/abs/model", "../up/model", "a/b/c", "~/m", "ckpt"):
+        assert not looks_like_hub_id(path), path
+    with pytest.raises(PrecisionConfigError, match="does not exist; pass a local HF") as plain:
+        check_model_dir("./no/such")
+    assert "Hub" not in str(plain.value)
+
+
 # -- scripts/dev.sh: paths relative to the caller ------------------------------------------------
 def _fake_venv(folder: Path) -> Path:
     """A venv dev.sh accepts as set up (its stamp matches): wrappers around this interpreter."""
