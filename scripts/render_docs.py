@@ -271,7 +271,6 @@ def _probe_scale(data: dict[str, Any]) -> str:
 #: The probe runs the README's summary shows, first row first (the block names the first).
 SUMMARY_RUNS = (
     ("probe-embedded", "embedded 4-layer Llama"),
-    ("smollm2-256", "SmolLM2-135M-Instruct"),
     ("smollm2-1024", "SmolLM2-135M-Instruct"),
 )
 
@@ -289,8 +288,8 @@ def aligned_table(header: list[str], rows: list[list[str]]) -> str:
 
 @view("readme-summary")
 def _readme_summary(data: dict[str, Any]) -> str:
-    """The README's short table: each probe run of ``SUMMARY_RUNS`` whose results file exists
-    (k3 KL per dtype, bf16/fp16, the batch share kept at the target length, wall time)."""
+    """The README's short table: each probe run of ``SUMMARY_RUNS`` (k3 KL per dtype,
+    bf16/fp16, the batch share kept at the target length, wall time)."""
     from precision_plugin.probe.advice import percent
 
     header = [
@@ -305,8 +304,6 @@ def _readme_summary(data: dict[str, Any]) -> str:
     ]
     rows = []
     for name, model in SUMMARY_RUNS:
-        if not (RESULTS / f"{name}.json").is_file():
-            continue
         run = data if name == SUMMARY_RUNS[0][0] else load(name)
         res, dtypes = run["results"], run["consequence"]["dtypes"]
         rows.append(

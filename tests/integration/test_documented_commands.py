@@ -238,8 +238,10 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "tests/integration/test_real_model.py runs it through main() once per test session "
         "(about 50 s, 1.5 GB; it writes a 520 MB folder)"
     ),
-    ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024": Elsewhere(
-        SMOLLM2
+    ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 256 "
+    "--min-new-tokens 256 --num-prompts 8": Elsewhere(
+        "the quick look: 3 x 8 rollouts of 256 tokens on a 135M-parameter model, minutes on 2 "
+        "CPU cores; tests/integration/test_real_model.py runs the same model at 4 x 64 tokens"
     ),
     ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024 --min-new-tokens 1024 "
     "--num-prompts 8 --layerwise --json smollm2-1024.json --plot smollm2-1024.png": Elsewhere(
