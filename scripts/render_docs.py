@@ -65,7 +65,12 @@ def lookup(data: Any, path: str) -> Any:
 
 @view("command")
 def _command(data: dict[str, Any]) -> str:
-    return f"`{data['provenance']['command']}`"
+    """The command as a reader runs it after the set-up: the console script from ``.venv``
+    (nothing activates it); the results file records the program's own name."""
+    command = data["provenance"]["command"]
+    if command.startswith("precision-plugin "):
+        command = ".venv/bin/" + command
+    return f"`{command}`"
 
 
 @view("provenance")
