@@ -112,7 +112,8 @@ class PrecisionCallback(TrainerCallback):
         self._overflow = _OverflowWatch()
         self._args: Any = None
         self._model: Any = None
-        self._train_guard: Any = None
+        #: (the trainer whose ``train`` is guarded, weakly; the patcher of that guard or None)
+        self._train_guard: tuple[Callable[[], Any], Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer reference, hooks and the fp32 fallback belong to this process only.
@@ -175,10 +176,14 @@ class PrecisionCallback(TrainerCallback):
                 if trainer is not None:
                     self.bind(trainer)
         with self._shield("guarding train() against exceptions"):
-            if self.trainer is not None and self._train_guard is None:
+            trainer = self.trainer
+            guarded, patcher = self._train_guard or (_no_trainer, None)
+            if trainer is not None and guarded() is not trainer:
                 from precision_plugin.train_guard import guard_train
 
-                self._train_guard = guard_train(self.trainer, self.release)
+                if patcher is not None:  # the callback moved to another trainer
+                    patcher.restore()
+                self._train_guard = (weakref.ref(trainer), guard_train(trainer, self.release))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
