@@ -61,6 +61,8 @@ LAYERS: dict[str, int] = {
     "model_risks": 2,
     "builders": 2,
     "plugin_check": 2,
+    "master_copy": 2,
+    "train_guard": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,
@@ -197,7 +199,8 @@ def unit_of(module: str) -> str:
         if name in LAYERS:
             return name
         if "." not in name:
-            return name if name in LAYERS else ""
+            # An unplaced top-level module is its own (unknown) unit, never the package's.
+            return name
         name = name.rsplit(".", 1)[0]
 
 
