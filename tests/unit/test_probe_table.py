@@ -65,7 +65,8 @@ def test_the_table_reads_top_to_bottom_and_says_what_to_do():
         text.index("dtype"),
         *(text.index(f" {name} ") for name in ("float32", "float16", "bfloat16")),
         *(text.index(report.dtypes[name].line[:40]) for name in ("float32", "float16", "bfloat16")),
-        text.index("do: train in float16 (precision_plugin.enable())"),
+        text.index("do: train in float16: at 4,096 tokens, a batch of 256 keeps"),
+        text.index("apply: precision_plugin.enable() · DeepSpeed"),
         text.index("k3 KL: mean(r − 1 − log r)"),
     ]
     assert order == sorted(order), order
@@ -85,7 +86,8 @@ def test_a_results_file_renders_the_same_table():
 def test_fp16_worse_than_bf16_says_so():
     result = _result({"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004})
     text = " ".join(_text(result).split())
-    assert "do: train in bfloat16 (precision_plugin.enable(dtype='bfloat16'))" in text
+    assert "do: train in bfloat16: at 4,096 tokens" in text
+    assert "apply: precision_plugin.enable(dtype='bfloat16')" in text
     assert _row(_text(result), "float16")[2].endswith("x")
 
 
@@ -94,7 +96,7 @@ def test_negligible_everywhere_is_not_a_call_to_switch():
     assert {c.verdict for n, c in result.consequence.dtypes.items() if n != "float32"} == {
         "negligible"
     }
-    assert "do: either dtype works at 512 tokens" in " ".join(_text(result).split())
+    assert "do: either dtype works: at 512 tokens" in " ".join(_text(result).split())
 
 
 def test_a_failed_self_check_makes_every_verdict_invalid():
@@ -125,15 +127,13 @@ def test_a_model_vllm_refuses_in_float16_is_not_told_to_train_in_float16():
         {"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}, float16_refused=REFUSED
     )
     c = result.consequence.dtypes
-    assert c["float16"].kept > c["bfloat16"].kept  # float16 still keeps more, and says so
-    assert result.consequence.advice == (
-        f"do: float16 keeps {percent(c['float16'].kept)} of the batch at 4,096 tokens, bfloat16 "
-        f"{percent(c['bfloat16'].kept)}, but {REFUSED}: with that engine train in bfloat16 "
-        "(precision_plugin.enable(dtype='bfloat16')); float16 (precision_plugin.enable()) only "
-        "with a rollout engine that runs it; bfloat16 loses more than half: generate shorter, "
-        "or train with a correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked "
-        "share."
-    )
+    assert c["float16"].kept > c["bfloat16"].kept  # float16 still keeps more
+    advice = result.consequence.advice
+    assert advice.startswith("do: train in bfloat16: at 4,096 tokens"), advice
+    assert f"float16 is out: {REFUSED}" in advice
+    assert "float16 (precision_plugin.enable()) only with a rollout engine that runs it" in advice
+    assert "bfloat16 still loses more than half" in advice
+    assert result.consequence.decision.decided_by == "overflow"
     assert "do: train in float16" not in " ".join(_text(result).split())
 
 
@@ -142,11 +142,10 @@ def test_a_refusal_changes_nothing_where_bfloat16_keeps_more_and_is_named_when_n
     refused = _result(
         {"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004}, float16_refused=REFUSED
     )
-    assert refused.consequence.advice == plain.consequence.advice
+    assert plain.consequence.decision.dtype == refused.consequence.decision.dtype == "bfloat16"
     small = _result({"float32": 1e-9, "float16": 1e-5, "bfloat16": 8e-5}, 512, REFUSED)
-    assert small.consequence.advice.endswith(
-        f"; but {REFUSED}: with that engine, bfloat16 (precision_plugin.enable(dtype='bfloat16'))."
-    )
+    assert small.consequence.decision.dtype == "bfloat16"
+    assert f"float16 is out: {REFUSED}" in small.consequence.advice
 
 
 def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
@@ -165,4 +164,5 @@ def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
         (Interval(1.0, 0.995, 1.0), "ESS 1.00 (>0.99–1.00)"),
     ]:
         projection = dataclasses.replace(c.projection, ess=ess)
-        assert f"; {shown}; " in dtype_line(dataclasses.replace(c, projection=projection))
+        line = dtype_line(dataclasses.replace(c, projection=projection))
+        assert f"(infinite batch: {shown[4:]}); " in line
