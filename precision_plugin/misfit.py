@@ -83,7 +83,10 @@ def check_growth(seq_log_ratio: Sequence[float], seq_lengths: Sequence[int]) -> 
     drift, ss_rest = _fit(rest)
     dof_rest = len(rest) - 1
     v_rest = ss_rest / dof_rest
-    v_long = sum((s - drift * x) ** 2 / x for s, x in long) / k
+    # Each long residual also carries the drift's error, (drift - true)·L with variance
+    # σ²·L²/ΣL_rest: scaled out, so the ratio is F-distributed under the walk.
+    rest_tokens = sum(x for _, x in rest)
+    v_long = sum((s - drift * x) ** 2 / x / (1 + x / rest_tokens) for s, x in long) / k
     if not v_rest > 0:
         return GrowthCheck("untestable", "the growth check could not be made: no spread")
     ratio = v_long / v_rest
