@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import checked
+
 #: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
 MAX_NUM_PROMPTS = 100_000
 #: The probe's negligible line: under 1 % of the batch lost.
@@ -34,6 +36,7 @@ NEGLIGIBLE = 0.01
 PREFERENCE = ("float16", "bfloat16")
 
 
+@checked
 @dataclass(frozen=True)
 class Evidence:
     """One low-precision dtype's figures for the decision.
@@ -52,6 +55,7 @@ class Evidence:
     blocked: str = ""
 
 
+@checked
 @dataclass(frozen=True)
 class Headroom:
     """The float16 headroom's recommendation: ``action`` as
@@ -66,6 +70,7 @@ class Headroom:
     message: str = ""
 
 
+@checked
 @dataclass(frozen=True)
 class Decision:
     """What to do: ``action`` (``train``, ``either``, ``undecided``, ``fix_setup``,
@@ -101,6 +106,7 @@ class Decision:
         }
 
 
+@checked
 def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, str]:
     """The policy ``{"dtype": dtype, "overflow": {"keep_fp32_modules": [...]}}`` written for
     Python, the DeepSpeed config entry and the ``PRECISION_PLUGIN`` variable."""
@@ -137,6 +143,7 @@ def _kept(e: Evidence) -> str:
     return f"{percent(value)} ({percent(low)}–{percent(high)}, {e.sequences} sequences)"
 
 
+@checked
 def prompts_to_decide(
     a: tuple[float, float, float], b: tuple[float, float, float], n: int
 ) -> int | None:
@@ -186,6 +193,7 @@ def _finish(
     return Decision(action, dtype, by, line + ".", tuple(keep), num_prompts, tuple(reasons))
 
 
+@checked
 def decide(
     evidence: Mapping[str, Evidence],
     *,

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import special, stats
 
+from precision_plugin.boundary import checked
+
 #: Two-sided coverage of every interval.
 COVERAGE = 0.90
 #: The excess kurtosis of a Laplace distribution: the robust variance interval assumes tails at
@@ -54,6 +56,7 @@ def z_value(coverage: float = COVERAGE) -> float:
     return float(stats.norm.ppf(0.5 + coverage / 2.0))
 
 
+@checked
 def clopper_pearson(k: int, n: int, coverage: float = COVERAGE) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a share ``k / n``; NaN without a trial."""
     if n <= 0:
@@ -67,12 +70,14 @@ def chi2_ppf(p: float, dof: float) -> float:
     return float(stats.chi2.ppf(p, dof))
 
 
+@checked
 def variance_normal(variance: float, n: int, coverage: float = COVERAGE) -> tuple[float, float]:
     """The chi-square interval of a variance estimated with ``n − 1`` degrees of freedom from
     ``n`` normal values; NaN below two."""
     return _chi2_interval(variance, float(n - 1), coverage) if n >= 2 else NAN
 
 
+@checked
 def excess_kurtosis(residuals: Sequence[float]) -> float:
     """The bias-corrected sample excess kurtosis (``G2``; 0 for a normal); NaN below four."""
     z = np.asarray(residuals, dtype=np.float64)
@@ -89,6 +94,7 @@ def robust_dof(n: int, kurtosis: float) -> float:
     return max(2.0 / (2.0 / (n - 1) + k / n), 1.0)
 
 
+@checked
 def variance_robust(
     variance: float, residuals: Sequence[float], coverage: float = COVERAGE
 ) -> tuple[float, float]:
@@ -108,6 +114,7 @@ def _chi2_interval(variance: float, dof: float, coverage: float) -> tuple[float,
     return variance * dof / chi2_ppf(1.0 - tail, dof), variance * dof / chi2_ppf(tail, dof)
 
 
+@checked
 def expected_batch_ess(means: Sequence[float], sds: Sequence[float]) -> float:
     """The expected self-normalised ESS ``(Σ w)² / (N Σ w²)`` of a batch of ``N = len(means)``
     sequences whose log-ratios are ``Normal(means[i], sds[i]²)`` (seeded Monte Carlo in log
@@ -127,6 +134,7 @@ def expected_batch_ess(means: Sequence[float], sds: Sequence[float]) -> float:
     return float(np.minimum(np.exp(log_ess - math.log(n)), 1.0).mean())
 
 
+@checked
 def batch_ess(variance: float, length: float, batch: int, drift: float = 0.0) -> float:
     """The expected ESS of ``batch`` sequences of ``length`` tokens each, ``S ~ Normal(drift·L,
     variance·L)`` (a drift common to the batch does not change it)."""
@@ -136,6 +144,7 @@ def batch_ess(variance: float, length: float, batch: int, drift: float = 0.0) ->
     return expected_batch_ess([drift * length] * batch, [sd] * batch)
 
 
+@checked
 def mixed_batch_ess(variance: float, drift: float, lengths: Sequence[int]) -> float:
     """The expected ESS of a batch of sequences of the given ``lengths``, ``S_i ~
     Normal(drift·L_i, variance·L_i)``: what a sample like the measured one shows on average."""
@@ -146,6 +155,7 @@ def mixed_batch_ess(variance: float, drift: float, lengths: Sequence[int]) -> fl
     )
 
 
+@checked
 def ratio_interval(
     numerators: Sequence[float], denominators: Sequence[float], coverage: float = COVERAGE
 ) -> tuple[float, float, float]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from scipy import stats
 
+from precision_plugin.boundary import checked
 from precision_plugin.intervals import COVERAGE, variance_robust
 
 #: One-sided level of the misfit test.
@@ -30,6 +31,7 @@ MIN_SEQUENCES = 6
 MIN_LENGTH_RATIO = 1.5
 
 
+@checked
 @dataclass(frozen=True)
 class GrowthCheck:
     """The misfit check's outcome: ``status`` ``"ok"``, ``"misfit"`` or ``"untestable"``;
@@ -56,6 +58,7 @@ def _fit(pairs: Sequence[tuple[float, int]]) -> tuple[float, float]:
     return drift, ss
 
 
+@checked
 def check_growth(seq_log_ratio: Sequence[float], seq_lengths: Sequence[int]) -> GrowthCheck:
     """Test the longest third of the sequences (by valid tokens) against the random walk fitted
     to the rest (see the module docstring)."""
