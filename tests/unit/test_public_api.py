@@ -217,7 +217,7 @@ INTERNAL: dict[str, set[str]] = {
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
     "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
     "precision_plugin.consequence": {"consequence_sums_of", "chi2_quantile", "mask_fraction"},
-    "precision_plugin.intervals": {"z_value", "chi2_ppf", "robust_dof"},
+    "precision_plugin.intervals": {"z_value", "chi2_ppf", "robust_bounds"},
     "precision_plugin.decision": {"percent"},
 }  # fmt: skip
 
