@@ -166,3 +166,60 @@ def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
         projection = dataclasses.replace(c.projection, ess=ess)
         line = dtype_line(dataclasses.replace(c, projection=projection))
         assert f"(infinite batch: {shown[4:]}); " in line
+
+
+def _headroom(margins: dict[str, tuple[float, float]]):
+    """A float16 headroom report: per module path, its margin and its input's margin (bits)."""
+    from precision_plugin.overflow.headroom import HeadroomReport, ModuleHeadroom
+
+    fp16 = 65504.0
+    return HeadroomReport(
+        [
+            ModuleHeadroom(path, "Linear", fp16 / 2**out, out, out < 3.0, fp16 / 2**inp)
+            for path, (out, inp) in margins.items()
+        ],
+        margin_bits=3.0,
+        batches=1,
+    )
+
+
+def _assessed(result: ProbeResult, overflow, results=None):
+    results = results or result.results
+    return assess(results, 4096, valid=True, overflow=overflow)
+
+
+def test_modules_near_float16s_maximum_make_the_advice_keep_them_in_float32():
+    """SmolLM2's case: float16 keeps the most, and 22 modules come within 1.4 bits of its
+    maximum; the one line says float16 with keep_fp32_modules for where it starts, in the three
+    forms, not a bare "train in float16"."""
+    starts = ["model.layers.3.mlp.down_proj", "model.layers.29.mlp.down_proj"]
+    margins = {p: (1.4, 12.0) for p in starts}  # flagged, fed by small inputs: where it starts
+    margins |= {f"model.layers.{i}": (1.4, 1.4) for i in range(4, 24)}  # carried on
+    report = _headroom(margins)
+    assert report.recommendation().action == "keep_fp32_modules" and len(report.flagged) == 22
+    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032})
+    section = _assessed(result, report)
+    d = section.decision
+    assert (d.dtype, d.keep_fp32_modules) == ("float16", tuple(starts))
+    line = section.advice
+    assert "22 module(s) within 3 bits of float16's maximum" in line
+    assert f"precision_plugin.enable(overflow={{'keep_fp32_modules': {starts!r}}})" in line
+    assert '"precision_plugin": {"dtype": "float16", "overflow": {"keep_fp32_modules": [' in line
+    assert "PRECISION_PLUGIN='{\"dtype\":\"float16\",\"overflow\":{\"keep_fp32_modules\":[" in line
+    assert line.count("do: ") == 1
+
+
+def test_a_float16_that_overflows_is_never_told_either_dtype_works():
+    """float16 not run (an activation beyond its range) and bfloat16 negligible: the advice is
+    bfloat16 because float16 cannot run, not "either dtype works"."""
+    from precision_plugin.probe.scoring import measure
+
+    result = _result({"float32": 1e-9, "float16": 1e-5, "bfloat16": 8e-5}, target=512)
+    results = dict(result.results)
+    reason = "not run: 'model.layers.0.mlp' reaches 7e+04 in float32, beyond float16's 65504"
+    results["float16"] = DtypeResult("float16", measure([], []), "invalid", reason, [], [], 0.0)
+    report = _headroom({"model.layers.0.mlp": (-0.1, 12.0)})
+    section = assess(results, 512, valid=True, overflow=report)
+    assert section.dtypes["bfloat16"].verdict == "negligible"
+    assert section.decision.dtype == "bfloat16" and section.decision.decided_by == "overflow"
+    assert "either" not in section.advice and f"float16 is out: {reason}" in section.advice
