@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 
 from precision_plugin.mismatch import compute_mismatch
-from precision_plugin.probe.advice import assess, percent
+from precision_plugin.probe.advice import assess
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
 from precision_plugin.probe.table import render_probe_table
 
@@ -205,7 +205,7 @@ def test_modules_near_float16s_maximum_make_the_advice_keep_them_in_float32():
     assert "22 module(s) within 3 bits of float16's maximum" in line
     assert f"precision_plugin.enable(overflow={{'keep_fp32_modules': {starts!r}}})" in line
     assert '"precision_plugin": {"dtype": "float16", "overflow": {"keep_fp32_modules": [' in line
-    assert "PRECISION_PLUGIN='{\"dtype\":\"float16\",\"overflow\":{\"keep_fp32_modules\":[" in line
+    assert 'PRECISION_PLUGIN=\'{"dtype":"float16","overflow":{"keep_fp32_modules":[' in line
     assert line.count("do: ") == 1
 
 
