@@ -780,8 +780,8 @@ def _fast(hint: Any) -> Callable[[Any], bool]:
         )
     if origin in _MAPPINGS and len(args) == 2:
         key, item = _fast(args[0]), _fast(args[1])
-        return lambda value: (
-            isinstance(value, cabc.Mapping) and all(key(k) and item(v) for k, v in value.items())
+        return lambda value: isinstance(value, cabc.Mapping) and all(
+            key(k) and item(v) for k, v in value.items()
         )
     if isinstance(hint, type) and not args and not getattr(hint, "_is_protocol", False):
         return lambda value: isinstance(value, hint)

@@ -432,8 +432,6 @@ log_probs_arg = Validator(
     _log_probs,
     ([[0.5, 0.25]], [[-0.1], [-0.2, -0.3]], [[[-0.1]]], "x", None),
 )
-
-
 def _mask(x: Any) -> torch.Tensor:
     t = _as_2d(x)
     if t.numel() and not bool(((t == 0) | (t == 1)).all()):

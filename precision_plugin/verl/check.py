@@ -87,10 +87,8 @@ def _raw(cfg: Any, path: str) -> Any:
         if node is None:
             return _MISSING
         try:
-            node = (
-                node.get(part, _MISSING)
-                if isinstance(node, Mapping)
-                else getattr(node, part, _MISSING)
+            node = node.get(part, _MISSING) if isinstance(node, Mapping) else getattr(
+                node, part, _MISSING
             )
         except Exception as exc:  # OmegaConf: MissingMandatoryValue, a bad interpolation
             return _UNSET if type(exc).__name__ == "MissingMandatoryValue" else _MISSING
