@@ -197,6 +197,8 @@ def test_the_drift_comes_from_the_k3_sums_when_given():
     assert fit.drift == pytest.approx(drift, rel=1e-12)
     assert fit.drift_stderr == pytest.approx(math.sqrt(spread / 1000), rel=1e-12)
     assert (fit.variance, fit.variance_low, fit.variance_high) == (
-        plain.variance, plain.variance_low, plain.variance_high
+        plain.variance,
+        plain.variance_low,
+        plain.variance_high,
     )  # the spread of S around its own mean, as before
     assert fit.to_dict()["drift_from"] == "k3"
