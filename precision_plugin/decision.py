@@ -125,9 +125,10 @@ def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, 
     }
 
 
-def percent(value: float) -> str:
-    """A share as the probe prints it (``<0.1%``, ``4.2%``, ``37%``, ``>99.9%``)."""
-    if not math.isfinite(value):
+def percent(value: Any) -> str:
+    """A share as the probe's table and lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
+    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "n/a"
     if value == 0:
         return "0%"

@@ -50,7 +50,7 @@ from precision_plugin.consequence import (
     fit_growth,
     project,
 )
-from precision_plugin.decision import Decision, Evidence, Headroom, decide
+from precision_plugin.decision import Decision, Evidence, Headroom, decide, percent
 from precision_plugin.intervals import (
     batch_ess as expected_ess,
 )
@@ -363,20 +363,6 @@ def classify(c: DtypeConsequence) -> str:
     return "severe"
 
 
-def percent(value: Any) -> str:
-    """A share as the table and the lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
-    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "n/a"
-    if value == 0:
-        return "0%"
-    if value < 0.001:
-        return "<0.1%"
-    if 0.999 < value < 1:
-        return ">99.9%"
-    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
-
-
 def ess_text(value: float) -> str:
     """An ESS as the lines show it: two decimals, ``<0.01`` and ``>0.99`` where those would
     round to a bound the value does not reach."""
@@ -385,10 +371,6 @@ def ess_text(value: float) -> str:
     if 0.995 <= value < 1:
         return ">0.99"
     return f"{value:.2f}"
-
-
-def _range(iv: Interval) -> str:
-    return f"{percent(iv.value)} ({percent(iv.low)}–{percent(iv.high)})"
 
 
 def _share(p: Projection, mask: SequenceMask) -> Interval:

@@ -212,7 +212,7 @@ INTERNAL: dict[str, set[str]] = {
         "consecutive_skips",
     },
     "precision_plugin.probe.advice": {
-        "BucketConsequence", "dtype_consequence", "classify", "percent", "ess_text", "dtype_line",
+        "BucketConsequence", "dtype_consequence", "classify", "ess_text", "dtype_line",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
     "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
