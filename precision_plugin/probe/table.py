@@ -161,7 +161,11 @@ def _caption(data: Mapping[str, Any]) -> str:
         f"of sequences TRL's default sequence_mask ({trl}) and verl's Seq-MIS preset ({verl}) "
         f"drop, as measured.",
         (f"at {target:,}: " if target else "")
-        + (f"the share of a batch of {batch:,} sequences " if batch else "the share of the batch ")
+        + (
+            f"the share of a batch of {batch:,} sequences "
+            if batch
+            else "the share of an infinite batch (a results file from before batch sizes) "
+        )
         + "that still counts at the target length (the least of the batch's ESS and each "
         "mask's kept share), projected with S(L) ~ Normal(drift·L, variance·L); 90 % intervals "
         "in the lines above: shares Clopper-Pearson, variances and ESS a chi-square interval "
