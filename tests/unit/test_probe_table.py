@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from rich.console import Console
 
 from precision_plugin.mismatch import compute_mismatch
-from precision_plugin.probe.advice import assess
+from precision_plugin.probe.advice import assess, dtype_line
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
 from precision_plugin.probe.table import render_probe_table
 
@@ -223,3 +224,35 @@ def test_a_float16_that_overflows_is_never_told_either_dtype_works():
     assert section.dtypes["bfloat16"].verdict == "negligible"
     assert section.decision.dtype == "bfloat16" and section.decision.decided_by == "overflow"
     assert "either" not in section.advice and f"float16 is out: {reason}" in section.advice
+
+
+def _sequences(lengths, eps_of):
+    """Trainer and rollout log-probs whose per-token difference is Gaussian of size
+    ``eps_of(length)`` (seeded)."""
+    g = torch.Generator().manual_seed(3)
+    train, roll = [], []
+    for n in lengths:
+        t = (-1.0 - torch.rand(n, generator=g, dtype=torch.float64)).tolist()
+        d = (eps_of(n) * torch.randn(n, generator=g, dtype=torch.float64)).tolist()
+        train.append(t)
+        roll.append([a - b for a, b in zip(t, d, strict=True)])
+    return train, roll
+
+
+def test_long_sequences_that_spread_faster_widen_the_projection_and_say_why():
+    import math
+
+    from precision_plugin.probe.advice import dtype_consequence
+
+    lengths = [16 * (i + 1) for i in range(16)]
+    train, roll = _sequences(lengths, lambda n: 0.01 if n < 192 else 0.08)
+    c = dtype_consequence("bfloat16", train, roll, 4096)
+    assert c.growth.status == "misfit" and c.growth.p_value < 0.05
+    high = c.growth.widened_high
+    assert high > c.fit.variance_robust_high  # wider than the fit's own interval
+    assert c.projection.ess.low == pytest.approx(math.exp(-high * 4096), rel=1e-12)
+    assert "the projection's interval is widened" in dtype_line(c)
+    same = dtype_consequence("bfloat16", *_sequences([256] * 16, lambda n: 0.01), 4096)
+    assert same.growth.status == "untestable"
+    line = " ".join(dtype_line(same).split())
+    assert "The growth check could not be made: the lengths are too uniform" in line
