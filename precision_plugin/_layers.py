@@ -63,6 +63,9 @@ LAYERS: dict[str, int] = {
     "plugin_check": 2,
     "master_copy": 2,
     "train_guard": 2,
+    "intervals": 2,
+    "misfit": 2,
+    "decision": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,

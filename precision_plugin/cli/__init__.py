@@ -157,6 +157,7 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
     """The argument parser; ``engine_names`` are the ``--engine`` choices."""
     from precision_plugin import __version__
     from precision_plugin.probe import (
+        DEFAULT_BATCH_SIZE,
         DEFAULT_MAX_NEW_TOKENS,
         DEFAULT_NUM_PROMPTS,
         DEFAULT_SEED,
@@ -255,6 +256,10 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         help="completion length you train at: the consequence section projects to it "
         f"(default: {DEFAULT_TARGET_LENGTH})",
     )
+    probe.add_argument(
+        "--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE, metavar="N",
+        help=f"sequences per batch the ESS is given for (default: {DEFAULT_BATCH_SIZE})",
+    )  # fmt: skip
     probe.add_argument(
         "--layerwise",
         action="store_true",
@@ -639,6 +644,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         prompts=tuple(prompts) if prompts else None,
         target_length=args.target_length,
         layerwise=args.layerwise,
+        batch_size=args.batch_size,
     )
     err = _console(stderr=True)
     out = err if args.json == "-" else _console()

@@ -40,6 +40,14 @@ import torch
 
 from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.intervals import (
+    chi2_ppf,
+    clopper_pearson,
+    excess_kurtosis,
+    variance_normal,
+    variance_robust,
+    z_value,
+)
 from precision_plugin.metrics.mismatch import (
     SAME_TOKENS,
     drift_fit,
@@ -254,7 +262,7 @@ def compute_consequence(
 
 #: Two-sided coverage of the projection's intervals.
 COVERAGE = 0.90
-_Z = 1.6448536269514722  # the standard normal's 95th percentile: a 90 % two-sided interval
+_Z = z_value(COVERAGE)  # 1.645: a 90 % two-sided interval
 
 
 @checked
@@ -287,7 +295,11 @@ class GrowthFit:
     completions of different lengths, ``variance`` includes whatever correlation the tokens
     of one sequence have at those lengths; a correlation that grows beyond them makes longer
     sequences spread faster than the model says. ``tis_clip_fraction`` is the measured
-    per-token share, length-independent under the model, with a Wilson interval.
+    per-token share, length-independent under the model, with a Clopper-Pearson interval.
+    ``variance_robust_low``/``_high`` is the interval the projection uses
+    ([`variance_robust`][precision_plugin.intervals.variance_robust]: it holds for heavy-tailed
+    log-ratios, where the chi-square interval is too narrow); ``kurtosis`` the residuals'
+    excess kurtosis it was sized with.
     """
 
     sequences: int
@@ -299,6 +311,9 @@ class GrowthFit:
     variance_high: float
     tis_clip: Interval
     drift_from: str = "k1"
+    variance_robust_low: float = math.nan
+    variance_robust_high: float = math.nan
+    kurtosis: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -345,13 +360,10 @@ def fit_growth(
     drift, stderr, variance = drift_fit(lengths, [s for s, _ in pairs])
     if seq_kl is not None:
         drift, stderr, _ = drift_fit(lengths, [-k for k in kl])
-    if n < 2:
-        low = high = nan
-    else:
-        dof = n - 1
-        tail = (1.0 - COVERAGE) / 2.0
-        low = variance * dof / chi2_quantile(1.0 - tail, dof)
-        high = variance * dof / chi2_quantile(tail, dof)
+    low, high = variance_normal(variance, n, COVERAGE)
+    k1 = sum(s for s, _ in pairs) / tokens
+    residuals = [(s - k1 * length) / math.sqrt(length) for s, length in pairs]
+    robust = variance_robust(variance, residuals, COVERAGE)
     return GrowthFit(
         n,
         tokens,
@@ -360,43 +372,26 @@ def fit_growth(
         variance,
         low,
         high,
-        _wilson(clipped_tokens, tokens),
+        _exact_share(clipped_tokens, tokens),
         "k1" if seq_kl is None else "k3",
+        *robust,
+        excess_kurtosis(residuals),
     )
 
 
-def _wilson(k: int, n: int) -> Interval:
-    """Wilson score interval of a share ``k / n`` at ``COVERAGE``."""
+def _exact_share(k: int, n: int) -> Interval:
+    """A share ``k / n`` with its Clopper-Pearson interval at ``COVERAGE``."""
     if n <= 0:
         return Interval(math.nan, math.nan, math.nan)
-    p, z2 = k / n, _Z * _Z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = _Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+    return Interval(k / n, *clopper_pearson(k, n, COVERAGE))
 
 
 def chi2_quantile(p: float, dof: int) -> float:
     """The ``p`` quantile of the chi-square distribution with ``dof`` degrees of freedom
-    (bisection on ``torch.special.gammainc``, to 1e-12 relative)."""
+    (``scipy.stats.chi2.ppf``)."""
     if not 0.0 < p < 1.0 or dof < 1:
         raise PrecisionConfigError(f"chi2_quantile: need 0 < p < 1 and dof >= 1, got {p}, {dof}")
-    half = torch.tensor(dof / 2.0, dtype=torch.float64)
-
-    def cdf(x: float) -> float:
-        return float(torch.special.gammainc(half, torch.tensor(x / 2.0, dtype=torch.float64)))
-
-    lo, hi = 0.0, float(dof)
-    while cdf(hi) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if cdf(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    return (lo + hi) / 2.0
+    return chi2_ppf(p, dof)
 
 
 def _normal_cdf(x: float) -> float:
@@ -461,7 +456,7 @@ def project(fit: GrowthFit, length: int) -> Projection:
     ``ess`` is the lognormal weights' ``E[w]² / E[w²] = exp(−variance·L)`` (a drift common to
     all sequences does not change it); a mask's share is the normal probability of ``S``
     outside its bounds. The value is the fit's point estimate; the interval is the range over
-    the box of drifts within ±z standard errors and variances within their interval (a grid,
+    the box of drifts within ±z standard errors and variances within their robust interval (a grid,
     plus the drift that centres ``S`` in the mask's bounds: a two-sided share is not monotone
     in either parameter).
     """
@@ -470,13 +465,16 @@ def project(fit: GrowthFit, length: int) -> Projection:
             f"project: length={length!r} is not a positive number of tokens; pass e.g. 4096."
         )
     nan = Interval(math.nan, math.nan, math.nan)
-    variances = _grid(fit.variance_low, fit.variance_high)
+    v_low, v_high = fit.variance_low, fit.variance_high
+    if math.isfinite(fit.variance_robust_low) and math.isfinite(fit.variance_robust_high):
+        v_low, v_high = fit.variance_robust_low, fit.variance_robust_high  # heavy tails hold
+    variances = _grid(v_low, v_high)
     if math.isnan(fit.variance) or math.isnan(variances[0]):
         return Projection(length, nan, nan, nan, fit.tis_clip)
     ess = Interval(
         math.exp(-fit.variance * length),
-        math.exp(-fit.variance_high * length),
-        math.exp(-fit.variance_low * length),
+        math.exp(-v_high * length),
+        math.exp(-v_low * length),
     )
     half = _Z * fit.drift_stderr
     masks = {}

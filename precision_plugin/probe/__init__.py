@@ -30,6 +30,7 @@ from precision_plugin.probe.inputs import (
 from precision_plugin.probe.length import LengthBucket, LengthEffect, length_effect
 from precision_plugin.probe.run import available_engines, run_probe
 from precision_plugin.probe.schema import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_DTYPES,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NUM_PROMPTS,
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_NUM_PROMPTS",
     "DEFAULT_SEED",
+    "DEFAULT_BATCH_SIZE",
     "DEFAULT_TARGET_LENGTH",
     "MAX_PROMPT_TOKENS",
     "PROMPTS",

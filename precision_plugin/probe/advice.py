@@ -14,10 +14,20 @@ verdict per dtype and one what-to-do line follow from documented thresholds:
 - ``NEGLIGIBLE`` 1 %: below it (ESS ≥ 0.99, ≤ 1 % of sequences masked, ≤ 1 % of tokens
   clipped) the correction would change less than one sequence in a hundred. This line is the
   probe's own, not a framework's.
+
+Every figure carries its 90 % interval and the number of sequences behind it
+([`precision_plugin.intervals`][precision_plugin.intervals] names the method per figure). The
+masks' shares do not depend on the batch size; the self-normalised ESS does, so it is given for
+a batch of ``batch_size`` sequences (``--batch-size``; the infinite-batch value ``exp(−σ²L)``
+only labelled as such), and the share of the batch that still counts uses the batch's ESS. A
+misfit check ([`precision_plugin.misfit`][precision_plugin.misfit]) widens the projection when
+the longest sequences spread more than the fit predicts. The what-to-do line is one
+[`decision`][precision_plugin.decision.decide] over overflow, headroom, consequence and mismatch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -27,6 +37,7 @@ from typing import Any
 from precision_plugin.boundary import at_least, checked
 from precision_plugin.consequence import (
     COUNT_FIELDS,
+    COVERAGE,
     SEQUENCE_MASKS,
     TIS_CLIP,
     Consequence,
@@ -39,7 +50,18 @@ from precision_plugin.consequence import (
     fit_growth,
     project,
 )
+from precision_plugin.decision import Decision, Evidence, Headroom, decide, percent
+from precision_plugin.intervals import (
+    batch_ess as expected_ess,
+)
+from precision_plugin.intervals import (
+    clopper_pearson,
+    mixed_batch_ess,
+    ratio_interval,
+)
+from precision_plugin.misfit import GrowthCheck, check_growth
 from precision_plugin.probe.length import bucket_slices
+from precision_plugin.probe.schema import DEFAULT_BATCH_SIZE
 from precision_plugin.probe.scoring import padded
 
 #: verl docs/algo/rollout_corr.md: ESS below 0.3 is "too low" (its health check warns).
@@ -48,6 +70,9 @@ ESS_WARNING = 0.3
 ESS_GOOD = 0.5
 #: The probe's own line: a consequence under 1 % of the batch is negligible.
 NEGLIGIBLE = 0.01
+
+#: Batch sizes the JSON always reports the projected ESS for.
+REPORTED_BATCHES: tuple[int, ...] = (64, 256, 1024)
 
 #: Verdicts from best to worst (plus "floor" for the float32 self-check and "invalid").
 VERDICTS: tuple[str, ...] = ("negligible", "noticeable", "costly", "severe")
@@ -75,6 +100,7 @@ class BucketConsequence:
             "mean_length": self.mean_length,
             **self.consequence.to_dict(),
             "variance_per_token": self.variance_per_token,
+            "intervals": _share_intervals(self.consequence),
         }
 
 
@@ -91,13 +117,34 @@ class DtypeConsequence:
     projection: Projection
     verdict: str
     line: str
+    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_ess: dict[int, Interval] = field(default_factory=dict)
+    measured_intervals: dict[str, Interval] = field(default_factory=dict)
+    growth: GrowthCheck | None = None
+    k3: Interval = field(default_factory=lambda: Interval(math.nan, math.nan, math.nan))
+
+    @property
+    def ess(self) -> Interval:
+        """The projected ESS of a batch of ``batch_size`` (the infinite-batch value when the
+        batch's was not computed)."""
+        return self.batch_ess.get(self.batch_size, self.projection.ess)
+
+    @property
+    def kept_interval(self) -> Interval:
+        """Share of a batch of ``batch_size`` that still counts at the target length: the
+        smallest of its ESS and each mask's kept share, with the interval of that minimum."""
+        p, e = self.projection, self.ess
+        masks = [_share(p, m) for m in SEQUENCE_MASKS]
+        return Interval(
+            min(e.value, *(1.0 - s.value for s in masks)),
+            min(e.low, *(1.0 - s.high for s in masks)),
+            min(e.high, *(1.0 - s.low for s in masks)),
+        )
 
     @property
     def kept(self) -> float:
-        """Share of the batch that still counts at the target length: the smallest of the ESS
-        and each mask's kept share (central estimates)."""
-        p = self.projection
-        return min(p.ess.value, *(1.0 - _share(p, m).value for m in SEQUENCE_MASKS))
+        """The central value of ``kept_interval``."""
+        return self.kept_interval.value
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -105,8 +152,18 @@ class DtypeConsequence:
             "measured": self.measured.to_dict(),
             "buckets": [b.to_dict() for b in self.buckets],
             "fit": self.fit.to_dict(),
-            "at_target": self.projection.to_dict(),
+            "measured_intervals": {k: v.to_dict() for k, v in self.measured_intervals.items()},
+            "at_target": {
+                **self.projection.to_dict(),
+                "ess_infinite_batch": self.projection.ess.to_dict(),
+                "batch_size": self.batch_size,
+                "ess_batch": {str(n): v.to_dict() for n, v in sorted(self.batch_ess.items())},
+                "sequences": self.fit.sequences,
+            },
+            "growth_check": self.growth.to_dict() if self.growth else None,
+            "k3": self.k3.to_dict(),
             "kept_at_target": self.kept,
+            "kept_interval": self.kept_interval.to_dict(),
             "verdict": self.verdict,
             "line": self.line,
         }
@@ -121,11 +178,15 @@ class ConsequenceReport:
     dtypes: dict[str, DtypeConsequence] = field(default_factory=dict)
     advice: str = ""
     seconds: float = 0.0
+    batch_size: int = DEFAULT_BATCH_SIZE
+    decision: Decision | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``dtypes`` by name)."""
         return {
             "target_length": self.target_length,
+            "batch_size": self.batch_size,
+            "coverage": COVERAGE,
             "bounds": {
                 **{
                     f"seq_mask_fraction_{m.key}": {
@@ -147,6 +208,7 @@ class ConsequenceReport:
             },
             "dtypes": {name: d.to_dict() for name, d in self.dtypes.items()},
             "advice": self.advice,
+            "decision": self.decision.to_dict() if self.decision else None,
             "seconds": round(self.seconds, 3),
         }
 
@@ -171,11 +233,74 @@ def _sequences(
     return out
 
 
+def _share_intervals(c: Consequence) -> dict[str, dict[str, float]]:
+    """Clopper-Pearson intervals of a measured batch's mask and clip shares, with their counts
+    (a mask counts sequences, the clip tokens)."""
+    out: dict[str, dict[str, float]] = {}
+    for m in SEQUENCE_MASKS:
+        share = getattr(c, f"seq_mask_fraction_{m.key}")
+        k = round(share * c.sequences) if math.isfinite(share) else 0
+        low, high = clopper_pearson(k, c.sequences)
+        out[f"seq_mask_fraction_{m.key}"] = {
+            "value": share,
+            "low": low,
+            "high": high,
+            "n": c.sequences,
+        }
+    clip = c.tis_clip_fraction
+    k = round(clip * c.tokens) if math.isfinite(clip) else 0
+    low, high = clopper_pearson(k, c.tokens)
+    out["tis_clip_fraction"] = {"value": clip, "low": low, "high": high, "n": c.tokens}
+    return out
+
+
+def _robust(fit: GrowthFit) -> tuple[float, float]:
+    if math.isfinite(fit.variance_robust_low) and math.isfinite(fit.variance_robust_high):
+        return fit.variance_robust_low, fit.variance_robust_high
+    return fit.variance_low, fit.variance_high
+
+
+def _measured_intervals(
+    measured: Consequence, fit: GrowthFit, lengths: list[int]
+) -> dict[str, Interval]:
+    """The measured figures with their intervals: each share Clopper-Pearson; the ESS the
+    range of the expected ESS of a batch like the measured one (same lengths) over the robust
+    variance interval."""
+    low, high = _robust(fit)
+    out = {
+        "ess": Interval(
+            measured.ess,
+            mixed_batch_ess(high, fit.drift, lengths),
+            mixed_batch_ess(low, fit.drift, lengths),
+        )
+    }
+    for name, iv in _share_intervals(measured).items():
+        out[name] = Interval(iv["value"], iv["low"], iv["high"])
+    return out
+
+
+def _batch_ess(fit: GrowthFit, length: int, batches: list[int]) -> dict[int, Interval]:
+    """The projected ESS of a batch of each size at ``length`` tokens, with its interval."""
+    low, high = _robust(fit)
+    return {
+        n: Interval(
+            expected_ess(fit.variance, length, n),
+            expected_ess(high, length, n),
+            expected_ess(low, length, n),
+        )
+        for n in batches
+    }
+
+
 def dtype_consequence(
-    dtype: str, train: list[list[float]], rollout: list[list[float]], target_length: int
+    dtype: str,
+    train: list[list[float]],
+    rollout: list[list[float]],
+    target_length: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> DtypeConsequence:
-    """Measure, bucket, fit and project one dtype's sequences (the verdict comes later, from
-    ``assess``, which compares the dtypes)."""
+    """Measure, bucket, fit, check and project one dtype's sequences (the verdict comes later,
+    from ``assess``, which compares the dtypes)."""
     counts, moments = _batch_sums(train, rollout)
     seqs = _sequences(train, rollout)
     ordered = sorted(seqs, key=lambda s: s[1])  # stable: the buckets of length_effect
@@ -197,17 +322,30 @@ def dtype_consequence(
             )
         )
     clipped = int(counts[COUNT_FIELDS.index("tis_clipped")].item())
-    fit = fit_growth(
-        [s[2] for s in seqs], [s[1] for s in seqs], clipped, seq_kl=[s[3] for s in seqs]
-    )
+    lengths = [s[1] for s in seqs]
+    fit = fit_growth([s[2] for s in seqs], lengths, clipped, seq_kl=[s[3] for s in seqs])
+    growth = check_growth([s[2] for s in seqs], lengths)
+    used = fit
+    if growth.status == "misfit" and growth.widened_high > _robust(fit)[1]:
+        low, _ = _robust(fit)
+        used = dataclasses.replace(
+            fit, variance_robust_low=low, variance_robust_high=growth.widened_high
+        )
+    measured = consequence_from_sums(counts, moments)
+    batches = sorted({batch_size, *REPORTED_BATCHES})
     return DtypeConsequence(
         dtype,
-        consequence_from_sums(counts, moments),
+        measured,
         buckets,
         fit,
-        project(fit, target_length),
+        project(used, target_length),
         verdict="",
         line="",
+        batch_size=batch_size,
+        batch_ess=_batch_ess(used, target_length, batches),
+        measured_intervals=_measured_intervals(measured, fit, lengths),
+        growth=growth,
+        k3=Interval(*ratio_interval([s[3] for s in seqs], lengths)),
     )
 
 
@@ -225,20 +363,6 @@ def classify(c: DtypeConsequence) -> str:
     return "severe"
 
 
-def percent(value: Any) -> str:
-    """A share as the table and the lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
-    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "n/a"
-    if value == 0:
-        return "0%"
-    if value < 0.001:
-        return "<0.1%"
-    if 0.999 < value < 1:
-        return ">99.9%"
-    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
-
-
 def ess_text(value: float) -> str:
     """An ESS as the lines show it: two decimals, ``<0.01`` and ``>0.99`` where those would
     round to a bound the value does not reach."""
@@ -249,114 +373,92 @@ def ess_text(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _range(iv: Interval) -> str:
-    return f"{percent(iv.value)} ({percent(iv.low)}–{percent(iv.high)})"
-
-
 def _share(p: Projection, mask: SequenceMask) -> Interval:
     return getattr(p, f"seq_mask_fraction_{mask.key}")
 
 
+def _span(iv: Interval, fmt: Any = None) -> str:
+    show = fmt or percent
+    return f"{show(iv.value)} ({show(iv.low)}–{show(iv.high)})"
+
+
 def dtype_line(c: DtypeConsequence) -> str:
     """The verdict line: what a correction would do to this dtype's batch at the target
-    length, each figure with its 90 % interval."""
-    p = c.projection
+    length and what was measured, each figure with its 90 % interval and the sequences behind
+    it, then the growth check."""
+    p, n = c.projection, c.fit.sequences
     masks = ", ".join(
-        f"{m.label} ({m.bounds}) drops {_range(_share(p, m))}"
+        f"{m.label} ({m.bounds}) drops {_span(_share(p, m))}"
         for m in sorted(SEQUENCE_MASKS, key=lambda m: -_share(p, m).value)
     )
-    ess = f"{ess_text(p.ess.value)} ({ess_text(p.ess.low)}–{ess_text(p.ess.high)})"
-    return (
-        f"{c.dtype} at {p.length:,} tokens: keeps {percent(c.kept)} of the batch ({c.verdict}): "
-        f"{masks} of the sequences; ESS {ess}; "
-        f"a TIS clip at {TIS_CLIP:g} clips {percent(p.tis_clip_fraction.value)} of the tokens."
+    kept = c.kept_interval
+    text = (
+        f"{c.dtype} at {p.length:,} tokens: a batch of {c.batch_size:,} keeps "
+        f"{percent(kept.value)} ({percent(kept.low)}–{percent(kept.high)}) ({c.verdict}): "
+        f"{masks} of the sequences; ESS {_span(c.ess, ess_text)} (infinite batch: "
+        f"{_span(p.ess, ess_text)}); a TIS clip at {TIS_CLIP:g} clips "
+        f"{_span(p.tis_clip_fraction)} of the tokens; projected from {n} sequences."
+    )
+    mi = c.measured_intervals
+    if mi:
+        measured = "; ".join(
+            [f"ESS {_span(mi['ess'], ess_text)}"]
+            + [f"{m.system} mask {_span(mi[f'seq_mask_fraction_{m.key}'])}" for m in SEQUENCE_MASKS]
+            + [f"TIS clip {_span(mi['tis_clip_fraction'])} of {c.measured.tokens:,} tokens"]
+        )
+        text += f" Measured, {c.measured.sequences} sequences: {measured}."
+    if c.growth is not None:
+        text += f" {c.growth.message[0].upper()}{c.growth.message[1:]}."
+    return text
+
+
+def _headroom(overflow: Any) -> Headroom | None:
+    """The decision's view of a probe's headroom check (``OverflowCheck``, or its report)."""
+    if overflow is None:
+        return None
+    report = getattr(overflow, "report", overflow)
+    rec = report.recommendation()
+    return Headroom(
+        rec.action, tuple(rec.modules), len(report.flagged), report.margin_bits, rec.message
     )
 
 
-def _how(dtype: str) -> str:
-    if dtype == "float16":
-        return " (precision_plugin.enable())"
-    return f" (precision_plugin.enable(dtype={dtype!r}))"
+def _evidence(c: DtypeConsequence, blocked: str) -> Evidence:
+    kept = c.kept_interval
+    return Evidence(
+        c.dtype,
+        (kept.value, kept.low, kept.high),
+        (c.k3.value, c.k3.low, c.k3.high),
+        c.fit.sequences,
+        c.verdict,
+        blocked,
+    )
 
 
-def advice(
-    report: Mapping[str, DtypeConsequence],
-    target: int,
-    k3: Mapping[str, float],
-    float16_refused: str | None = None,
-) -> str:
-    """The what-to-do line over the low-precision dtypes (``k3``: each dtype's k3 KL).
-
-    ``float16_refused`` says why a rollout engine will not run this model in float16 (e.g.
-    "vLLM refuses float16 for model type 'gemma3_text'"): a float16 that keeps the most is
-    then advised only for a rollout engine that runs it, and the next dtype for the one that
-    refuses it."""
-    ran = {n: c for n, c in report.items() if c.verdict in VERDICTS}
-    if not ran:
-        return "do: nothing to compare: no low-precision dtype was measured."
-    missing = [n for n, c in report.items() if n not in ran]
-    lead = f"{', '.join(missing)} did not run (see its line). " if missing else ""
-    ranked = sorted(ran.values(), key=lambda c: (-c.kept, k3.get(c.dtype, math.inf)))
-    best, worst = ranked[0], ranked[-1]
-    refused = float16_refused if "float16" in ran else None
-    if all(c.verdict == "negligible" for c in ranked):
-        text = f"do: either dtype works at {target:,} tokens (every consequence under 1 %)"
-        low = min(ranked, key=lambda c: k3.get(c.dtype, math.inf))
-        others = [c for c in ranked if c is not low]
-        if others and k3.get(low.dtype, 0) > 0:
-            factor = k3[others[0].dtype] / k3[low.dtype]
-            text += f"; {low.dtype}'s k3 is {factor:.0f}x lower than {others[0].dtype}'s"
-        other = next((c for c in ranked if c.dtype != "float16"), None)
-        if refused and other is not None:
-            text += f"; but {refused}: with that engine, {other.dtype}{_how(other.dtype)}"
-        return lead + text + "."
-    chosen = best
-    if len(ranked) == 1:
-        text = f"do: {best.dtype} keeps {percent(best.kept)} of the batch at {target:,} tokens"
-        if refused:
-            text += f", but {refused}"
-    elif refused and best.dtype == "float16":
-        chosen = ranked[1]
-        text = (
-            f"do: float16 keeps {percent(best.kept)} of the batch at {target:,} tokens, "
-            f"{chosen.dtype} {percent(chosen.kept)}, but {refused}: with that engine train in "
-            f"{chosen.dtype}{_how(chosen.dtype)}; float16{_how('float16')} only with a rollout "
-            f"engine that runs it"
-        )
-    else:
-        text = (
-            f"do: train in {best.dtype}{_how(best.dtype)}: at {target:,} tokens it keeps "
-            f"{percent(best.kept)} of the batch, {worst.dtype} {percent(worst.kept)}"
-        )
-    if chosen.verdict in ("costly", "severe"):
-        even = "even " if chosen is best else ""
-        text += (
-            f"; {even}{chosen.dtype} loses more than half: generate shorter, or train with a "
-            f"correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked share"
-        )
-    return lead + text + "."
-
-
-@checked(target_length=at_least(1))
+@checked(target_length=at_least(1), batch_size=at_least(1))
 def assess(
     results: Mapping[str, Any],
     target_length: int,
     *,
     valid: bool = True,
     float16_refused: str | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    overflow: Any = None,
 ) -> ConsequenceReport:
     """The ``consequence`` section for a probe's per-dtype results (``DtypeResult`` by name).
 
     ``valid`` is the float32 self-check: when it failed, every verdict is ``invalid``.
-    ``float16_refused``: why a rollout engine refuses this model in float16, for the
-    what-to-do line (see ``advice``).
+    ``float16_refused``: why a rollout engine refuses this model in float16; ``overflow``: the
+    probe's headroom check (``OverflowCheck``); both feed the one decision
+    ([`decide`][precision_plugin.decision.decide]) whose line is ``advice``. ``batch_size``:
+    the sequences per batch the ESS is given for.
     """
     started = time.perf_counter()
-    report = ConsequenceReport(target_length)
-    k3: dict[str, float] = {}
+    report = ConsequenceReport(target_length, batch_size=batch_size)
+    evidence: dict[str, Evidence] = {}
     for name, r in results.items():
-        c = dtype_consequence(name, r.train_logprobs, r.rollout_logprobs, target_length)
-        k3[name] = r.metrics.k3_kl
+        c = dtype_consequence(name, r.train_logprobs, r.rollout_logprobs, target_length, batch_size)
+        blocked = ""
         if not valid:
             c.verdict, c.line = "invalid", f"{name}: invalid (the float32 self-check failed)."
         elif name == "float32":
@@ -364,17 +466,21 @@ def assess(
             c.line = f"float32 (the self-check): {r.reason} The floor the other dtypes stand on."
         elif r.metrics.tokens == 0:
             c.verdict, c.line = "invalid", f"{name}: {r.reason}."
+            blocked = r.reason or "not run"
         else:
             c.verdict = classify(c)
             c.line = dtype_line(c)
         report.dtypes[name] = c
-    if valid:
-        low = {n: c for n, c in report.dtypes.items() if n != "float32"}
-        report.advice = advice(low, target_length, k3, float16_refused)
-    else:
-        report.advice = (
-            "do: fix the set-up first: the float32 self-check failed, so no dtype's figures are "
-            "a precision measurement."
-        )
+        if name != "float32":
+            evidence[name] = _evidence(c, blocked)
+    report.decision = decide(
+        evidence,
+        target=target_length,
+        batch=batch_size,
+        valid=valid,
+        headroom=_headroom(overflow),
+        refused=float16_refused,
+    )
+    report.advice = report.decision.line
     report.seconds = time.perf_counter() - started
     return report

@@ -173,7 +173,7 @@ def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
     top = max([p.length, *(b.max_length for b in c.buckets)])
     xs = sorted({max(1, round(top * (i + 1) / 60)) for i in range(60)})
     points = [project(c.fit, x) for x in xs]
-    curves = [("ESS", "-", lambda q: q.ess, False)]
+    curves = [("ESS (infinite batch)", "-", lambda q: q.ess, False)]
     curves += [
         (f"kept by {m.system}'s mask", "--" if m.key == "verl" else "-.",
          lambda q, m=m: getattr(q, f"seq_mask_fraction_{m.key}"), True)
@@ -193,15 +193,27 @@ def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
         m = b.consequence
         ax.plot([b.mean_length], [m.ess], "o", color="black", ms=3,
                 label="bucket ESS" if i == 0 else None)  # fmt: skip
-        ax.plot([b.mean_length], [1.0 - m.seq_mask_fraction_verl], "s", color="black", ms=3,
-                mfc="none", label="bucket kept by verl's mask" if i == 0 else None)  # fmt: skip
+        verl = b.to_dict()["intervals"]["seq_mask_fraction_verl"]  # Clopper-Pearson, 90 %
+        kept = 1.0 - m.seq_mask_fraction_verl
+        sizes = sorted({x.consequence.sequences for x in c.buckets})
+        ax.errorbar([b.mean_length], [kept], yerr=[[kept - (1 - verl["high"])],
+                    [(1 - verl["low"]) - kept]], fmt="s", color="black", ms=3, mfc="none",
+                    lw=0.6, capsize=2,
+                    label=f"bucket kept by verl's mask ({'/'.join(map(str, sizes))} seqs)"
+                    if i == 0 else None)  # fmt: skip
+    e = c.ess
+    ax.errorbar([p.length], [e.value], yerr=[[e.value - e.low], [e.high - e.value]], fmt="D",
+                color=color, ms=4, capsize=3,
+                label=f"ESS, a batch of {c.batch_size:,}")  # fmt: skip
     ax.axvline(p.length, color="0.5", lw=0.8, ls=":")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlim(0, top * 1.02)
     ax.set_title(
         f"{name}: the share of an RL batch that counts ({c.verdict})\n"
-        f"at {p.length:,} tokens: ESS {ess_text(p.ess.value)}, kept {percent(c.kept)} (90 % bands)",
-        fontsize=9,
+        f"at {p.length:,} tokens, a batch of {c.batch_size:,}: ESS {ess_text(e.value)} "
+        f"({ess_text(e.low)}–{ess_text(e.high)}),\nkept {percent(c.kept)}; from "
+        f"{c.fit.sequences} sequences, 90 % bands",
+        fontsize=8,
     )
     ax.set_xlabel("completion length (tokens)")
     ax.set_ylabel("share of the batch")

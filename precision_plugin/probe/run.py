@@ -360,6 +360,8 @@ def run_probe(
         config.target_length,
         valid=check.passed,
         float16_refused=_float16_refusal(overflow),
+        batch_size=config.batch_size,
+        overflow=overflow,
     )
     for r in results.values():
         if r.dtype != SELF_CHECK_DTYPE and r.verdict != "invalid":

@@ -27,6 +27,10 @@ DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_SEED = 0
 #: Completion length the consequence section projects to unless --target-length says otherwise.
 DEFAULT_TARGET_LENGTH = 4096
+#: Sequences per batch the consequence section gives the ESS for unless --batch-size says so:
+#: of the order of a TRL generation batch (per-device batch × processes × num_generations) or a
+#: verl mini-batch; the JSON also reports 64, 256 and 1,024 (advice.REPORTED_BATCHES).
+DEFAULT_BATCH_SIZE = 256
 #: The dtype whose run is the self-check (always run, first).
 SELF_CHECK_DTYPE = "float32"
 
@@ -52,7 +56,9 @@ class ProbeConfig:
     ``min_new_tokens`` suppresses EOS until a completion has that many tokens, so random or weak
     models still produce long sequences for the length fit. ``target_length`` is the completion
     length the consequence section projects to (the length you train at); ``layerwise`` adds
-    the layer-by-layer replay of the longest sample per dtype.
+    the layer-by-layer replay of the longest sample per dtype; ``batch_size`` is the number of
+    sequences per batch the effective sample size is given for (a TRL generation batch or GRPO
+    group, a verl mini-batch).
     """
 
     model: str | os.PathLike[str] | None = None
@@ -68,6 +74,7 @@ class ProbeConfig:
     min_new_tokens: int = 0
     target_length: int = DEFAULT_TARGET_LENGTH
     layerwise: bool = False
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def __post_init__(self) -> None:
         names = [normalize_dtype(d, field_name="dtypes") for d in self.dtypes]
@@ -77,7 +84,7 @@ class ProbeConfig:
             )
         ordered = [SELF_CHECK_DTYPE] + [d for d in dict.fromkeys(names) if d != SELF_CHECK_DTYPE]
         object.__setattr__(self, "dtypes", tuple(ordered))
-        for name in ("num_prompts", "max_new_tokens", "target_length"):
+        for name in ("num_prompts", "max_new_tokens", "target_length", "batch_size"):
             value = getattr(self, name)
             if value < 1:
                 raise PrecisionConfigError(
@@ -229,6 +236,7 @@ class ProbeResult:
                 "prompts": "built-in" if self.config.prompts is None else "user",
                 "seed": self.config.seed,
                 "target_length": self.config.target_length,
+                "batch_size": self.config.batch_size,
                 "layerwise": self.config.layerwise,
             },
             "seconds": round(self.seconds, 3),

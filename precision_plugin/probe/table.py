@@ -69,6 +69,7 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
     table.add_column(f"÷\n{_SHORT.get(reference, reference)}", justify="right", no_wrap=True)
     for header, _ in _COLUMNS[1:]:
         table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("seqs", justify="right", no_wrap=True)
     table.add_column("ESS", justify="right", no_wrap=True)
     table.add_column("masked\nTRL·verl", justify="right", no_wrap=True)
     at = f"at {target:,}\nkept" if target else "kept"
@@ -84,6 +85,7 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
             _num(r.get("k3_kl")),
             _factor(name, results, reference),
             *(_cell(r, key) for _, key in _COLUMNS[1:]),
+            _count(measured.get("sequences")),
             _fixed(measured.get("ess")),
             f"{percent(measured.get('seq_mask_fraction_trl'))}·"
             f"{percent(measured.get('seq_mask_fraction_verl'))}",
@@ -129,6 +131,10 @@ def _cell(r: Mapping[str, Any], key: str) -> str:
     return f"{value:+.1e}" + (f"\n±{se:.0e}" if isinstance(se, (int, float)) else "")
 
 
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "n/a"
+
+
 def _fixed(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
@@ -144,18 +150,26 @@ def _caption(data: Mapping[str, Any]) -> str:
     bounds = consequence.get("bounds", {})
     trl = bounds.get("seq_mask_fraction_trl", {}).get("kept", "w ≤ 3")
     verl = bounds.get("seq_mask_fraction_verl", {}).get("kept", "0.5 ≤ w ≤ 2")
+    batch = consequence.get("batch_size")
     lines += [
         "",
         "k3 KL: mean(r − 1 − log r), r = π/μ per sampled token; ÷: its factor over the reference "
         "(theory: bf16 ÷ fp16 ≈ 64). drift/1K: −1000·k1, how far Σ log π − log μ drifts per "
         "1,000 tokens (E_μ = −L·KL(μ‖π): the paper's Fig. 5 slope), ± its standard error.",
-        f"ESS: effective share of the batch under sequence importance weights w = π/μ; masked: "
-        f"share of sequences TRL's default sequence_mask ({trl}) and verl's Seq-MIS preset "
-        f"({verl}) drop, as measured.",
+        f"seqs: the sequences measured, behind every figure of the row and its line. ESS: "
+        f"effective share of the batch under sequence importance weights w = π/μ; masked: share "
+        f"of sequences TRL's default sequence_mask ({trl}) and verl's Seq-MIS preset ({verl}) "
+        f"drop, as measured.",
         (f"at {target:,}: " if target else "")
-        + "the share of the batch that still counts at the target length (the least of the "
-        "ESS and each mask's kept share), projected with S(L) ~ Normal(drift·L, variance·L); "
-        "90 % intervals in the lines above.",
+        + (
+            f"the share of a batch of {batch:,} sequences "
+            if batch
+            else "the share of an infinite batch (a results file from before batch sizes) "
+        )
+        + "that still counts at the target length (the least of the batch's ESS and each "
+        "mask's kept share), projected with S(L) ~ Normal(drift·L, variance·L); 90 % intervals "
+        "in the lines above: shares Clopper-Pearson, variances and ESS a chi-square interval "
+        "sized for heavy tails (precision_plugin.intervals).",
         "consequence: negligible < 1 % lost; noticeable: kept ≥ 0.5; costly: ≥ 0.3; severe "
         "below (0.5 and 0.3: verl's rollout-correction ESS guidance).",
     ]

@@ -56,11 +56,12 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     out_json, out_png = tmp_path / "probe.json", tmp_path / "probe.png"
     args = ["probe", "--model", str(qwen_checkpoint), "--num-prompts", "8"]
     args += ["--max-new-tokens", "64", "--device", "cpu", "--seed", "1", "--target-length", "2048"]
+    args += ["--batch-size", "64"]
     rc = main([*args, "--json", str(out_json), "--plot", str(out_png)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     out = " ".join(captured.out.split())
-    assert "float32 (the self-check)" in out and "bfloat16 at 2,048 tokens: keeps" in out
+    assert "float32 (the self-check)" in out and "bfloat16 at 2,048 tokens: a batch of 64 keeps" in out
     assert "do: " in out and "layerwise" not in out  # the table and its lines
     data = json.loads(out_json.read_text())
     assert data["model"] == str(qwen_checkpoint) and data["engine"] == "hf"
@@ -74,6 +75,9 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     assert k3["bfloat16"] > 10 * k3["float16"]
     assert data["bf16_over_fp16_k3"] == pytest.approx(k3["bfloat16"] / k3["float16"])
     assert data["consequence"]["target_length"] == 2048
+    assert data["consequence"]["batch_size"] == data["settings"]["batch_size"] == 64
+    ess = data["consequence"]["dtypes"]["bfloat16"]["at_target"]["ess_batch"]
+    assert sorted(ess, key=int) == ["64", "256", "1024"]  # --batch-size 64 and the reported ones
     assert out_png.read_bytes()[:8] == PNG_MAGIC
     assert out_png.stat().st_size > 20_000
 

@@ -73,6 +73,7 @@ def test_json_schema_is_stable(default_run: ProbeResult) -> None:
         "prompts": "built-in",
         "seed": 0,
         "target_length": 4096,
+        "batch_size": 256,
         "layerwise": False,
     }
     assert data["notes"] == [] and "layerwise" not in data

@@ -78,7 +78,7 @@ def test_probe_measures_every_family(tmp_path: Path, family: str) -> None:
     if family == "gemma2":
         assert refused and "measured with the hf engine" in refused[0]
         # What to do names the refusal rather than telling the user to train in float16.
-        assert "but vLLM refuses float16 for model type 'gemma2'" in advice, advice
+        assert "float16 is out: vLLM refuses float16 for model type 'gemma2'" in advice, advice
         assert not advice.startswith("do: train in float16"), advice
     else:
         assert not refused and "refuses" not in advice, advice

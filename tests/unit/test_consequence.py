@@ -7,6 +7,7 @@ import itertools
 import math
 
 import pytest
+import scipy.stats
 import torch
 
 from precision_plugin.consequence import (
@@ -123,7 +124,9 @@ def test_growth_fit_is_weighted_least_squares_with_a_chi_square_interval():
     tail = (1 - COVERAGE) / 2
     assert fit.variance_low == pytest.approx(3 * variance / chi2_quantile(1 - tail, 3))
     assert fit.variance_high == pytest.approx(3 * variance / chi2_quantile(tail, 3))
-    assert fit.tis_clip.value == 0.003 and fit.tis_clip.low < 0.003 < fit.tis_clip.high
+    assert fit.tis_clip.value == 0.003
+    exact = scipy.stats.binomtest(3, 1000).proportion_ci(0.9, method="exact")
+    assert (fit.tis_clip.low, fit.tis_clip.high) == (exact.low, exact.high)  # Clopper-Pearson
     with pytest.raises(PrecisionConfigError, match="clipped_tokens"):
         fit_growth(sums, lengths, clipped_tokens=1001)
 
@@ -132,7 +135,14 @@ def test_projection_follows_the_random_walk():
     fit = fit_growth([0.2, -0.3, 0.1, 0.4, -0.1], [100, 200, 300, 400, 500])
     p = project(fit, 4096)
     assert p.ess.value == pytest.approx(math.exp(-fit.variance * 4096), rel=1e-12)
-    assert p.ess.low == pytest.approx(math.exp(-fit.variance_high * 4096), rel=1e-12)
+    # The projection uses the robust variance interval (heavy tails): chi-square with the
+    # degrees of freedom of a variance at a Laplace's excess kurtosis (3) or the sample's.
+    n, kurt = 5, max(fit.kurtosis, 3.0)
+    dof = 2 / (2 / (n - 1) + kurt / n)
+    high = fit.variance * dof / scipy.stats.chi2.ppf(0.05, dof)
+    assert fit.variance_robust_high == pytest.approx(high, rel=1e-12)
+    assert fit.variance_robust_high > fit.variance_high
+    assert p.ess.low == pytest.approx(math.exp(-high * 4096), rel=1e-12)
     mean, sd = fit.drift * 4096, math.sqrt(fit.variance * 4096)
     phi = lambda x: 0.5 * math.erfc(-x / math.sqrt(2))
     verl = phi((math.log(0.5) - mean) / sd) + 1 - phi((math.log(2.0) - mean) / sd)
@@ -144,7 +154,7 @@ def test_projection_follows_the_random_walk():
     half = 1.6448536269514722 * fit.drift_stderr
     assert fit.drift - half < 0.0 < fit.drift + half
     assert p.seq_mask_fraction_verl.low == pytest.approx(
-        mask_fraction(VERL_SEQUENCE_MASK, 0.0, fit.variance_low, 4096)
+        mask_fraction(VERL_SEQUENCE_MASK, 0.0, fit.variance_robust_low, 4096)
     )
     # Longer generations lose more of the batch.
     assert project(fit, 8192).ess.value < p.ess.value < project(fit, 512).ess.value
@@ -187,6 +197,8 @@ def test_the_drift_comes_from_the_k3_sums_when_given():
     assert fit.drift == pytest.approx(drift, rel=1e-12)
     assert fit.drift_stderr == pytest.approx(math.sqrt(spread / 1000), rel=1e-12)
     assert (fit.variance, fit.variance_low, fit.variance_high) == (
-        plain.variance, plain.variance_low, plain.variance_high
+        plain.variance,
+        plain.variance_low,
+        plain.variance_high,
     )  # the spread of S around its own mean, as before
     assert fit.to_dict()["drift_from"] == "k3"

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from rich.console import Console
 
 from precision_plugin.mismatch import compute_mismatch
-from precision_plugin.probe.advice import assess, percent
+from precision_plugin.probe.advice import assess, dtype_line
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
 from precision_plugin.probe.table import render_probe_table
 
@@ -65,7 +66,8 @@ def test_the_table_reads_top_to_bottom_and_says_what_to_do():
         text.index("dtype"),
         *(text.index(f" {name} ") for name in ("float32", "float16", "bfloat16")),
         *(text.index(report.dtypes[name].line[:40]) for name in ("float32", "float16", "bfloat16")),
-        text.index("do: train in float16 (precision_plugin.enable())"),
+        text.index("do: train in float16: at 4,096 tokens, a batch of 256 keeps"),
+        text.index("apply: precision_plugin.enable() · DeepSpeed"),
         text.index("k3 KL: mean(r − 1 − log r)"),
     ]
     assert order == sorted(order), order
@@ -85,7 +87,8 @@ def test_a_results_file_renders_the_same_table():
 def test_fp16_worse_than_bf16_says_so():
     result = _result({"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004})
     text = " ".join(_text(result).split())
-    assert "do: train in bfloat16 (precision_plugin.enable(dtype='bfloat16'))" in text
+    assert "do: train in bfloat16: at 4,096 tokens" in text
+    assert "apply: precision_plugin.enable(dtype='bfloat16')" in text
     assert _row(_text(result), "float16")[2].endswith("x")
 
 
@@ -94,7 +97,7 @@ def test_negligible_everywhere_is_not_a_call_to_switch():
     assert {c.verdict for n, c in result.consequence.dtypes.items() if n != "float32"} == {
         "negligible"
     }
-    assert "do: either dtype works at 512 tokens" in " ".join(_text(result).split())
+    assert "do: either dtype works: at 512 tokens" in " ".join(_text(result).split())
 
 
 def test_a_failed_self_check_makes_every_verdict_invalid():
@@ -125,15 +128,13 @@ def test_a_model_vllm_refuses_in_float16_is_not_told_to_train_in_float16():
         {"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}, float16_refused=REFUSED
     )
     c = result.consequence.dtypes
-    assert c["float16"].kept > c["bfloat16"].kept  # float16 still keeps more, and says so
-    assert result.consequence.advice == (
-        f"do: float16 keeps {percent(c['float16'].kept)} of the batch at 4,096 tokens, bfloat16 "
-        f"{percent(c['bfloat16'].kept)}, but {REFUSED}: with that engine train in bfloat16 "
-        "(precision_plugin.enable(dtype='bfloat16')); float16 (precision_plugin.enable()) only "
-        "with a rollout engine that runs it; bfloat16 loses more than half: generate shorter, "
-        "or train with a correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked "
-        "share."
-    )
+    assert c["float16"].kept > c["bfloat16"].kept  # float16 still keeps more
+    advice = result.consequence.advice
+    assert advice.startswith("do: train in bfloat16: at 4,096 tokens"), advice
+    assert f"float16 is out: {REFUSED}" in advice
+    assert "float16 (precision_plugin.enable()) only with a rollout engine that runs it" in advice
+    assert "bfloat16 still loses more than half" in advice
+    assert result.consequence.decision.decided_by == "overflow"
     assert "do: train in float16" not in " ".join(_text(result).split())
 
 
@@ -142,11 +143,10 @@ def test_a_refusal_changes_nothing_where_bfloat16_keeps_more_and_is_named_when_n
     refused = _result(
         {"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004}, float16_refused=REFUSED
     )
-    assert refused.consequence.advice == plain.consequence.advice
+    assert plain.consequence.decision.dtype == refused.consequence.decision.dtype == "bfloat16"
     small = _result({"float32": 1e-9, "float16": 1e-5, "bfloat16": 8e-5}, 512, REFUSED)
-    assert small.consequence.advice.endswith(
-        f"; but {REFUSED}: with that engine, bfloat16 (precision_plugin.enable(dtype='bfloat16'))."
-    )
+    assert small.consequence.decision.dtype == "bfloat16"
+    assert f"float16 is out: {REFUSED}" in small.consequence.advice
 
 
 def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
@@ -165,4 +165,94 @@ def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
         (Interval(1.0, 0.995, 1.0), "ESS 1.00 (>0.99–1.00)"),
     ]:
         projection = dataclasses.replace(c.projection, ess=ess)
-        assert f"; {shown}; " in dtype_line(dataclasses.replace(c, projection=projection))
+        line = dtype_line(dataclasses.replace(c, projection=projection))
+        assert f"(infinite batch: {shown[4:]}); " in line
+
+
+def _headroom(margins: dict[str, tuple[float, float]]):
+    """A float16 headroom report: per module path, its margin and its input's margin (bits)."""
+    from precision_plugin.overflow.headroom import HeadroomReport, ModuleHeadroom
+
+    fp16 = 65504.0
+    return HeadroomReport(
+        [
+            ModuleHeadroom(path, "Linear", fp16 / 2**out, out, out < 3.0, fp16 / 2**inp)
+            for path, (out, inp) in margins.items()
+        ],
+        margin_bits=3.0,
+        batches=1,
+    )
+
+
+def _assessed(result: ProbeResult, overflow, results=None):
+    results = results or result.results
+    return assess(results, 4096, valid=True, overflow=overflow)
+
+
+def test_modules_near_float16s_maximum_make_the_advice_keep_them_in_float32():
+    """SmolLM2's case: float16 keeps the most, and 22 modules come within 1.4 bits of its
+    maximum; the one line says float16 with keep_fp32_modules for where it starts, in the three
+    forms, not a bare "train in float16"."""
+    starts = ["model.layers.3.mlp.down_proj", "model.layers.29.mlp.down_proj"]
+    margins = {p: (1.4, 12.0) for p in starts}  # flagged, fed by small inputs: where it starts
+    margins |= {f"model.layers.{i}": (1.4, 1.4) for i in range(4, 24)}  # carried on
+    report = _headroom(margins)
+    assert report.recommendation().action == "keep_fp32_modules" and len(report.flagged) == 22
+    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032})
+    section = _assessed(result, report)
+    d = section.decision
+    assert (d.dtype, d.keep_fp32_modules) == ("float16", tuple(starts))
+    line = section.advice
+    assert "22 module(s) within 3 bits of float16's maximum" in line
+    assert f"precision_plugin.enable(overflow={{'keep_fp32_modules': {starts!r}}})" in line
+    assert '"precision_plugin": {"dtype": "float16", "overflow": {"keep_fp32_modules": [' in line
+    assert 'PRECISION_PLUGIN=\'{"dtype":"float16","overflow":{"keep_fp32_modules":[' in line
+    assert line.count("do: ") == 1
+
+
+def test_a_float16_that_overflows_is_never_told_either_dtype_works():
+    """float16 not run (an activation beyond its range) and bfloat16 negligible: the advice is
+    bfloat16 because float16 cannot run, not "either dtype works"."""
+    from precision_plugin.probe.scoring import measure
+
+    result = _result({"float32": 1e-9, "float16": 1e-5, "bfloat16": 8e-5}, target=512)
+    results = dict(result.results)
+    reason = "not run: 'model.layers.0.mlp' reaches 7e+04 in float32, beyond float16's 65504"
+    results["float16"] = DtypeResult("float16", measure([], []), "invalid", reason, [], [], 0.0)
+    report = _headroom({"model.layers.0.mlp": (-0.1, 12.0)})
+    section = assess(results, 512, valid=True, overflow=report)
+    assert section.dtypes["bfloat16"].verdict == "negligible"
+    assert section.decision.dtype == "bfloat16" and section.decision.decided_by == "overflow"
+    assert "either" not in section.advice and f"float16 is out: {reason}" in section.advice
+
+
+def _sequences(lengths, eps_of):
+    """Trainer and rollout log-probs whose per-token difference is Gaussian of size
+    ``eps_of(length)`` (seeded)."""
+    g = torch.Generator().manual_seed(3)
+    train, roll = [], []
+    for n in lengths:
+        t = (-1.0 - torch.rand(n, generator=g, dtype=torch.float64)).tolist()
+        d = (eps_of(n) * torch.randn(n, generator=g, dtype=torch.float64)).tolist()
+        train.append(t)
+        roll.append([a - b for a, b in zip(t, d, strict=True)])
+    return train, roll
+
+
+def test_long_sequences_that_spread_faster_widen_the_projection_and_say_why():
+    import math
+
+    from precision_plugin.probe.advice import dtype_consequence
+
+    lengths = [16 * (i + 1) for i in range(16)]
+    train, roll = _sequences(lengths, lambda n: 0.01 if n < 192 else 0.08)
+    c = dtype_consequence("bfloat16", train, roll, 4096)
+    assert c.growth.status == "misfit" and c.growth.p_value < 0.05
+    high = c.growth.widened_high
+    assert high > c.fit.variance_robust_high  # wider than the fit's own interval
+    assert c.projection.ess.low == pytest.approx(math.exp(-high * 4096), rel=1e-12)
+    assert "the projection's interval is widened" in dtype_line(c)
+    same = dtype_consequence("bfloat16", *_sequences([256] * 16, lambda n: 0.01), 4096)
+    assert same.growth.status == "untestable"
+    line = " ".join(dtype_line(same).split())
+    assert "The growth check could not be made: the lengths are too uniform" in line

@@ -212,8 +212,7 @@ INTERNAL: dict[str, set[str]] = {
         "consecutive_skips",
     },
     "precision_plugin.probe.advice": {
-        "BucketConsequence", "dtype_consequence", "classify", "percent", "ess_text", "dtype_line",
-        "advice",
+        "BucketConsequence", "dtype_consequence", "classify", "ess_text", "dtype_line",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
     "precision_plugin.metrics.mismatch": {
@@ -222,6 +221,8 @@ INTERNAL: dict[str, set[str]] = {
     "precision_plugin.metrics.consequence": {
         "consequence_sums_of", "chi2_quantile", "mask_fraction",
     },
+    "precision_plugin.intervals": {"z_value", "chi2_ppf", "robust_bounds"},
+    "precision_plugin.decision": {"percent"},
 }  # fmt: skip
 
 
@@ -277,6 +278,8 @@ def test_exemptions_name_public_objects() -> None:
 #: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
 #: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
 UNCHECKED_ANY: dict[str, str] = {
+    "precision_plugin.probe.advice.assess overflow": "the probe's OverflowCheck (or its "
+    "HeadroomReport, or None), read only for its recommendation",
     "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
     "holds (or None); the adapters read only what it has",
     "precision_plugin.deepspeed.engine_dtype engine": "any object: None for one the plugin "
@@ -442,6 +445,7 @@ def candidates(tmp: Path) -> list[Any]:
         growth,
         project(growth, 100),
         Interval(0.5, 0.4, 0.6),
+        (0.5, 0.4, 0.6),  # a (value, low, high) of the decision's evidence
     ]
 
 

@@ -22,6 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Module -> public names it documents (docs/api.md), as of the layered restructuring.
 DOCUMENTED: dict[str, list[str]] = {
     "precision_plugin.conflicts": ["settle_conflict"],
+    "precision_plugin.intervals": [
+        "clopper_pearson", "variance_normal", "variance_robust", "excess_kurtosis", "batch_ess",
+        "mixed_batch_ess", "expected_batch_ess", "ratio_interval", "COVERAGE",
+        "LAPLACE_EXCESS_KURTOSIS",
+    ],
+    "precision_plugin.misfit": ["check_growth", "GrowthCheck"],
+    "precision_plugin.decision": [
+        "decide", "Decision", "Evidence", "Headroom", "apply_forms", "prompts_to_decide",
+    ],
     "precision_plugin.audit": ["audit_run", "contradictions"],
     "precision_plugin.buffers": [
         "FLOAT32_BUFFERS",

@@ -1,0 +1,326 @@
+"""One decision from everything a probe measured: which dtype to train in, and how to say so.
+
+The evidence is weighed in a fixed order, and the first that decides wins:
+
+1. **overflow**: a dtype that cannot run (float16 activations beyond its range; a rollout
+   engine that refuses it for the model type) is out, whatever else it measures;
+2. **headroom**: modules within the margin of float16's maximum make float16 conditional on
+   ``overflow.keep_fp32_modules`` for where it starts, or rule it out (too many places);
+3. **consequence**, with its interval: the share of a batch that still counts at the target
+   length; one dtype is preferred only when its interval lies wholly above the other's;
+4. **the mismatch itself**: the k3 KL, with its interval, when the consequences cannot be told
+   apart.
+
+A line changes only on a difference its interval supports; otherwise it says "not enough
+sequences to decide" and how many prompts would decide it (interval widths shrink about as
+``1/√n``). The decision carries how to apply it in the three ways the plugin is configured:
+Python (``enable(...)``), the DeepSpeed config entry, and the ``PRECISION_PLUGIN`` environment
+variable (policy fields ``dtype`` and ``overflow.keep_fp32_modules``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_plugin.boundary import checked
+
+#: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
+MAX_NUM_PROMPTS = 100_000
+#: The probe's negligible line: under 1 % of the batch lost.
+NEGLIGIBLE = 0.01
+#: Order the dtypes are named in when nothing else ranks them.
+PREFERENCE = ("float16", "bfloat16")
+
+
+@checked
+@dataclass(frozen=True)
+class Evidence:
+    """One low-precision dtype's figures for the decision.
+
+    ``kept``: ``(value, low, high)``, the share of a batch that still counts at the target
+    length; ``k3``: ``(value, low, high)``, the mismatch; ``sequences``: how many sequences
+    stand behind them; ``blocked``: why the dtype cannot run (empty when it can); ``verdict``:
+    the consequence verdict (negligible ... severe).
+    """
+
+    dtype: str
+    kept: tuple[float, float, float]
+    k3: tuple[float, float, float]
+    sequences: int
+    verdict: str
+    blocked: str = ""
+
+
+@checked
+@dataclass(frozen=True)
+class Headroom:
+    """The float16 headroom's recommendation: ``action`` as
+    [`Recommendation`][precision_plugin.overflow.headroom.Recommendation] (``none``,
+    ``keep_fp32_modules``, ``bfloat16``, ``fix_model``), its ``modules``, ``flagged`` (how many
+    modules are within the margin) and the margin in bits."""
+
+    action: str = "none"
+    modules: tuple[str, ...] = ()
+    flagged: int = 0
+    margin_bits: float = 3.0
+    message: str = ""
+
+
+@checked
+@dataclass(frozen=True)
+class Decision:
+    """What to do: ``action`` (``train``, ``either``, ``undecided``, ``fix_setup``,
+    ``fix_model``, ``nothing``), the ``dtype`` and ``keep_fp32_modules`` to train with, which
+    evidence ``decided_by`` (``self-check``, ``overflow``, ``headroom``, ``consequence``,
+    ``mismatch``, ``none``), ``num_prompts`` that would decide an undecided comparison, and the
+    one ``line`` the probe prints."""
+
+    action: str
+    dtype: str | None
+    decided_by: str
+    line: str
+    keep_fp32_modules: tuple[str, ...] = ()
+    num_prompts: int | None = None
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def forms(self) -> dict[str, str]:
+        """How to apply it: ``python``, ``deepspeed`` and ``env`` (empty without a dtype)."""
+        return apply_forms(self.dtype, self.keep_fp32_modules) if self.dtype else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "action": self.action,
+            "dtype": self.dtype,
+            "keep_fp32_modules": list(self.keep_fp32_modules),
+            "decided_by": self.decided_by,
+            "num_prompts": self.num_prompts,
+            "reasons": list(self.reasons),
+            "forms": self.forms,
+            "line": self.line,
+        }
+
+
+@checked
+def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, str]:
+    """The policy ``{"dtype": dtype, "overflow": {"keep_fp32_modules": [...]}}`` written for
+    Python, the DeepSpeed config entry and the ``PRECISION_PLUGIN`` variable."""
+    modules = list(keep_fp32_modules)
+    entry: dict[str, Any] = {"dtype": dtype}
+    if modules:
+        entry["overflow"] = {"keep_fp32_modules": modules}
+    args = [] if dtype == "float16" else [f"dtype={dtype!r}"]
+    if modules:
+        args.append(f"overflow={{'keep_fp32_modules': {modules!r}}}")
+    env = dtype if not modules else json.dumps(entry, separators=(",", ":"))
+    return {
+        "python": f"precision_plugin.enable({', '.join(args)})",
+        "deepspeed": f'"precision_plugin": {json.dumps(entry)}',
+        "env": f"PRECISION_PLUGIN={env}" if not modules else f"PRECISION_PLUGIN='{env}'",
+    }
+
+
+def percent(value: Any) -> str:
+    """A share as the probe's table and lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
+    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    if value == 0:
+        return "0%"
+    if value < 0.001:
+        return "<0.1%"
+    if 0.999 < value < 1:
+        return ">99.9%"
+    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
+
+
+def _kept(e: Evidence) -> str:
+    value, low, high = e.kept
+    return f"{percent(value)} ({percent(low)}–{percent(high)}, {e.sequences} sequences)"
+
+
+@checked
+def prompts_to_decide(
+    a: tuple[float, float, float], b: tuple[float, float, float], n: int
+) -> int | None:
+    """About how many sequences make two overlapping intervals apart (their half-widths on the
+    facing sides shrink as ``1/√n``); ``None`` when the central values are equal or the number
+    is beyond ``MAX_NUM_PROMPTS``."""
+    (va, la, ha), (vb, lb, hb) = a, b
+    if not all(map(math.isfinite, (va, la, ha, vb, lb, hb))) or va == vb:
+        return None
+    upper, lower = (a, b) if va > vb else (b, a)
+    gap = upper[0] - lower[0]
+    reach = (upper[0] - upper[1]) + (lower[2] - lower[0])
+    need = math.ceil(n * (reach / gap) ** 2 * 1.1)  # 10 %: the widths shrink a little slower
+    return need if need <= MAX_NUM_PROMPTS else None
+
+
+def _how(d: Decision) -> str:
+    f = d.forms
+    return f"apply: {f['python']} · DeepSpeed {f['deepspeed']} · {f['env']}"
+
+
+def _finish(
+    action: str,
+    dtype: str | None,
+    by: str,
+    text: str,
+    headroom: Headroom,
+    reasons: list[str],
+    num_prompts: int | None = None,
+    chosen: Evidence | None = None,
+) -> Decision:
+    keep = headroom.modules if dtype == "float16" and headroom.action == "keep_fp32_modules" else ()
+    if keep:
+        reasons.append(
+            f"headroom: {headroom.flagged} module(s) within {headroom.margin_bits:g} bits of "
+            f"float16's maximum; keep where it starts in float32 on the learner"
+        )
+    if chosen is not None and chosen.verdict in ("costly", "severe"):
+        reasons.append(
+            f"{chosen.dtype} still loses more than half: generate shorter, or train with a "
+            f"correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked share"
+        )
+    d = Decision(action, dtype, by, "", tuple(keep), num_prompts, tuple(reasons))
+    line = text + ("; " + "; ".join(reasons) if reasons else "")
+    if dtype:
+        line += f". {_how(d)}"
+    return Decision(action, dtype, by, line + ".", tuple(keep), num_prompts, tuple(reasons))
+
+
+@checked
+def decide(
+    evidence: Mapping[str, Evidence],
+    *,
+    target: int,
+    batch: int,
+    valid: bool = True,
+    headroom: Headroom | None = None,
+    refused: str | None = None,
+) -> Decision:
+    """The decision (see the module docstring). ``evidence``: the low-precision dtypes by name;
+    ``target``/``batch``: the length and batch size the ``kept`` figures are for; ``valid``:
+    the float32 self-check passed; ``refused``: why a rollout engine will not run float16."""
+    headroom = headroom or Headroom()
+    if not valid:
+        return _finish(
+            "fix_setup",
+            None,
+            "self-check",
+            "do: fix the set-up first: the float32 self-check failed, so no dtype's figures are "
+            "a precision measurement",
+            headroom,
+            [],
+        )
+    if headroom.action == "fix_model":
+        return _finish(
+            "fix_model",
+            None,
+            "overflow",
+            f"do: fix the model first: {headroom.message}",
+            headroom,
+            [],
+        )
+    if not evidence:
+        return _finish(
+            "nothing",
+            None,
+            "none",
+            "do: nothing to compare: no low-precision dtype was measured",
+            headroom,
+            [],
+        )
+    reasons: list[str] = []
+    out: dict[str, str] = {}
+    for e in evidence.values():
+        if e.blocked:
+            out[e.dtype] = e.blocked
+    if "float16" in evidence and "float16" not in out:
+        if refused:
+            out["float16"] = refused
+        elif headroom.action == "bfloat16":
+            out["float16"] = f"headroom: {headroom.message}"
+    runs = [e for e in evidence.values() if e.dtype not in out]
+    at = f"at {target:,} tokens, a batch of {batch:,}"
+    if not runs:
+        why = "; ".join(f"{k}: {v}" for k, v in out.items())
+        return _finish("nothing", None, "overflow", f"do: no dtype runs: {why}", headroom, [])
+    if out:
+        by = "headroom" if all(v.startswith("headroom") for v in out.values()) else "overflow"
+        for name, why in out.items():
+            reasons.append(f"{name} is out: {why}")
+        if refused and "float16" in out and out["float16"] == refused:
+            reasons.append(
+                "float16 (precision_plugin.enable()) only with a rollout engine that runs it"
+            )
+        best = max(runs, key=lambda e: e.kept[0])
+        return _finish(
+            "train",
+            best.dtype,
+            by,
+            f"do: train in {best.dtype}: {at} keeps {_kept(best)}",
+            headroom,
+            reasons,
+            chosen=best,
+        )
+    if len(runs) == 1:
+        (only,) = runs
+        return _finish(
+            "train",
+            only.dtype,
+            "consequence",
+            f"do: train in {only.dtype}: {at} keeps {_kept(only)} (the only dtype measured)",
+            headroom,
+            reasons,
+            chosen=only,
+        )
+    ranked = sorted(runs, key=lambda e: PREFERENCE.index(e.dtype) if e.dtype in PREFERENCE else 9)
+    a, b = ranked[0], ranked[1]
+    both = f"{a.dtype} {_kept(a)}, {b.dtype} {_kept(b)}"
+    if min(a.kept[1], b.kept[1]) >= 1.0 - NEGLIGIBLE:
+        lower = min((a, b), key=lambda e: e.k3[0])
+        other = b if lower is a else a
+        text = f"do: either dtype works: {at} keeps {both} (every consequence under 1 %)"
+        if _apart(lower.k3, other.k3):
+            text += f"; {lower.dtype}'s k3 is {other.k3[0] / lower.k3[0]:.0f}x lower"
+        return _finish("either", lower.dtype, "consequence", text, headroom, reasons)
+    if a.kept[1] > b.kept[2] or b.kept[1] > a.kept[2]:
+        best, worst = (a, b) if a.kept[1] > b.kept[2] else (b, a)
+        text = f"do: train in {best.dtype}: {at} keeps {_kept(best)}, {worst.dtype} {_kept(worst)}"
+        return _finish("train", best.dtype, "consequence", text, headroom, reasons, chosen=best)
+    n = min(a.sequences, b.sequences)
+    need = prompts_to_decide(a.kept, b.kept, n)
+    more = (
+        f"about --num-prompts {need:,} would decide it"
+        if need
+        else "no practical --num-prompts would: they are equal at this precision"
+    )
+    undecided = f"not enough sequences to decide on the consequence ({both}; {more})"
+    if _apart(a.k3, b.k3):
+        lower, other = (a, b) if a.k3[0] < b.k3[0] else (b, a)
+        text = (
+            f"do: train in {lower.dtype}: its mismatch is {other.k3[0] / lower.k3[0]:.0f}x lower "
+            f"(k3 {lower.k3[0]:.1e} vs {other.k3[0]:.1e}); {undecided}"
+        )
+        return _finish(
+            "train", lower.dtype, "mismatch", text, headroom, reasons, need, chosen=lower
+        )
+    return _finish(
+        "undecided",
+        None,
+        "none",
+        f"do: {undecided}; their mismatch (k3) does not differ either",
+        headroom,
+        reasons,
+        need,
+    )
+
+
+def _apart(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
+    return a[1] > b[2] or b[1] > a[2]

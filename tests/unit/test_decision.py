@@ -1,0 +1,113 @@
+"""One advice decision per probe: overflow, then headroom, then consequence with its interval,
+then the mismatch; applied in the three ways the plugin is configured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from precision_plugin.decision import Evidence, Headroom, apply_forms, decide, prompts_to_decide
+from precision_plugin.deepspeed import config_policy
+from precision_plugin.manager import coerce_policy
+from precision_plugin.policy import PrecisionPolicy
+
+MODULES = ("model.layers.3.mlp.down_proj", "model.layers.29.mlp.down_proj")
+#: SmolLM2's probe: 22 modules within the margin, two places where it starts.
+SMOLLM2 = Headroom("keep_fp32_modules", MODULES, 22, 3.0, "22 module(s) come within 2^3 ...")
+
+
+def _ev(dtype, kept, k3=(1e-5, 0.9e-5, 1.1e-5), n=16, verdict="noticeable", blocked=""):
+    return Evidence(dtype, kept, k3, n, verdict, blocked)
+
+
+FP16 = _ev("float16", (0.78, 0.6, 0.9))
+BF16 = _ev("bfloat16", (0.004, 0.001, 0.02), k3=(6e-4, 5e-4, 7e-4), verdict="severe")
+
+
+def test_headroom_near_the_maximum_makes_float16_carry_keep_fp32_modules():
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, headroom=SMOLLM2)
+    assert (d.action, d.dtype, d.decided_by) == ("train", "float16", "consequence")
+    assert d.keep_fp32_modules == MODULES
+    assert "22 module(s) within 3 bits of float16's maximum" in d.line
+    for form in d.forms.values():
+        assert form in d.line
+    assert d.line.count("do: ") == 1
+
+
+def test_each_printed_form_parses_to_the_same_policy():
+    forms = apply_forms("float16", MODULES)
+    python = forms["python"]
+    assert python == (
+        "precision_plugin.enable(overflow={'keep_fp32_modules': "
+        "['model.layers.3.mlp.down_proj', 'model.layers.29.mlp.down_proj']})"
+    )
+    kwargs = kwargs_of(python)
+    assert kwargs["overflow"]["keep_fp32_modules"] == list(MODULES)
+    from_python = coerce_policy(None, **kwargs)
+    key, _, entry = forms["deepspeed"].partition(": ")
+    assert key == '"precision_plugin"'
+    from_ds = config_policy({"precision_plugin": json.loads(entry)})
+    env = forms["env"].removeprefix("PRECISION_PLUGIN=").strip("'")
+    from_env = PrecisionPolicy.from_env({"PRECISION_PLUGIN": env})
+    for policy in (from_python, from_ds, from_env):
+        assert policy.dtype == "float16" and policy.overflow.keep_fp32_modules == MODULES
+    bf = apply_forms("bfloat16")
+    assert bf == {
+        "python": "precision_plugin.enable(dtype='bfloat16')",
+        "deepspeed": '"precision_plugin": {"dtype": "bfloat16"}',
+        "env": "PRECISION_PLUGIN=bfloat16",
+    }
+
+
+def kwargs_of(call: str) -> dict:
+    """The keyword arguments of a printed ``precision_plugin.enable(...)`` call (literals)."""
+    import ast
+
+    node = ast.parse(call, mode="eval").body
+    assert isinstance(node, ast.Call) and ast.unparse(node.func) == "precision_plugin.enable"
+    return {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+
+
+def test_an_overflowing_float16_is_never_either_dtype_works():
+    negligible = (0.999, 0.995, 1.0)
+    gone = _ev("float16", negligible, blocked="'model.layers.0.mlp' reaches 7e+04")
+    bf16 = _ev("bfloat16", negligible, verdict="negligible")
+    d = decide({"float16": gone, "bfloat16": bf16}, target=512, batch=256)
+    assert (d.action, d.dtype, d.decided_by) == ("train", "bfloat16", "overflow")
+    assert "either" not in d.line and "float16 is out: 'model.layers.0.mlp'" in d.line
+    beyond = Headroom("bfloat16", ("model.layers.0.mlp",), 3, 3.0, "beyond float16's 65504")
+    fp16 = _ev("float16", negligible, verdict="negligible")
+    d = decide({"float16": fp16, "bfloat16": bf16}, target=512, batch=256, headroom=beyond)
+    assert (d.dtype, d.decided_by) == ("bfloat16", "headroom") and "either" not in d.line
+
+
+def test_overlapping_consequences_fall_to_the_mismatch_and_say_how_many_prompts_decide():
+    a = _ev("float16", (0.6, 0.4, 0.8))
+    b = _ev("bfloat16", (0.5, 0.3, 0.7), k3=(6e-4, 5e-4, 7e-4))
+    d = decide({"float16": a, "bfloat16": b}, target=4096, batch=256)
+    assert (d.dtype, d.decided_by) == ("float16", "mismatch")
+    # Facing half-widths 0.2 + 0.2 over a gap of 0.1: (0.4 / 0.1)² = 16 times the 16 sequences,
+    # plus 10 %: 282.
+    assert d.num_prompts == prompts_to_decide(a.kept, b.kept, 16) == 282
+    assert "not enough sequences to decide on the consequence" in d.line
+    assert "about --num-prompts 282 would decide it" in d.line
+    same = _ev("bfloat16", (0.5, 0.3, 0.7))
+    d = decide({"float16": a, "bfloat16": same}, target=4096, batch=256)
+    assert (d.action, d.dtype, d.decided_by) == ("undecided", None, "none")
+    assert d.line.startswith("do: not enough sequences to decide")
+
+
+def test_a_failed_self_check_and_a_broken_model_come_first():
+    d = decide({"float16": FP16}, target=4096, batch=256, valid=False, headroom=SMOLLM2)
+    assert d.action == "fix_setup" and d.dtype is None and "apply:" not in d.line
+    broken = Headroom("fix_model", ("m",), 1, 3.0, "'m' produces inf/NaN even in float32")
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, headroom=broken)
+    assert d.action == "fix_model" and "inf/NaN even in float32" in d.line
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_single_dtype_is_advised_with_its_figures(dtype):
+    e = _ev(dtype, (0.78, 0.6, 0.9))
+    d = decide({dtype: e}, target=4096, batch=64)
+    assert d.dtype == dtype and "a batch of 64 keeps 78% (60%–90%, 16 sequences)" in d.line
