@@ -164,3 +164,24 @@ def _value(key: str, raw: str) -> Any:
     else:
         return raw
     raise PrecisionConfigError(f"--rollout: {key}={raw!r} is not {ROLLOUT_KEYS[key]}.")
+
+
+@checked
+@dataclass(frozen=True)
+class AttributionSettings:
+    """``probe --attribute``: the rollout's settings and the stale-weights learning rate."""
+
+    rollout: RolloutSettings = RolloutSettings()
+    learning_rate: float = 1e-6
+
+    def __post_init__(self) -> None:
+        lr = self.learning_rate
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and 0 < lr <= 1):
+            raise PrecisionConfigError(
+                f"learning-rate: {lr!r} is not a number in (0, 1]; pass the rate you train at, "
+                f"e.g. --learning-rate 1e-6 (the default)."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"rollout": self.rollout.to_dict(), "learning_rate": self.learning_rate}
