@@ -162,11 +162,15 @@ def attribute_dtype(
     settings: RolloutSettings,
     *,
     min_new_tokens: int = 0,
-    learning_rate: float = DEFAULT_LEARNING_RATE,
+    learning_rate: float | None = DEFAULT_LEARNING_RATE,
     seed: int = 0,
     what_if: bool = True,
 ) -> DtypeAttribution:
-    """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes."""
+    """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes.
+
+    ``what_if=False`` measures only the causes this rollout runs with; ``learning_rate=None``
+    leaves out the stale-weights row.
+    """
     started = time.perf_counter()
     seqs = sequences_of(samples)
     mu = [list(s.logprobs) for s in samples]
@@ -192,8 +196,9 @@ def attribute_dtype(
 
     def variant(**switch: Any) -> tuple[list[list[float]], float | None]:
         model = apply_switches(_copy(master, dtype), master, dtype, **switch)
+        scorer = HFScorer(model, transform=train_t)  # checks its LM head outside the record
         with recorded_routes(model) as seen:
-            scores = HFScorer(model, transform=train_t).score(seqs)
+            scores = scorer.score(seqs)
         return scores, (_flip_share(base_routes, seen) if moe else None)
 
     add("dtype", base, pi, True)
@@ -222,11 +227,12 @@ def attribute_dtype(
         elif what_if and hypothetical is not None:
             scores, flips = variant(**{key: hypothetical})
             add(cause, scores, base, False, what, flips)
-    weights = stepped_weights(master, seqs, learning_rate, seed)
-    stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
-                     transform=train_t).score(seqs)  # fmt: skip
-    add("stale_weights", stale, base, False,
-        f"weights one Adam step behind (lr {learning_rate:g})")  # fmt: skip
+    if learning_rate is not None:
+        weights = stepped_weights(master, seqs, learning_rate, seed)
+        stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
+                         transform=train_t).score(seqs)  # fmt: skip
+        add("stale_weights", stale, base, False,
+            f"weights one Adam step behind (lr {learning_rate:g})")  # fmt: skip
 
     total = log_ratio(mu, pi)
     # A token one side gives probability 0 (outside a top-p/top-k nucleus) has an infinite

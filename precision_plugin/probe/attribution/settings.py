@@ -59,13 +59,13 @@ class RolloutSettings:
     router_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        # SamplingSettings checks the sampling ranges and names the setting.
-        self.sampling()
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise PrecisionConfigError(
                 f"rollout: logprobs_mode={self.logprobs_mode!r} is not one of "
                 f"{', '.join(LOGPROBS_MODES)}; pass e.g. logprobs_mode=processed_logprobs."
             )
+        # SamplingSettings checks the sampling ranges and names the setting.
+        self.sampling()
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise PrecisionConfigError(
                 f"rollout: kv_cache_dtype={self.kv_cache_dtype!r} is not one the probe can "

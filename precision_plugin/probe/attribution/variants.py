@@ -11,7 +11,8 @@ Each switch is applied to a copy of the float32 master weights cast to the compu
 - ``kv_format``: keys (after RoPE) and values rounded to a float8 format before attention, with
   scale 1 and saturation at the format's largest value (vLLM's fp8 KV cache with its default
   ``k_scale = v_scale = 1.0``); an attention function registered with transformers'
-  ``AttentionInterface`` does it, wrapping the model's own;
+  ``AttentionInterface`` does it, wrapping the model's own (and its mask function, registered
+  under the same name with ``AttentionMaskInterface``, so padding stays masked);
 - ``router_dtype``: each MoE router (``*TopKRouter``) computed with its weight and input in that
   dtype, its routing weights handed on in the compute dtype;
 
@@ -127,6 +128,14 @@ def quantized_kv_cache(model: Any, fmt: str) -> str:
             )
 
         AttentionInterface.register(name, attention)
+        # The mask is built per implementation: the same as the wrapped one's (else none is).
+        from transformers.masking_utils import (
+            ALL_MASK_ATTENTION_FUNCTIONS,
+            AttentionMaskInterface,
+        )
+
+        if inner in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
     for sub in model.modules():
         sub_config = getattr(sub, "config", None)
         if sub_config is not None and hasattr(sub_config, "_attn_implementation"):
