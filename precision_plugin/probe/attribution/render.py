@@ -100,5 +100,8 @@ def _caption(section: Mapping[str, Any], changed: Mapping[str, Any]) -> str:
             f"change first: {first['cause']} ({first['share']:.0%} of the {first['dtype']} "
             f"mismatch): {_fix(first['settings'])}"
         )
+    for dtype, block in section.get("dtypes", {}).items():
+        if block.get("layerwise"):
+            lines.append(f"layerwise ({dtype}): {block['layerwise']}")
     lines.extend(section.get("notes", []))
     return "\n".join(lines)
