@@ -602,7 +602,7 @@ class _UsageError(PrecisionPluginError):
 def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
-    from precision_plugin.probe.attribution.cli import attribution_settings
+    from precision_plugin.probe.attribution.cli import attribution_settings, write_attribution_plot
     from precision_plugin.probe.attribution.render import render_attribution_table
     from precision_plugin.probe.inputs import read_prompts_file
     from precision_plugin.probe.table import (
@@ -652,6 +652,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
         _write(args.plot, "--plot", lambda path: plot_probe(result, path))
         err.print(f"wrote {args.plot}")
+    if write_attribution_plot(args, result, result.model):
+        err.print(f"wrote {args.attribution_plot}")
     with _writing_stdout():
         out.print(render_probe_table(result))
         headroom = render_headroom_table(result)

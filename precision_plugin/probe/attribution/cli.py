@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.attribution.measure import DEFAULT_LEARNING_RATE
 from precision_plugin.probe.attribution.settings import (
     ROLLOUT_KEYS,
@@ -35,6 +37,28 @@ def add_attribution_options(parser: argparse.ArgumentParser) -> None:
         help="learning rate of the one Adam step the stale_weights row measures "
         f"(default: {DEFAULT_LEARNING_RATE:g})",
     )
+    parser.add_argument(
+        "--attribution-plot",
+        metavar="FILE.png",
+        help="with --attribute: write the figure of the mismatch by cause (needs matplotlib)",
+    )
+
+
+def write_attribution_plot(args: argparse.Namespace, result: Any, model: str) -> str | None:
+    """Write ``--attribution-plot`` (after the run); returns the path written, or ``None``."""
+    if args.attribution_plot is None or result.attribution is None:
+        return None
+    from precision_plugin.probe.attribution.plot import plot_attribution
+
+    try:
+        plot_attribution(result.attribution.to_dict(), args.attribution_plot,
+                         title=f"why it is still off: {model}")  # fmt: skip
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"--attribution-plot: cannot write {args.attribution_plot!r}: "
+            f"{exc.strerror or exc}; pass a path in a folder that exists and is writable."
+        ) from None
+    return str(args.attribution_plot)
 
 
 def attribution_settings(args: argparse.Namespace) -> AttributionSettings | None:
