@@ -209,6 +209,14 @@ def _probe_layerwise(data: dict[str, Any]) -> str:
     return _rich_text(render_layerwise_table(data))
 
 
+@view("attribution-table")
+def _attribution_table(data: dict[str, Any]) -> str:
+    """``probe --attribute``: the mismatch by cause, as the probe prints it."""
+    from precision_plugin.probe.attribution.render import render_attribution_table
+
+    return _rich_text(render_attribution_table(data["attribution"]))
+
+
 @view("rope-buffers")
 def _rope_buffers(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_rope_buffers.py``: the probe with the rollout copy's RoPE

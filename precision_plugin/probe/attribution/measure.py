@@ -9,9 +9,10 @@ base, the rollout's own weights scored like the trainer (prefill, alone, the tra
 convention), and every token's log-prob difference is recorded:
 
 - ``dtype``: base against the trainer (both sides in the dtype; in float32 they agree);
-- ``decode``: KV-cache incremental decode against the base's prefill;
 - ``batch``: inside the padded batch of all sequences against alone (bit for bit, the core's
   [`batch_rescore`][precision_plugin.scoring.batch_rescore]);
+- ``decode``: KV-cache incremental decode of the whole batch against the batch's prefill (the
+  two chain: decode-in-the-batch against prefill alone is their sum);
 - ``sampling``: the rollout's log-prob convention against the trainer's;
 - ``lm_head``, ``rope``, ``kv_cache``, ``router``: that component as the rollout runs it;
 - ``stale_weights``: the base one Adam step behind (always a what-if: a scale, not a cause).
@@ -202,12 +203,18 @@ def attribute_dtype(
         return scores, (_flip_share(base_routes, seen) if moe else None)
 
     add("dtype", base, pi, True)
-    add("decode", HFScorer(base_model, incremental=True, transform=train_t).score(seqs), base,
-        True)  # fmt: skip
-    if len(seqs) > 1:
-        batched = HFScorer(base_model, batch_size=len(seqs), transform=train_t)
-        rescore = batch_rescore(batched, seqs, len(seqs), seed=seed, alone=base)
+    # decode is switched inside the rollout's own padded batch (one decode pass for all
+    # sequences, as the engine decodes), against that batch's prefill; batch against alone.
+    # The two chain: their sum is decode-in-the-batch against prefill alone.
+    n = len(seqs)
+    prefill_n = base
+    if n > 1:
+        batched = HFScorer(base_model, batch_size=n, transform=train_t)
+        rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
         add("batch", rescore.batched, base, True)
+        prefill_n = rescore.batched
+    decoded = HFScorer(base_model, incremental=True, batch_size=n, transform=train_t).score(seqs)
+    add("decode", decoded, prefill_n, True)
     if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
         add("sampling", HFScorer(base_model, transform=engine_t).score(seqs), base, True)
     low = dtype != "float32"
