@@ -14,14 +14,8 @@ from precision_plugin.mismatch import MismatchMetrics, compute_mismatch
 from precision_plugin.policy import MetricSettings
 from precision_plugin.probe.engine import RolloutSample
 from precision_plugin.probe.schema import SelfCheck
-from precision_plugin.scoring import (
-    CHUNK_LOGITS,
-    HFScorer,
-    LMHead,
-    lm_head_of,
-    sequences_of,
-    trainer_precision,
-)
+from precision_plugin.scoring import HFScorer, sequences_of
+from precision_plugin.scoring.hf import CHUNK_LOGITS, LMHead, lm_head_of, trainer_precision
 
 __all__ = [
     "CHUNK_LOGITS",

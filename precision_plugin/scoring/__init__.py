@@ -15,13 +15,7 @@ The probe's attribution and the drift canary both build on these; nothing here i
 from __future__ import annotations
 
 from precision_plugin.scoring.bitwise import BitwiseEqual, bitwise_equal
-from precision_plugin.scoring.hf import (
-    CHUNK_LOGITS,
-    HFScorer,
-    LMHead,
-    lm_head_of,
-    trainer_precision,
-)
+from precision_plugin.scoring.hf import CHUNK_LOGITS, HFScorer, trainer_precision
 from precision_plugin.scoring.interface import Scorer, TokenSequence, sequences_of
 from precision_plugin.scoring.rescore import BatchRescore, batch_rescore
 
@@ -30,12 +24,10 @@ __all__ = [
     "BatchRescore",
     "BitwiseEqual",
     "HFScorer",
-    "LMHead",
     "Scorer",
     "TokenSequence",
     "batch_rescore",
     "bitwise_equal",
-    "lm_head_of",
     "sequences_of",
     "trainer_precision",
 ]

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 #: Which framework's key the table's "fix" column shows first (the rest are in the JSON).
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 FIX_ORDER = ("--rollout", "precision_plugin", "vLLM", "TRL", "SGLang", "verl", "any")
 
 
@@ -51,15 +52,16 @@ def render_attribution_table(section: Mapping[str, Any]) -> Any:
     )
     for header, justify in (
         ("dtype", "left"), ("cause", "left"), ("k3 [95% CI]", "right"), ("share", "right"),
-        ("bit-equal", "right"), ("fix (what-if: the switch measured)", "left"),
+        ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
     ):  # fmt: skip
         wide = header.startswith("fix")
         table.add_column(
             header,
             justify=justify,
-            no_wrap=wide or header.startswith("k3"),
+            no_wrap=True,
             overflow="ellipsis",
-            max_width=48 if wide else None,
+            max_width=36 if wide else None,
+            min_width=None if wide else len(header),
         )
     for dtype, block in section.get("dtypes", {}).items():
         first = True
@@ -70,7 +72,7 @@ def render_attribution_table(section: Mapping[str, Any]) -> Any:
             if flips is not None:
                 name += f", experts flip {flips:.1%}"
             table.add_row(
-                dtype if first else "", name, k3, _share(row["share"]),
+                _SHORT.get(dtype, dtype) if first else "", name, k3, _share(row["share"]),
                 f"{row['bitwise_equal']:.1%}" if row["bitwise_equal"] is not None else "-",
                 escape(_fix(row["fixes"]) if row["in_total"] else f"if {row.get('what_if', '')}"),
             )  # fmt: skip
