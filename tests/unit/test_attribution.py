@@ -167,3 +167,25 @@ def test_published_seed_results_rank_each_cause_first_in_19_of_20() -> None:
     for cause, counts in data["causes"].items():
         assert counts["seeds"] == 20, cause
         assert counts["first"] >= 19, (cause, counts)
+
+
+def test_layerwise_places_the_largest_cause() -> None:
+    import types
+
+    from precision_plugin.policy import OverflowSettings
+    from precision_plugin.probe.attribution import rollout_samples
+    from precision_plugin.probe.attribution.probe import where_it_parts
+    from tests.attribution_cases import NEW_TOKENS, PROMPTS
+
+    model = llama()
+    settings = RolloutSettings(rope_dtype="bfloat16")
+    report = run(model, "float32", settings)
+    samples = rollout_samples(
+        model, PROMPTS, [NEW_TOKENS] * 3, "float32", settings,
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
+    )  # fmt: skip
+    config = types.SimpleNamespace(overflow=OverflowSettings())
+    line = where_it_parts(model, report, samples, settings, config)
+    assert line is not None and line.startswith("largest cause rope:")
+    # RoPE frequencies rounded: the sides part where the rotary embedding is computed.
+    assert "rotary_emb" in line, line
