@@ -155,6 +155,8 @@ def test_probe_bad_rollout_is_one_usage_error(capsys: Any) -> None:
     assert main(["probe", "--rollout", "top_q=0.9"]) == 2
     err = capsys.readouterr().err
     assert "--rollout: unknown key 'top_q'" in err and "Traceback" not in err
+    assert main(["probe", "--attribution-plot", "a.png"]) == 2
+    assert "add --attribute" in capsys.readouterr().err
 
 
 def test_published_seed_results_rank_each_cause_first_in_19_of_20() -> None:

@@ -64,6 +64,11 @@ def write_attribution_plot(args: argparse.Namespace, result: Any, model: str) ->
 def attribution_settings(args: argparse.Namespace) -> AttributionSettings | None:
     """The probe's ``attribution`` setting from the parsed options (``None``: not asked)."""
     if not args.attribute and args.rollout is None:
+        if args.attribution_plot is not None:
+            raise PrecisionConfigError(
+                "--attribution-plot: there is no attribution to draw without --attribute; "
+                "add --attribute (or --rollout KEY=VALUE,...), or drop --attribution-plot."
+            )
         return None
     rollout = parse_rollout(args.rollout) if args.rollout is not None else None
     if rollout is None:
