@@ -66,6 +66,7 @@ LAYERS: dict[str, int] = {
     "intervals": 2,
     "misfit": 2,
     "decision": 2,
+    "scoring": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,

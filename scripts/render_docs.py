@@ -214,6 +214,38 @@ def _probe_layerwise(data: dict[str, Any]) -> str:
     return _rich_text(render_layerwise_table(data))
 
 
+@view("attribution-table")
+def _attribution_table(data: dict[str, Any]) -> str:
+    """``probe --attribute``: the mismatch by cause, as the probe prints it."""
+    from precision_plugin.probe.attribution.render import render_attribution_table
+
+    return _rich_text(render_attribution_table(data["attribution"]))
+
+
+@view("attribution-seeds")
+def _attribution_seeds(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_attribution_seeds.py``: per cause injected alone, the seeds
+    that rank it first and the smallest ratio of its k3 to the next row's."""
+    rows = [
+        "| cause injected | ranked first | smallest k3 ratio to the next row |",
+        "|---|---|---|",
+    ]
+    for cause, c in data["causes"].items():
+        ratio = c["min_ratio_to_next"]
+        shown = "next row exactly 0" if ratio is None else f"{ratio:.3g}x"
+        rows.append(f"| `{cause}` | {c['first']} of {c['seeds']} | {shown} |")
+    return "\n".join(rows)
+
+
+@view("attribution-time")
+def _attribution_time(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_attribution_time.py``: probe wall time, plain and attributed."""
+    rows = ["| run | wall time | relative to the plain probe |", "|---|---|---|"]
+    for name, seconds in data["median_wall_s"].items():
+        rows.append(f"| `{name}` | {seconds:,.0f} s | {data['ratio_to_plain'][name]:.2f}x |")
+    return "\n".join(rows)
+
+
 @view("rope-buffers")
 def _rope_buffers(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_rope_buffers.py``: the probe with the rollout copy's RoPE

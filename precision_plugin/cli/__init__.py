@@ -266,6 +266,9 @@ def build_parser(engine_names: Sequence[str] = ("hf",)) -> argparse.ArgumentPars
         help="also replay each dtype's longest sample through both sides layer by layer and "
         "report where they part",
     )
+    from precision_plugin.probe.attribution.cli import add_attribution_options
+
+    add_attribution_options(probe)
     probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     probe.add_argument(
         "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
@@ -611,6 +614,8 @@ class _UsageError(PrecisionPluginError):
 def _cmd_probe(args: argparse.Namespace) -> int:
     from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
+    from precision_plugin.probe.attribution.cli import attribution_settings, write_attribution_plot
+    from precision_plugin.probe.attribution.render import render_attribution_table
     from precision_plugin.probe.inputs import read_prompts_file
     from precision_plugin.probe.table import (
         render_headroom_table,
@@ -645,6 +650,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         target_length=args.target_length,
         layerwise=args.layerwise,
         batch_size=args.batch_size,
+        attribution=attribution_settings(args),
     )
     err = _console(stderr=True)
     out = err if args.json == "-" else _console()
@@ -659,6 +665,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
         _write(args.plot, "--plot", lambda path: plot_probe(result, path))
         err.print(f"wrote {args.plot}")
+    if write_attribution_plot(args, result, result.model):
+        err.print(f"wrote {args.attribution_plot}")
     with _writing_stdout():
         out.print(render_probe_table(result))
         headroom = render_headroom_table(result)
@@ -666,6 +674,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             out.print(headroom)
         if result.layerwise is not None:
             out.print(render_layerwise_table(result))
+        if result.attribution is not None:
+            out.print(render_attribution_table(result.attribution.to_dict()))
     _emit_json(args, result.to_json(), err, to_file=False)
     if not result.valid:
         err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")

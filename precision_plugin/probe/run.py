@@ -302,6 +302,7 @@ def run_probe(
     device = resolve_device(config.device)
     n = config.num_prompts
     total = 2 * n * len(config.dtypes) + (len(config.dtypes) - 1) * config.layerwise
+    total += len(config.dtypes) * (config.attribution is not None)
     done = 0
 
     def tick(description: str, advance: int) -> None:
@@ -345,6 +346,11 @@ def run_probe(
                     config, factory, path, device, model, prompts, budgets, dtype, tick
                 )
             layerwise = _layerwise(config, factory, path, device, model, results, tick, notes)
+            attribution = None
+            if config.attribution is not None:
+                from precision_plugin.probe.attribution.probe import attribute_probe
+
+                attribution = attribute_probe(config, model, prompts, budgets, results, tick)
         del model
 
     check = self_check(results[SELF_CHECK_DTYPE].metrics, config.metrics)
@@ -379,6 +385,7 @@ def run_probe(
         notes=notes,
         consequence=consequence,
         layerwise=layerwise,
+        attribution=attribution,
         peak_rss_mb=peak_rss_mb(),
     )
 

@@ -15,6 +15,7 @@ from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
+from precision_plugin.probe.attribution.settings import AttributionSettings
 from precision_plugin.probe.engine import RolloutEngine
 from precision_plugin.probe.inputs import Prompt
 from precision_plugin.probe.length import LengthEffect, length_effect
@@ -75,6 +76,8 @@ class ProbeConfig:
     target_length: int = DEFAULT_TARGET_LENGTH
     layerwise: bool = False
     batch_size: int = DEFAULT_BATCH_SIZE
+    #: ``probe --attribute``: the rollout settings to attribute (``None``: no attribution).
+    attribution: AttributionSettings | None = None
 
     def __post_init__(self) -> None:
         names = [normalize_dtype(d, field_name="dtypes") for d in self.dtypes]
@@ -203,6 +206,9 @@ class ProbeResult:
     #: Where the two sides part (:class:`precision_plugin.probe.layerwise.LayerwiseReport`);
     #: ``None`` without ``layerwise``.
     layerwise: Any = None
+    #: Each cause's share (:class:`precision_plugin.probe.attribution.AttributionReport`);
+    #: ``None`` without ``attribution``.
+    attribution: Any = None
     #: The process's peak resident memory at the end of the run, in MiB (``None`` where the
     #: platform does not say).
     peak_rss_mb: float | None = None
@@ -238,6 +244,7 @@ class ProbeResult:
                 "target_length": self.config.target_length,
                 "batch_size": self.config.batch_size,
                 "layerwise": self.config.layerwise,
+                "attribute": self.config.attribution is not None,
             },
             "seconds": round(self.seconds, 3),
             "peak_rss_mb": self.peak_rss_mb,
@@ -249,6 +256,8 @@ class ProbeResult:
             data["consequence"] = self.consequence.to_dict()
         if self.layerwise is not None:
             data["layerwise"] = self.layerwise.to_dict()
+        if self.attribution is not None:
+            data["attribution"] = self.attribution.to_dict()
         return _json_safe(data)
 
     def to_json(self, indent: int | None = 2) -> str:

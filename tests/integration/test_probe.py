@@ -75,8 +75,9 @@ def test_json_schema_is_stable(default_run: ProbeResult) -> None:
         "target_length": 4096,
         "batch_size": 256,
         "layerwise": False,
+        "attribute": False,
     }
-    assert data["notes"] == [] and "layerwise" not in data
+    assert data["notes"] == [] and "layerwise" not in data and "attribution" not in data
     assert data["peak_rss_mb"] > 100  # torch and transformers alone take more
     effect = data["results"]["bfloat16"]["length_effect"]
     assert effect["sequences"] == 8 and sum(b["sequences"] for b in effect["buckets"]) == 8

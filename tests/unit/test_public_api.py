@@ -138,6 +138,8 @@ def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
 EXEMPT_OBJECTS: dict[str, str] = {
     "precision_plugin.probe.RolloutEngine": "a typing.Protocol: describes what an engine "
     "provides; never constructed or called",
+    "precision_plugin.scoring.Scorer": "a typing.Protocol: describes what a scoring engine "
+    "provides; never constructed or called",
 }
 
 
@@ -300,6 +302,8 @@ UNCHECKED_ANY: dict[str, str] = {
     "precision_plugin.probe.ProbeResult consequence": "a result record's field (built by the "
     "probe)",
     "precision_plugin.probe.ProbeResult layerwise": "a result record's field (built by the probe)",
+    "precision_plugin.probe.ProbeResult attribution": "a result record's field (built by the "
+    "probe)",
     "precision_plugin.sampling.LogitsProcessor.add tokens": "the engine's own tensor, once per "
     "sampled token: a value check there would cost a device sync per token",
     "precision_plugin.sampling.LogitsProcessor.process logits": "the engine's own tensor, once "
@@ -352,6 +356,15 @@ def test_every_annotation_resolves(entry: Entry) -> None:
 # -- calling the API with one wrong argument ---------------------------------------------------
 
 
+class _Scorer:
+    """A scoring engine (``precision_plugin.scoring.Scorer``): every token at log-prob -1."""
+
+    name = "constant"
+
+    def score(self, sequences: Any) -> list[list[float]]:
+        return [[-1.0] * len(s.completion_ids) for s in sequences]
+
+
 class _Tokenizer:
     """What the prompt builders call a tokenizer."""
 
@@ -382,6 +395,7 @@ def candidates(tmp: Path) -> list[Any]:
     from precision_plugin.probe import ProbeConfig, RolloutSample, SelfCheck
     from precision_plugin.sanity import SanityConfig
     from precision_plugin.scaler import ScalerStats
+    from precision_plugin.scoring import BitwiseEqual, TokenSequence
     from precision_plugin.vllm import cascade_decision
 
     file = tmp / "file.txt"
@@ -446,6 +460,9 @@ def candidates(tmp: Path) -> list[Any]:
         project(growth, 100),
         Interval(0.5, 0.4, 0.6),
         (0.5, 0.4, 0.6),  # a (value, low, high) of the decision's evidence
+        _Scorer(),
+        BitwiseEqual(1, 1),
+        [TokenSequence((1,), (2,))],
     ]
 
 

@@ -1,0 +1,76 @@
+"""The command-line options of ``probe --attribute`` (the CLI adds them and calls in here)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.probe.attribution.measure import DEFAULT_LEARNING_RATE
+from precision_plugin.probe.attribution.settings import (
+    ROLLOUT_KEYS,
+    AttributionSettings,
+    parse_rollout,
+)
+
+
+def add_attribution_options(parser: argparse.ArgumentParser) -> None:
+    """``--attribute``, ``--rollout KEY=VALUE,...`` and ``--learning-rate`` on ``parser``."""
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="also measure what each cause adds to the mismatch (dtype, decode, batch, "
+        "lm_head, sampling, rope, kv_cache, router, stale_weights) on the same tokens",
+    )
+    parser.add_argument(
+        "--rollout",
+        metavar="KEY=VALUE,...",
+        help="the rollout's own settings, under vLLM's names ("
+        + ", ".join(ROLLOUT_KEYS)
+        + "); applied to the rollout side and attributed (implies --attribute)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=DEFAULT_LEARNING_RATE,
+        metavar="LR",
+        help="learning rate of the one Adam step the stale_weights row measures "
+        f"(default: {DEFAULT_LEARNING_RATE:g})",
+    )
+    parser.add_argument(
+        "--attribution-plot",
+        metavar="FILE.png",
+        help="with --attribute: write the figure of the mismatch by cause (needs matplotlib)",
+    )
+
+
+def write_attribution_plot(args: argparse.Namespace, result: Any, model: str) -> str | None:
+    """Write ``--attribution-plot`` (after the run); returns the path written, or ``None``."""
+    if args.attribution_plot is None or result.attribution is None:
+        return None
+    from precision_plugin.probe.attribution.plot import plot_attribution
+
+    try:
+        plot_attribution(result.attribution.to_dict(), args.attribution_plot,
+                         title=f"why it is still off: {model}")  # fmt: skip
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"--attribution-plot: cannot write {args.attribution_plot!r}: "
+            f"{exc.strerror or exc}; pass a path in a folder that exists and is writable."
+        ) from None
+    return str(args.attribution_plot)
+
+
+def attribution_settings(args: argparse.Namespace) -> AttributionSettings | None:
+    """The probe's ``attribution`` setting from the parsed options (``None``: not asked)."""
+    if not args.attribute and args.rollout is None:
+        if args.attribution_plot is not None:
+            raise PrecisionConfigError(
+                "--attribution-plot: there is no attribution to draw without --attribute; "
+                "add --attribute (or --rollout KEY=VALUE,...), or drop --attribution-plot."
+            )
+        return None
+    rollout = parse_rollout(args.rollout) if args.rollout is not None else None
+    if rollout is None:
+        return AttributionSettings(learning_rate=args.learning_rate)
+    return AttributionSettings(rollout=rollout, learning_rate=args.learning_rate)

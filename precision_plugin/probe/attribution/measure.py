@@ -1,0 +1,351 @@
+"""``probe --attribute``: on the same tokens, what each cause adds to the mismatch.
+
+Per dtype, the rollout samples once with everything the user's rollout runs with (the
+``--rollout`` settings applied as the engine applies them; decoding with the KV cache, all
+prompts in one padded batch) and records its log-probs ``mu``. The trainer scores the same
+tokens (``pi``: float32 master weights under autocast, one prefill pass per sequence, the logits
+divided by the temperature as TRL does). Then each cause is switched on alone against a common
+base, the rollout's own weights scored like the trainer (prefill, alone, the trainer's
+convention), and every token's log-prob difference is recorded:
+
+- ``dtype``: base against the trainer (both sides in the dtype; in float32 they agree);
+- ``batch``: inside the padded batch of all sequences against alone (bit for bit, the core's
+  [`batch_rescore`][precision_plugin.scoring.batch_rescore]);
+- ``decode``: KV-cache incremental decode of the whole batch against the batch's prefill (the
+  two chain: decode-in-the-batch against prefill alone is their sum);
+- ``sampling``: the rollout's log-prob convention against the trainer's;
+- ``lm_head``, ``rope``, ``kv_cache``, ``router``: that component as the rollout runs it;
+- ``stale_weights``: the base one Adam step behind (always a what-if: a scale, not a cause).
+
+Causes the rollout does not run with are measured as what-ifs (an fp8 e4m3 KV cache, an fp32 LM
+head, RoPE rounded to the dtype, an fp32 router) and have no share. The arithmetic is in
+[`decompose`][precision_plugin.probe.attribution.decompose].
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from precision_plugin.probe.attribution.decompose import (
+    decompose,
+    k3_interval,
+    log_ratio,
+)
+from precision_plugin.probe.attribution.fixes import CAUSES, first_change
+from precision_plugin.probe.attribution.report import (
+    AttributionReport,
+    CauseRow,
+    DtypeAttribution,
+)
+from precision_plugin.probe.attribution.settings import RolloutSettings
+from precision_plugin.probe.attribution.variants import (
+    apply_switches,
+    recorded_routes,
+    routers,
+    stepped_weights,
+)
+from precision_plugin.rollout import RolloutSample
+from precision_plugin.sampling import LogitsProcessor
+from precision_plugin.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
+from precision_plugin.scoring.interface import sequences_of
+
+log = logging.getLogger("precision_plugin")
+
+#: ``--learning-rate`` default: a typical RL fine-tuning rate (GRPO recipes use 1e-6 to 3e-6).
+DEFAULT_LEARNING_RATE = 1e-6
+
+
+def trainer_transform(settings: RolloutSettings) -> Callable[[Any, Any], Any]:
+    """The trainer's convention (TRL's): ``log_softmax(logits / temperature)``, full vocabulary."""
+    temperature = settings.temperature
+
+    def transform(logits: Any, positions: Any) -> Any:
+        del positions
+        return (logits / temperature if temperature != 1.0 else logits).log_softmax(-1)
+
+    return transform
+
+
+def engine_transform(
+    settings: RolloutSettings, vocab: int, eos: Sequence[int], min_new_tokens: int, device: str
+) -> Callable[[Any, Any], Any]:
+    """The rollout engine's convention (vLLM's): ``raw_logprobs`` is ``log_softmax(logits)``
+    before temperature; ``processed_logprobs`` that of the processed logits (EOS masked before
+    ``min_new_tokens``, temperature, top-k, top-p), the distribution sampled from."""
+    import torch
+
+    if settings.logprobs_mode == "raw_logprobs":
+        return lambda logits, positions: logits.log_softmax(-1)
+    processor = LogitsProcessor(settings.sampling(), [], vocab, device)
+    stop = torch.tensor(sorted(eos), dtype=torch.long, device=device)
+
+    def transform(logits: Any, positions: Any) -> Any:
+        out = processor.process(logits)
+        early = positions < min_new_tokens
+        if min_new_tokens and bool(early.any()) and stop.numel():
+            out[early] = processor.process(logits[early], stop)
+        return out.log_softmax(-1)
+
+    return transform
+
+
+def _eos_ids(model: Any) -> list[int]:
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return sorted(ids)
+
+
+def present_switches(settings: RolloutSettings, compute: str) -> dict[str, Any]:
+    """The component switches the rollout runs with (``apply_switches`` keywords)."""
+    del compute
+    return {
+        "rope_dtype": settings.rope_dtype,
+        "head_dtype": settings.head_dtype,
+        "kv_format": settings.kv_format,
+        "router_dtype": settings.router_dtype,
+    }
+
+
+def rollout_samples(
+    master: Any,
+    prompts: list[list[int]],
+    budgets: list[int],
+    dtype: str,
+    settings: RolloutSettings,
+    *,
+    max_new_tokens: int,
+    min_new_tokens: int,
+    seed: int,
+) -> list[RolloutSample]:
+    """Sample with the HF engine running ``settings`` (all prompts in one batch, KV cache)."""
+    from precision_plugin.probe.engine import HFRolloutEngine
+
+    device = str(next(master.parameters()).device)
+    engine = HFRolloutEngine(copy.deepcopy(master), dtype, device)
+    apply_switches(engine.model, master, dtype, **present_switches(settings, dtype))
+    try:
+        samples = engine.generate(
+            prompts,
+            max_new_tokens,
+            seed,
+            sampling=settings.sampling(),
+            min_new_tokens=min_new_tokens,
+        )
+    finally:
+        engine.close()
+    return [
+        RolloutSample(s.prompt_ids, s.completion_ids[:b], s.logprobs[:b], s.meta)
+        for s, b in zip(samples, budgets, strict=True)
+    ]
+
+
+def _flip_share(base: list[Any], other: list[Any]) -> float:
+    """Share of routed positions (per router call: one layer, ``[positions, top_k]`` sorted)
+    whose chosen experts differ."""
+    if not base or len(base) != len(other):
+        return math.nan
+    flips = sum(int((a != b).any(-1).sum()) for a, b in zip(base, other, strict=True))
+    total = sum(a.shape[0] for a in base)
+    return flips / total if total else math.nan
+
+
+def attribute_dtype(
+    master: Any,
+    samples: Sequence[RolloutSample],
+    dtype: str,
+    settings: RolloutSettings,
+    *,
+    min_new_tokens: int = 0,
+    learning_rate: float | None = DEFAULT_LEARNING_RATE,
+    seed: int = 0,
+    what_if: bool = True,
+) -> DtypeAttribution:
+    """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes.
+
+    ``what_if=False`` measures only the causes this rollout runs with; ``learning_rate=None``
+    leaves out the stale-weights row.
+    """
+    started = time.perf_counter()
+    seqs = sequences_of(samples)
+    mu = [list(s.logprobs) for s in samples]
+    vocab = int(master.get_output_embeddings().out_features)
+    device = str(next(master.parameters()).device)
+    train_t = trainer_transform(settings)
+    engine_t = engine_transform(settings, vocab, _eos_ids(master), min_new_tokens, device)
+
+    pi = HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
+    base_model = apply_switches(_copy(master, dtype), master, dtype)
+    base_scorer = HFScorer(base_model, transform=train_t)
+    moe = bool(routers(master))
+    with recorded_routes(base_model) as base_routes:
+        base = base_scorer.score(seqs)
+
+    measured: list[tuple[str, list[list[float]], bool, str, float | None, float, int]] = []
+
+    def add(cause: str, side: list[list[float]], reference: list[list[float]], in_total: bool,
+            what: str = "", flips: float | None = None) -> None:  # fmt: skip
+        equal = bitwise_equal(side, reference)
+        d = log_ratio(side, reference)
+        measured.append((cause, d, in_total, what, flips, equal.fraction, equal.total))
+
+    def variant(**switch: Any) -> tuple[list[list[float]], float | None]:
+        model = apply_switches(_copy(master, dtype), master, dtype, **switch)
+        scorer = HFScorer(model, transform=train_t)  # checks its LM head outside the record
+        with recorded_routes(model) as seen:
+            scores = scorer.score(seqs)
+        return scores, (_flip_share(base_routes, seen) if moe else None)
+
+    add("dtype", base, pi, True)
+    # decode is switched inside the rollout's own padded batch (one decode pass for all
+    # sequences, as the engine decodes), against that batch's prefill; batch against alone.
+    # The two chain: their sum is decode-in-the-batch against prefill alone.
+    n = len(seqs)
+    prefill_n = base
+    if n > 1:
+        batched = HFScorer(base_model, batch_size=n, transform=train_t)
+        rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
+        add("batch", rescore.batched, base, True)
+        prefill_n = rescore.batched
+    decoded = HFScorer(base_model, incremental=True, batch_size=n, transform=train_t).score(seqs)
+    add("decode", decoded, prefill_n, True)
+    if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
+        add("sampling", HFScorer(base_model, transform=engine_t).score(seqs), base, True)
+    low = dtype != "float32"
+    switched = present_switches(settings, dtype)
+    plan = (
+        ("lm_head", "head_dtype", "float32" if low else None, "the LM head in float32"),
+        ("rope", "rope_dtype", dtype if low else None, f"RoPE inv_freq rounded to {dtype}"),
+        ("kv_cache", "kv_format", "float8_e4m3fn", "an fp8 e4m3 KV cache"),
+        ("router", "router_dtype", "float32" if low else None, "the router in float32"),
+    )
+    for cause, key, hypothetical, what in plan:
+        if cause == "router" and not moe:
+            continue
+        if switched[key] is not None:
+            scores, flips = variant(**{key: switched[key]})
+            add(cause, scores, base, True, flips=flips)
+        elif what_if and hypothetical is not None:
+            scores, flips = variant(**{key: hypothetical})
+            add(cause, scores, base, False, what, flips)
+    if learning_rate is not None:
+        weights = stepped_weights(master, seqs, learning_rate, seed)
+        stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
+                         transform=train_t).score(seqs)  # fmt: skip
+        add("stale_weights", stale, base, False,
+            f"weights one Adam step behind (lr {learning_rate:g})")  # fmt: skip
+
+    total = log_ratio(mu, pi)
+    # A token one side gives probability 0 (outside a top-p/top-k nucleus) has an infinite
+    # log-ratio: it is counted and left out of every row, so all rows cover the same tokens.
+    keep = []
+    for i, t in enumerate(total):
+        columns = zip(t, *(m[1][i] for m in measured), strict=True)
+        keep.append([all(math.isfinite(x) for x in xs) for xs in columns])
+
+    def kept(rows_: list[list[float]]) -> list[list[float]]:
+        return [
+            [x for x, k in zip(r, ks, strict=True) if k] for r, ks in zip(rows_, keep, strict=True)
+        ]
+
+    total = kept(total)
+    split = decompose(total, {m[0]: kept(m[1]) for m in measured if m[2]})
+    rows: list[CauseRow] = []
+    for cause, d, in_total, what, flips, fraction, count in measured:
+        d = kept(d)
+        part = split.parts[cause] if in_total else _half_mean_sq(d)
+        share = split.share(part) if in_total else None
+        rows.append(
+            CauseRow(cause, in_total, k3_interval(d), part, share, fraction, count, what, flips)
+        )
+    order = {c: i for i, c in enumerate(CAUSES)}
+    rows.sort(key=lambda r: order[r.cause])
+    equal = bitwise_equal(mu, pi)
+    return DtypeAttribution(
+        dtype=dtype,
+        total=k3_interval(total),
+        total_part=split.total,
+        bitwise_equal=equal.fraction,
+        tokens=equal.total,
+        excluded=sum(not k for ks in keep for k in ks),
+        rows=rows,
+        interaction=split.interaction,
+        residual=split.residual,
+        conventions=conventions(settings),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def conventions(settings: RolloutSettings) -> dict[str, str]:
+    """Which log-prob each side records (the ``sampling`` cause compares them)."""
+    t = settings.temperature
+    if settings.logprobs_mode == "raw_logprobs":
+        rollout = "vLLM raw_logprobs: log_softmax(logits), before temperature/top-k/top-p"
+    else:
+        rollout = (
+            f"vLLM processed_logprobs: log_softmax after temperature {t:g}, top_k "
+            f"{settings.top_k}, top_p {settings.top_p:g} (renormalised)"
+        )
+    trainer = f"TRL: log_softmax(logits / {t:g}) over the full vocabulary"
+    return {"rollout": rollout, "trainer": trainer}
+
+
+def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any:
+    from precision_plugin.buffers import cast_model
+
+    model = copy.deepcopy(master)
+    if weights is not None:
+        model.load_state_dict(weights)
+    return cast_model(model, dtype).eval()
+
+
+def _half_mean_sq(d: list[list[float]]) -> float:
+    flat = [x for row in d for x in row]
+    return math.fsum(x * x for x in flat) / (2 * len(flat)) if flat else math.nan
+
+
+def attribute(
+    master: Any,
+    samples_by_dtype: dict[str, Sequence[RolloutSample]],
+    settings: RolloutSettings,
+    *,
+    min_new_tokens: int = 0,
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    seed: int = 0,
+    tick: Callable[[str], None] | None = None,
+) -> AttributionReport:
+    """[`attribute_dtype`][precision_plugin.probe.attribution.measure.attribute_dtype] for each
+    dtype, and the first setting to change."""
+    started = time.perf_counter()
+    report = AttributionReport(settings, learning_rate)
+    for dtype, samples in samples_by_dtype.items():
+        if tick is not None:
+            tick(f"{dtype}: attribution")
+        report.dtypes[dtype] = attribute_dtype(
+            master, samples, dtype, settings,
+            min_new_tokens=min_new_tokens, learning_rate=learning_rate, seed=seed,
+        )  # fmt: skip
+    report.first = first_change(
+        {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}
+             for r in a.rows} for d, a in report.dtypes.items()}
+    )  # fmt: skip
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+__all__ = [
+    "DEFAULT_LEARNING_RATE",
+    "TokenSequence",
+    "attribute",
+    "attribute_dtype",
+    "conventions",
+    "engine_transform",
+    "rollout_samples",
+    "trainer_transform",
+]

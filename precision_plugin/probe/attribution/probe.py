@@ -1,0 +1,111 @@
+"""The attribution inside a probe run: which samples each dtype attributes, and the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from precision_plugin.probe.attribution.measure import attribute, rollout_samples
+from precision_plugin.probe.attribution.report import AttributionReport, DtypeAttribution
+from precision_plugin.probe.attribution.settings import AttributionSettings, RolloutSettings
+from precision_plugin.probe.attribution.variants import apply_switches
+
+
+def attribute_probe(
+    config: Any,
+    model: Any,
+    prompts: list[list[int]],
+    budgets: list[int],
+    results: dict[str, Any],
+    tick: Callable[[str, int], None],
+) -> AttributionReport:
+    """Attribute each measured dtype's mismatch (``config``: the probe's ``ProbeConfig``).
+
+    With the default rollout settings and the HF engine, the probe's own samples are attributed
+    (the same tokens and log-probs); otherwise the HF engine samples again with the settings
+    applied (``rollout_samples``). A dtype the probe did not run (float16 beyond its range) is
+    left out.
+    """
+    wanted: AttributionSettings = config.attribution
+    settings = wanted.rollout
+    reuse = settings == RolloutSettings() and config.engine == "hf"
+    notes = []
+    if config.engine != "hf":
+        notes.append(
+            f"attribution: the {config.engine} engine cannot be switched cause by cause from "
+            f"here; the HF engine stands in for it (its samples, its KV cache)."
+        )
+    samples: dict[str, Any] = {}
+    for dtype, result in results.items():
+        if not result.samples:
+            continue
+        samples[dtype] = (
+            result.samples
+            if reuse
+            else rollout_samples(
+                model, prompts, budgets, dtype, settings,
+                max_new_tokens=config.max_new_tokens,
+                min_new_tokens=config.min_new_tokens,
+                seed=config.seed,
+            )
+        )  # fmt: skip
+    report = attribute(
+        model,
+        samples,
+        settings,
+        min_new_tokens=config.min_new_tokens,
+        learning_rate=wanted.learning_rate,
+        seed=config.seed,
+        tick=lambda what: tick(what, 1),
+    )
+    report.notes.extend(notes)
+    if config.layerwise:
+        for dtype, block in report.dtypes.items():
+            block.layerwise = where_it_parts(model, block, samples[dtype], settings, config)
+            tick(f"{dtype}: attribution layerwise", 0)
+    return report
+
+
+#: Causes that are a difference inside one forward pass, which the layer-wise replay can place
+#: (decode, batch, sampling and stale weights are not: another pass, batch or distribution).
+LAYER_CAUSES = ("dtype", "rope", "kv_cache", "router", "lm_head")
+
+
+def where_it_parts(
+    model: Any,
+    block: DtypeAttribution,
+    samples: Sequence[Any],
+    settings: RolloutSettings,
+    config: Any,
+) -> str | None:
+    """For the largest cause in ``block``'s total that lives inside one forward, replay the
+    longest sample layer by layer (``layerwise.replay``) with and without it: one sentence."""
+    from precision_plugin.probe.attribution.measure import _copy, present_switches
+    from precision_plugin.probe.layerwise import longest, replay
+
+    rows = sorted(
+        (r for r in block.rows if r.in_total and r.share is not None),
+        key=lambda r: -r.share,  # type: ignore[operator]
+    )
+    placeable = [r for r in rows if r.cause in LAYER_CAUSES]
+    sample = longest(samples)
+    if not placeable or sample is None:
+        return None
+    cause = placeable[0].cause
+    dtype = block.dtype
+    device = str(next(model.parameters()).device)
+    base = apply_switches(_copy(model, dtype), model, dtype)
+    if cause == "dtype":
+        trainer, rollout = model, base
+    else:
+        key = {"rope": "rope_dtype", "kv_cache": "kv_format", "router": "router_dtype",
+               "lm_head": "head_dtype"}[cause]  # fmt: skip
+        switch = {key: present_switches(settings, dtype)[key]}
+        trainer, rollout = base, apply_switches(_copy(model, dtype), model, dtype, **switch)
+    found = replay(trainer, rollout, sample, dtype, device,
+                   margin_bits=config.overflow.margin_bits)  # fmt: skip
+    lead = f"largest cause {rows[0].cause}" + (
+        f" is not inside one forward; the largest that is, {cause}" if rows[0].cause != cause
+        else ""
+    )  # fmt: skip
+    return f"{lead}: {found.line}"

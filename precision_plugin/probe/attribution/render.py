@@ -1,0 +1,109 @@
+"""The attribution as a rich table, rendered from its JSON form (``attribution`` section), so a
+results file renders the same table as the run that wrote it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+#: Which framework's key the table's "fix" column shows first (the rest are in the JSON).
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+FIX_ORDER = ("--rollout", "precision_plugin", "vLLM", "TRL", "SGLang", "verl", "any")
+
+
+def _k3(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}e}"
+
+
+def _interval(row: Mapping[str, Any]) -> str:
+    low, high = row["k3_interval"]
+    return f"{_k3(row['k3'])} [{_k3(low, 1)}, {_k3(high, 1)}]"
+
+
+def _share(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.0%}" if value < 0 else f"{value:.0%}"
+
+
+def _fix(fixes: Mapping[str, str]) -> str:
+    for key in FIX_ORDER:
+        if key in fixes:
+            return f"{key}: {fixes[key]}"
+    return next((f"{k}: {v}" for k, v in fixes.items()), "")
+
+
+def render_attribution_table(section: Mapping[str, Any]) -> Any:
+    """A rich ``Table`` of the JSON ``attribution`` section: per dtype a row per cause (k3 with
+    its interval, share, bit-identical share, the fix), then interaction, residual and total."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    rollout = section.get("rollout", {})
+    changed = {k: v for k, v in rollout.items() if v not in (None, False, 1.0, 0, "auto",
+                                                                  "raw_logprobs")}  # fmt: skip
+    table = Table(
+        title="why it is still off: the mismatch by cause (--attribute)",
+        caption=escape(_caption(section, changed)),
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for header, justify in (
+        ("dtype", "left"), ("cause", "left"), ("k3 [95% CI]", "right"), ("share", "right"),
+        ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
+    ):  # fmt: skip
+        wide = header.startswith("fix")
+        table.add_column(
+            header,
+            justify=justify,
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=36 if wide else None,
+            min_width=None if wide else len(header),
+        )
+    for dtype, block in section.get("dtypes", {}).items():
+        first = True
+        for cause, row in block["causes"].items():
+            k3 = _interval(row)
+            name = cause if row["in_total"] else f"({cause})"
+            flips = row.get("expert_flips")
+            if flips is not None:
+                name += f", experts flip {flips:.1%}"
+            table.add_row(
+                _SHORT.get(dtype, dtype) if first else "", name, k3, _share(row["share"]),
+                f"{row['bitwise_equal']:.1%}" if row["bitwise_equal"] is not None else "-",
+                escape(_fix(row["fixes"]) if row["in_total"] else f"if {row.get('what_if', '')}"),
+            )  # fmt: skip
+            first = False
+        for term in ("interaction", "residual"):
+            table.add_row("", term, "", _share(block[term]["share"]), "", "")
+        total = block["total"]
+        table.add_row(
+            "", "[bold]total[/]", _interval(total), "100%",
+            f"{total['bitwise_equal']:.1%}" if total["bitwise_equal"] is not None else "-", "",
+            end_section=True,
+        )  # fmt: skip
+    return table
+
+
+def _caption(section: Mapping[str, Any], changed: Mapping[str, Any]) -> str:
+    rollout = ", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"
+    lines = [
+        f"rollout settings: {rollout}; stale weights at lr {section.get('learning_rate'):g}.",
+        "(cause): not in this rollout; what it would add if switched on (no share). Shares of "
+        "E[d^2]/2; interaction = covariances between causes, residual = what they do together "
+        "beyond their sum; the shares add up to 100%.",
+    ]
+    first = section.get("first_change")
+    if first:
+        lines.append(
+            f"change first: {first['cause']} ({first['share']:.0%} of the {first['dtype']} "
+            f"mismatch): {_fix(first['settings'])}"
+        )
+    for dtype, block in section.get("dtypes", {}).items():
+        if block.get("layerwise"):
+            lines.append(f"layerwise ({dtype}): {block['layerwise']}")
+    lines.extend(section.get("notes", []))
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The attribution's results: per dtype, one row per cause, the interaction and the residual."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_plugin.boundary import checked
+from precision_plugin.probe.attribution.decompose import K3
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange
+from precision_plugin.probe.attribution.settings import RolloutSettings
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+@checked
+@dataclass
+class CauseRow:
+    """One cause in one dtype.
+
+    ``in_total``: the cause is part of this run's rollout (its ``share`` of the measured total
+    is given); otherwise the row says what it would add if switched on (``what_if``: how) and
+    has no share. ``part``: ``E[d_c^2]/2``. ``bitwise_equal``: the share of tokens whose
+    log-probs are bit-identical with and without the cause. ``expert_flips``: MoE only, the
+    share of routed positions whose chosen experts differ.
+    """
+
+    cause: str
+    in_total: bool
+    k3: K3
+    part: float
+    share: float | None
+    bitwise_equal: float
+    tokens: int
+    what_if: str = ""
+    expert_flips: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (with the cause's fixes)."""
+        out: dict[str, Any] = {
+            "cause": self.cause,
+            "in_total": self.in_total,
+            "k3": _num(self.k3.value),
+            "k3_interval": [_num(self.k3.low), _num(self.k3.high)],
+            "part": _num(self.part),
+            "share": _num(self.share) if self.share is not None else None,
+            "bitwise_equal": _num(self.bitwise_equal),
+            "tokens": self.tokens,
+        }
+        if self.what_if:
+            out["what_if"] = self.what_if
+        if self.expert_flips is not None:
+            out["expert_flips"] = self.expert_flips
+        out["fixes"] = dict(CAUSE_TABLE[self.cause].fixes)
+        return out
+
+
+@checked
+@dataclass
+class DtypeAttribution:
+    """One dtype: the measured total, each cause's row, the interaction and the residual."""
+
+    dtype: str
+    total: K3
+    total_part: float
+    bitwise_equal: float
+    tokens: int
+    rows: list[CauseRow]
+    interaction: float
+    residual: float
+    conventions: dict[str, str]
+    excluded: int = 0
+    seconds: float = 0.0
+    layerwise: str | None = None
+
+    def row(self, cause: str) -> CauseRow | None:
+        """The row of ``cause`` (``None`` when not measured)."""
+        return next((r for r in self.rows if r.cause == cause), None)
+
+    def ranked(self) -> list[CauseRow]:
+        """The rows by k3, largest first."""
+        return sorted(self.rows, key=lambda r: -(r.k3.value if r.k3.value == r.k3.value else -1))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        share = (lambda x: x / self.total_part) if self.total_part > 0 else (lambda x: None)
+        out: dict[str, Any] = {
+            "total": {
+                "k3": _num(self.total.value),
+                "k3_interval": [_num(self.total.low), _num(self.total.high)],
+                "part": self.total_part,
+                "bitwise_equal": _num(self.bitwise_equal),
+                "tokens": self.tokens,
+                "excluded_tokens": self.excluded,
+            },
+            "causes": {r.cause: r.to_dict() for r in self.rows},
+            "interaction": {"part": self.interaction, "share": share(self.interaction)},
+            "residual": {"part": self.residual, "share": share(self.residual)},
+            "conventions": dict(self.conventions),
+            "seconds": round(self.seconds, 3),
+        }
+        if self.layerwise is not None:
+            out["layerwise"] = self.layerwise
+        return out
+
+
+@checked
+@dataclass
+class AttributionReport:
+    """``probe --attribute``: the rollout settings, the learning rate, each dtype's rows."""
+
+    settings: RolloutSettings
+    learning_rate: float
+    dtypes: dict[str, DtypeAttribution] = field(default_factory=dict)
+    first: FirstChange | None = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON ``attribution`` section."""
+        return {
+            "method": "per token d = log mu - log pi = sum of per-cause d_c (one cause switched "
+            "on at a time against a common base) + residual; E[d^2]/2 (~k3) = sum_c E[d_c^2]/2 "
+            "+ interaction (covariances) + residual, exactly",
+            "rollout": self.settings.to_dict(),
+            "learning_rate": self.learning_rate,
+            "dtypes": {d: a.to_dict() for d, a in self.dtypes.items()},
+            "first_change": self.first.to_dict() if self.first is not None else None,
+            "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }

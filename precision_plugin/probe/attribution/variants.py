@@ -1,0 +1,221 @@
+"""Rollout-side copies of a model with exactly one component changed, as the engines change it.
+
+Each switch is applied to a copy of the float32 master weights cast to the compute dtype
+(``precision_plugin.buffers.cast_model``: RoPE frequencies in float32, as vLLM keeps them):
+
+- ``rope_dtype``: every RoPE ``inv_freq`` buffer rounded to that dtype (what a plain
+  ``.to(dtype)`` or DeepSpeed's ``zero.Init`` does);
+- ``head_dtype``: the LM head's weight and input in that dtype (float32: SGLang's
+  ``--enable-fp32-lm-head``, TRL's ``cast_lm_head_to_fp32``; float32 weights come from the
+  master copy, not from the rounded ones);
+- ``kv_format``: keys (after RoPE) and values rounded to a float8 format before attention, with
+  scale 1 and saturation at the format's largest value (vLLM's fp8 KV cache with its default
+  ``k_scale = v_scale = 1.0``); an attention function registered with transformers'
+  ``AttentionInterface`` does it, wrapping the model's own (and its mask function, registered
+  under the same name with ``AttentionMaskInterface``, so padding stays masked);
+- ``router_dtype``: each MoE router (``*TopKRouter``) computed with its weight and input in that
+  dtype, its routing weights handed on in the compute dtype;
+
+[`stepped_weights`][precision_plugin.probe.attribution.variants.stepped_weights] gives the
+weights one optimiser step ahead (the stale-weights cause).
+
+Everything here uses torch's and transformers' extension points (module hooks, the attention
+registry); nothing is patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _no_grad_copy() -> Iterator[None]:
+    import torch
+
+    with torch.no_grad():
+        yield
+
+
+def apply_switches(
+    model: Any,
+    master: Any,
+    dtype: str,
+    *,
+    rope_dtype: str | None = None,
+    head_dtype: str | None = None,
+    kv_format: str | None = None,
+    router_dtype: str | None = None,
+) -> Any:
+    """Change the given components of ``model`` (a copy of ``master`` cast to ``dtype``) in
+    place; float32 weights come from ``master``. Returns ``model``."""
+    with _no_grad_copy():
+        if rope_dtype is not None:
+            round_rope(model, rope_dtype)
+        if head_dtype is not None:
+            head_in(model, master, head_dtype)
+        if kv_format is not None:
+            quantized_kv_cache(model, kv_format)
+        if router_dtype is not None:
+            router_in(model, master, router_dtype, dtype)
+    return model
+
+
+def round_rope(model: Any, rounding: str) -> int:
+    """Round every RoPE ``inv_freq`` buffer of ``model`` to ``rounding`` (kept in its dtype);
+    returns how many buffers."""
+    n = 0
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and name.endswith("inv_freq") and buf.is_floating_point():
+                module._buffers[name] = buf.to(_torch_dtype(rounding)).to(buf.dtype)
+                n += 1
+    return n
+
+
+def head_in(model: Any, master: Any, dtype: str) -> None:
+    """The LM head of ``model`` in ``dtype``: weights from ``master``, input cast to ``dtype``."""
+    head = model.get_output_embeddings()
+    source = master.get_output_embeddings()
+    wanted = _torch_dtype(dtype)
+    head.weight = type(head.weight)(source.weight.detach().to(wanted).clone(), False)
+    if getattr(head, "bias", None) is not None:
+        head.bias = type(head.bias)(source.bias.detach().to(wanted).clone(), False)
+
+    def cast_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (args[0].to(wanted), *args[1:]) if args else args
+
+    head.register_forward_pre_hook(cast_input)
+
+
+def fake_quantize(x: Any, fmt: str) -> Any:
+    """``x`` rounded to the float8 format ``fmt`` (saturating, scale 1) and back to its dtype."""
+    import torch
+
+    f8 = _torch_dtype(fmt)
+    top = torch.finfo(f8).max
+    return x.clamp(-top, top).to(f8).to(x.dtype)
+
+
+def quantized_kv_cache(model: Any, fmt: str) -> str:
+    """Make ``model``'s attention see keys and values rounded to ``fmt``; returns the name of
+    the attention implementation registered for it."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    config = model.config
+    inner = getattr(config, "_attn_implementation", None) or "sdpa"
+    if inner.startswith("precision_plugin_kv_"):
+        inner = inner.split("__", 1)[1]
+    name = f"precision_plugin_kv_{fmt}__{inner}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        if inner == "eager":
+            from transformers.models.llama.modeling_llama import eager_attention_forward as wrapped
+        else:
+            wrapped = ALL_ATTENTION_FUNCTIONS[inner]
+
+        def attention(module: Any, query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> Any:
+            return wrapped(
+                module, query, fake_quantize(key, fmt), fake_quantize(value, fmt), *args, **kw
+            )
+
+        AttentionInterface.register(name, attention)
+        # The mask is built per implementation: the same as the wrapped one's (else none is).
+        from transformers.masking_utils import (
+            ALL_MASK_ATTENTION_FUNCTIONS,
+            AttentionMaskInterface,
+        )
+
+        if inner in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
+    for sub in model.modules():
+        sub_config = getattr(sub, "config", None)
+        if sub_config is not None and hasattr(sub_config, "_attn_implementation"):
+            sub_config._attn_implementation = name
+    return name
+
+
+def routers(model: Any) -> list[tuple[str, Any]]:
+    """``(name, module)`` of each MoE router (transformers' ``*TopKRouter``); empty when dense."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m).__name__.endswith("TopKRouter") and hasattr(m, "weight")
+    ]
+
+
+def router_in(model: Any, master: Any, dtype: str, compute: str) -> int:
+    """Compute each router of ``model`` in ``dtype`` (weights from ``master``), routing weights
+    handed on in ``compute``; returns how many routers."""
+    wanted, out_dtype = _torch_dtype(dtype), _torch_dtype(compute)
+    masters = dict(routers(master))
+    found = routers(model)
+    for name, router in found:
+        router.weight = type(router.weight)(masters[name].weight.detach().to(wanted).clone(), False)
+
+        def cast_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (args[0].to(wanted), *args[1:]) if args else args
+
+        def cast_output(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+            logits, scores, indices = output
+            return logits.to(out_dtype), scores.to(out_dtype), indices
+
+        router.register_forward_pre_hook(cast_input)
+        router.register_forward_hook(cast_output)
+    return len(found)
+
+
+@contextlib.contextmanager
+def recorded_routes(model: Any) -> Iterator[list[Any]]:
+    """While open, each router call appends its chosen experts (sorted, ``[tokens, top_k]``)."""
+    seen: list[Any] = []
+
+    def record(module: Any, args: tuple[Any, ...], output: Any) -> None:
+        seen.append(output[2].sort(dim=-1).values.detach().clone())
+
+    handles = [m.register_forward_hook(record) for _, m in routers(model)]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def stepped_weights(
+    master: Any, sequences: Sequence[Any], learning_rate: float, seed: int
+) -> dict[str, Any]:
+    """``master``'s state dict after one Adam step on a policy-gradient surrogate.
+
+    The surrogate is ``-mean_i(A_i * mean_t log pi(token_t))`` over the sequences, with
+    advantages ``A_i = +-1`` drawn with ``seed``; the step is ``torch.optim.Adam(lr=
+    learning_rate)``'s first (each weight moves by about ``learning_rate``). ``master`` is left
+    unchanged.
+    """
+    import torch
+
+    model = copy.deepcopy(master).train()
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (len(sequences),), generator=generator) * 2 - 1
+    device = next(model.parameters()).device
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    optimizer.zero_grad()
+    loss = torch.zeros((), device=device)
+    for sign, s in zip(signs.tolist(), sequences, strict=True):
+        if not s.completion_ids:
+            continue
+        ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)], device=device)
+        logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float()
+        target = ids[0, len(s.prompt_ids) :]
+        logp = logits.log_softmax(-1).gather(-1, target[:, None]).mean()
+        loss = loss - sign * logp / len(sequences)
+    loss.backward()
+    optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

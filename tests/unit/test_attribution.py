@@ -1,0 +1,193 @@
+"""probe --attribute: each cause injected alone is ranked first; the decomposition arithmetic;
+--rollout parsing; the first setting to change. Tiny models built in code, CPU only."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.probe.attribution import (
+    RolloutSettings,
+    decompose,
+    first_change,
+    parse_rollout,
+)
+from tests.attribution_cases import CASES, llama, ranking, run, run_case
+
+# Each run: 3 prompts x 24 tokens (decode: 1 prompt), seed 0. The injected cause's k3 over the
+# next row's, measured with AVX2 and with ATEN_CPU_CAPABILITY=default (SSE4.1): dtype 13x
+# (bfloat16 vs decode), every other cause > 1e5x (the others are float32 noise or exactly 0);
+# the bound 3 keeps >= 4x room. tests/benchmarks/bench_attribution_seeds.py runs 20 seeds.
+
+
+@pytest.mark.parametrize("cause", list(CASES))
+def test_an_injected_cause_is_ranked_first(cause: str) -> None:
+    report = run_case(cause)
+    ranked = ranking(report)
+    assert ranked[0][0] == cause, ranked
+    top, runner_up = ranked[0][1], (ranked[1][1] if len(ranked) > 1 else 0.0)
+    assert top > 3 * runner_up, ranked
+    row = report.row(cause)
+    if cause != "stale_weights":
+        assert row is not None and row.in_total and row.share is not None
+        assert row.share > 0.5, (row.share, ranked)
+    if cause == "router":
+        # 87 positions (15 prompt + 72 sampled) x 2 layers routed; one choice flips (the same
+        # with AVX2 and with ATEN_CPU_CAPABILITY=default).
+        assert row.expert_flips == 1 / 174
+
+
+def test_float32_without_causes_has_dtype_exactly_zero_and_shares_summing_to_one() -> None:
+    report = run(llama(), "float32", RolloutSettings())
+    dtype_row = report.row("dtype")
+    # The same weights and code on both sides in float32: bit-identical, exactly.
+    assert dtype_row.k3.value == 0.0 and dtype_row.bitwise_equal == 1.0
+    shares = [r.share for r in report.rows if r.in_total]
+    total = sum(shares) + (report.interaction + report.residual) / report.total_part
+    assert total == pytest.approx(1.0, abs=1e-12)
+
+
+def test_decomposition_arithmetic_is_exact() -> None:
+    # d = [5, 0]; d_a = [1, 2]; d_b = [3, -1]; S = [4, 1]. Over n = 2 tokens:
+    # total = (25 + 0) / 4 = 6.25; a = (1 + 4) / 4 = 1.25; b = (9 + 1) / 4 = 2.5;
+    # interaction = E[d_a d_b] = (3 - 2) / 2 = 0.5; residual = (25 - 17) / 4 = 2.0.
+    split = decompose([[5.0], [0.0]], {"a": [[1.0], [2.0]], "b": [[3.0], [-1.0]]})
+    assert split.total == 6.25
+    assert split.parts == {"a": 1.25, "b": 2.5}
+    assert split.interaction == 0.5
+    assert split.residual == 2.0
+    assert split.parts["a"] + split.parts["b"] + split.interaction + split.residual == split.total
+    assert split.share(split.parts["b"]) == 0.4
+
+
+def test_decomposition_refuses_other_tokens() -> None:
+    with pytest.raises(PrecisionConfigError, match="same tokens"):
+        decompose([[1.0, 2.0]], {"a": [[1.0]]})
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("top_q=0.9", ["unknown key 'top_q'", "top_p", "kv_cache_dtype"]),
+        ("top_p=2", ["top_p", "(0, 1]"]),
+        ("top_p=abc", ["top_p='abc'", "a number"]),
+        ("top_k=1.5", ["top_k='1.5'", "whole number"]),
+        ("kv_cache_dtype=int8", ["kv_cache_dtype='int8'", "fp8_e4m3"]),
+        ("logprobs_mode=processed", ["logprobs_mode='processed'", "processed_logprobs"]),
+        ("lm_head_fp32=maybe", ["lm_head_fp32='maybe'", "true or false"]),
+        ("temperature", ["not KEY=VALUE", "--rollout top_p=0.9"]),
+        ("top_p=0.9,top_p=0.8", ["'top_p' is given twice"]),
+    ],
+)
+def test_rollout_bad_input_names_the_key_and_the_fix(text: str, words: list[str]) -> None:
+    with pytest.raises(PrecisionConfigError) as info:
+        parse_rollout(text)
+    message = str(info.value)
+    assert message.startswith("--rollout: ")
+    for word in words:
+        assert word in message
+
+
+def test_rollout_parses_vllm_names() -> None:
+    got = parse_rollout("top_p=0.9, logprobs_mode=processed_logprobs,kv_cache_dtype=fp8,"
+                        "lm_head_fp32=true,top_k=-1,temperature=0.8")  # fmt: skip
+    assert got == RolloutSettings(
+        temperature=0.8, top_p=0.9, top_k=-1, logprobs_mode="processed_logprobs",
+        kv_cache_dtype="fp8", lm_head_fp32=True,
+    )  # fmt: skip
+    assert got.kv_format == "float8_e4m3fn" and got.head_dtype == "float32"
+
+
+def test_first_change_is_the_largest_settable_cause_in_a_total() -> None:
+    rows = {
+        "float16": {
+            "dtype": {"share": 0.5, "k3": 1e-5, "in_total": True},  # float16 is the remedy
+            "decode": {"share": 0.9, "k3": 2e-5, "in_total": True},  # no setting removes it
+            "sampling": {"share": 0.3, "k3": 3e-3, "in_total": True},
+            "kv_cache": {"share": None, "k3": 2e-2, "in_total": False},  # a what-if
+        },
+        "bfloat16": {"kv_cache": {"share": 0.2, "k3": math.nan, "in_total": True}},
+    }
+    got = first_change(rows)
+    assert got is not None and (got.dtype, got.cause, got.share) == ("float16", "sampling", 0.3)
+    assert "top_p" in got.line()
+    assert first_change({"float16": {"decode": rows["float16"]["decode"]}}) is None
+
+
+def test_probe_attribute_with_rollout_settings_writes_the_section(
+    tmp_path: Any, capsys: Any
+) -> None:
+    import json
+
+    from precision_plugin.cli import main
+
+    out = tmp_path / "probe.json"
+    code = main([
+        "probe", "--num-prompts", "2", "--max-new-tokens", "12", "--min-new-tokens", "12",
+        "--dtypes", "float32,bfloat16", "--rollout",
+        "top_p=0.9,logprobs_mode=processed_logprobs,kv_cache_dtype=fp8_e4m3",
+        "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    data = json.loads(out.read_text())
+    section = data["attribution"]
+    assert data["settings"]["attribute"] is True
+    assert section["rollout"]["kv_cache_dtype"] == "fp8_e4m3"
+    block = section["dtypes"]["bfloat16"]
+    in_total = [c for c, row in block["causes"].items() if row["in_total"]]
+    assert in_total == ["dtype", "decode", "batch", "sampling", "kv_cache"]
+    shares = sum(block["causes"][c]["share"] for c in in_total)
+    shares += block["interaction"]["share"] + block["residual"]["share"]
+    assert shares == pytest.approx(1.0, abs=1e-9)
+    assert block["causes"]["stale_weights"]["in_total"] is False
+    assert "VLLM_BATCH_INVARIANT=1" in block["causes"]["batch"]["fixes"]["vLLM"]
+    assert section["first_change"]["cause"] in ("kv_cache", "sampling")
+    printed = capsys.readouterr().out
+    assert "why it is still off" in printed and "change first" in printed
+
+
+def test_probe_bad_rollout_is_one_usage_error(capsys: Any) -> None:
+    from precision_plugin.cli import main
+
+    assert main(["probe", "--rollout", "top_q=0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "--rollout: unknown key 'top_q'" in err and "Traceback" not in err
+    assert main(["probe", "--attribution-plot", "a.png"]) == 2
+    assert "add --attribute" in capsys.readouterr().err
+
+
+def test_published_seed_results_rank_each_cause_first_in_19_of_20() -> None:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "attribution-seeds.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert set(data["causes"]) == set(CASES)
+    for cause, counts in data["causes"].items():
+        assert counts["seeds"] == 20, cause
+        assert counts["first"] >= 19, (cause, counts)
+
+
+def test_layerwise_places_the_largest_cause() -> None:
+    import types
+
+    from precision_plugin.policy import OverflowSettings
+    from precision_plugin.probe.attribution import rollout_samples
+    from precision_plugin.probe.attribution.probe import where_it_parts
+    from tests.attribution_cases import NEW_TOKENS, PROMPTS
+
+    model = llama()
+    settings = RolloutSettings(rope_dtype="bfloat16")
+    report = run(model, "float32", settings)
+    samples = rollout_samples(
+        model, PROMPTS, [NEW_TOKENS] * 3, "float32", settings,
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
+    )  # fmt: skip
+    config = types.SimpleNamespace(overflow=OverflowSettings())
+    line = where_it_parts(model, report, samples, settings, config)
+    assert line is not None and line.startswith("largest cause rope:")
+    # RoPE frequencies rounded: the sides part where the rotary embedding is computed.
+    assert "rotary_emb" in line, line
