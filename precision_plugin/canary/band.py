@@ -26,7 +26,7 @@ ALPHA = 1e-3
 #: Bootstrap resamples of the floor (deterministic: seeded).
 RESAMPLES = 20_000
 #: The smallest k3 a band ever tolerates above its floor (a floor of 0 tolerates exactly this).
-ABS_TOL = 1e-9
+ABS_TOL = 1e-12
 
 
 def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]) -> list[float]:
