@@ -196,10 +196,19 @@ CANARY = ("canary_k3", "canary_ratio", "canary_in_band", "canary_verdict",
           "canary_bitwise_equal_frac", "level")  # fmt: skip
 
 
-def canary_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """The canary checks of a run's log history (step, k3, ratio, band, verdict code, level)."""
+def canary_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float | None]]:
+    """The canary checks of a run's log history (step, k3, ratio, band, verdict code, level;
+    a value that is not finite, e.g. the ratio to a floor of 0, as ``None``)."""
+    import math
+
     return [
-        {"step": h["step"], **{k: h[f"precision/{k}"] for k in CANARY}}
+        {
+            "step": h["step"],
+            **{
+                k: h[f"precision/{k}"] if math.isfinite(h[f"precision/{k}"]) else None
+                for k in CANARY
+            },
+        }
         for h in log_history
         if "precision/canary_k3" in h
     ]
@@ -227,11 +236,27 @@ def canary_line(row: dict[str, float]) -> str:
     from precision_plugin.canary import VERDICT_CODES
 
     names = {code: name for name, code in VERDICT_CODES.items()}
+    ratio = "inf" if row["canary_ratio"] is None else f"{row['canary_ratio']:.3g}"
     return (
         f"canary step {row['step']:>3}  k3 {row['canary_k3']:.3e}  ratio "
-        f"{row['canary_ratio']:.3g}  in band {bool(row['canary_in_band'])}  verdict "
+        f"{ratio}  in band {bool(row['canary_in_band'])}  verdict "
         f"{names[int(row['canary_verdict'])]}  level {row['level']:.0f}"
     )
+
+
+def canary_timing(trainer: Any) -> dict[str, Any]:
+    """The canary's work per check (s), its one-off level-2 certification (s), and its band's
+    upper edge as a ratio to the floor."""
+    from precision_plugin.trl.canary import ATTR
+
+    state = getattr(trainer, ATTR, None)
+    band = state.monitor.band if state is not None else None
+    upper = band.upper / band.floor if band is not None and band.floor > 0 else None
+    return {
+        "canary_seconds": list(state.seconds) if state is not None else [],
+        "canary_certify_seconds": state.certify_seconds if state is not None else None,
+        "canary_band_upper_ratio": upper,
+    }
 
 
 def alarm_of(trainer: Any) -> dict[str, Any] | None:
@@ -341,6 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "canary_every": policy.metrics.canary_every,
             "canary_alarm": alarm_of(trainer),
             "level": checks[-1]["level"] if checks else None,
+            **canary_timing(trainer),
+            "canary_checks": checks,
+            "step_times": [h["step_time"] for h in history if "step_time" in h],
         }
     finally:
         pp.disable()

@@ -59,6 +59,7 @@ class TRLCanary:
         self.one_dtype: bool | None = None
         self.off_reason: str | None = None
         self.seconds: list[float] = []  # wall time of each check's canary work
+        self.certify_seconds: float | None = None  # the one-off level-2 certification
         self.last_batch_equal: float | None = None
 
     @property
@@ -102,7 +103,9 @@ class TRLCanary:
         )
         self.next_due = (step // self.every + 1) * self.every
         if floor:
+            start = time.perf_counter()
             self._certify(trainer, rollout)
+            self.certify_seconds = time.perf_counter() - start
         batch_equal = batch_metrics.get("bitwise_equal_frac", self.last_batch_equal)
         self.last_batch_equal = batch_equal
         from precision_plugin.canary.ladder import precision_level

@@ -1,0 +1,158 @@
+"""The drift canary on CPU with the TRL recipe: false alarms, overhead, and the fire drills.
+
+    .venv/bin/python -m tests.benchmarks.bench_canary false-alarms [--steps 500] [--every 5] [--json FILE]
+    .venv/bin/python -m tests.benchmarks.bench_canary overhead [--runs 5] [--steps 40] [--json FILE]
+    .venv/bin/python -m tests.benchmarks.bench_canary drills [--steps 30] [--every 5] [--json FILE]
+
+``false-alarms``: one clean GRPO run (recipe defaults: tiny Llama, HFRollout, float16, learning
+rate 1e-3) of ``--steps`` steps with a check every ``--every``: how many checks left the band and
+how many alarms were raised (goal 0). ``overhead``: the canary's own work per check (both sides'
+scoring, timed around it; the one-off level-2 certification excluded and reported apart),
+divided by the default ``metrics.canary_every``, against the median GRPO step (TRL's
+``step_time``), medians over ``--runs`` runs. ``drills``: each fire drill's timeline (step,
+canary k3, ratio, verdict) with the model, learning rate and K it ran under. Scripts, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import math
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks.report import add_json_option, write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "tests.benchmarks.bench_canary"
+
+
+def _recipe() -> Any:
+    spec = importlib.util.spec_from_file_location("recipe", ROOT / "integrations/trl/grpo_fp16.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+def _run(argv: list[str]) -> dict[str, Any]:
+    report = _recipe().main([*argv, "--output-dir", tempfile.mkdtemp()])
+    return report
+
+
+def _checks_of(trainer_report: dict[str, Any]) -> list[dict[str, Any]]:
+    return trainer_report["canary_checks"]
+
+
+def false_alarms(steps: int, every: int) -> dict[str, Any]:
+    """One clean run: checks, out-of-band checks, alarms."""
+    report = _run(["--max-steps", str(steps), "--canary-every", str(every)])
+    checks = report["canary_checks"]
+    out = [c for c in checks if not c["canary_in_band"]]
+    ratios = [c["canary_ratio"] for c in checks]
+    return {
+        "model": "recipe tiny Llama (1 layer, hidden 32), built in code",
+        "dtype": report["dtype"],
+        "learning_rate": report["learning_rate"],
+        "steps": report["steps"],
+        "canary_every": every,
+        "checks": len(checks),
+        "out_of_band_checks": len(out),
+        "false_alarms": 0 if report["canary_alarm"] is None else 1,
+        "alarm": report["canary_alarm"],
+        "band_upper_ratio": report["canary_band_upper_ratio"],
+        "max_ratio": max(ratios) if ratios else None,
+        "median_ratio": statistics.median(ratios) if ratios else None,
+        "timeline": [{k: _finite(v) for k, v in c.items()} for c in checks],
+    }
+
+
+def overhead(runs: int, steps: int) -> dict[str, Any]:
+    """The canary's work per check / the default K, against the median GRPO step."""
+    from precision_plugin.policy import PrecisionPolicy
+
+    default_every = PrecisionPolicy().metrics.canary_every
+    per_check: list[float] = []
+    certify: list[float] = []
+    step_times: list[float] = []
+    for _ in range(runs):
+        report = _run(["--max-steps", str(steps), "--canary-every", "5"])
+        per_check += report["canary_seconds"][1:]  # the floor check also builds the scorers
+        certify.append(report["canary_certify_seconds"])
+        step_times += report["step_times"][1:]  # the first step builds the rollout copy
+    check = statistics.median(per_check)
+    step = statistics.median(step_times)
+    return {
+        "canary_every_default": default_every,
+        "median_check_s": check,
+        "median_step_s": step,
+        "checks_timed": len(per_check),
+        "steps_timed": len(step_times),
+        "overhead_pct_at_default": 100 * check / default_every / step,
+        "certification_once_s": statistics.median(certify),
+        "runs": runs,
+        "steps_per_run": steps,
+    }
+
+
+def drills(steps: int, every: int) -> dict[str, Any]:
+    """Each drill's timeline and the clean runs beside them."""
+    at = 10
+    setups = {
+        "stale-weights": ["--drill", f"stale-weights@{at}"],
+        "engine-drift": ["--drill", f"engine-drift@{at}", "--learning-rate", "0"],
+        "clean": [],
+        "clean-lr0": ["--learning-rate", "0"],
+    }
+    out: dict[str, Any] = {"steps": steps, "canary_every": every, "drill_step": at, "runs": {}}
+    for name, extra in setups.items():
+        report = _run(["--max-steps", str(steps), "--canary-every", str(every), *extra])
+        out["runs"][name] = {
+            "learning_rate": report["learning_rate"],
+            "alarm": report["canary_alarm"],
+            "band_upper_ratio": report["canary_band_upper_ratio"],
+            "timeline": [{k: _finite(v) for k, v in c.items()} for c in report["canary_checks"]],
+        }
+    return out
+
+
+def main() -> dict[str, Any]:
+    """Run the chosen measurement, print it and (``--json FILE``) write it."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["false-alarms", "overhead", "drills"])
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5)
+    add_json_option(parser)
+    options = parser.parse_args()
+    logging.disable(logging.WARNING)
+    if options.what == "false-alarms":
+        result = false_alarms(options.steps or 500, options.every)
+        print(
+            f"{result['steps']} clean steps, {result['checks']} checks: "
+            f"{result['out_of_band_checks']} out of band, {result['false_alarms']} false alarms "
+            f"(max ratio {result['max_ratio']:.3g}, band up to {result['band_upper_ratio']:.3g}x)"
+        )
+    elif options.what == "overhead":
+        result = overhead(options.runs, options.steps or 40)
+        print(
+            f"canary check {result['median_check_s'] * 1e3:.2f} ms every "
+            f"{result['canary_every_default']} steps of {result['median_step_s'] * 1e3:.1f} ms: "
+            f"{result['overhead_pct_at_default']:.3f} % of a step"
+        )
+    else:
+        result = drills(options.steps or 30, options.every)
+        for name, run in result["runs"].items():
+            print(name, run["alarm"])
+    write_json(options.json, result, MODULE)
+    return result
+
+
+if __name__ == "__main__":
+    main()
