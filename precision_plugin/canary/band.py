@@ -8,6 +8,14 @@ of the floor's tokens gives the spread of one mean, ``q`` its ``1 - alpha`` quan
 mean minus the floor's own estimate spreads ``sqrt(2)`` times as wide, so ``upper = floor +
 sqrt(2) * (q - floor)``. Heavy tails (a few tokens carrying the k3) widen it by themselves.
 
+With a precision reference (the learner's own log-probs of the canary in float32, beside its
+policy-dtype ones) the statistic is the canary's k3 divided by the reference's, ``k3(learner,
+rollout) / k3(learner, learner in float32)``: how many times the rounding of the policy dtype
+itself the two engines disagree. Training moves the weights and the canary's tokens, and the
+rounding grows or shrinks with them (on the recipe's model the raw canary k3 of a clean run grows
+100-400x over 500 steps at learning rate 1e-3); the reference moves with it, the ratio does not.
+The bootstrap then resamples tokens in pairs and takes the ratio of the two means.
+
 A floor of exactly 0 (both sides bit-identical on every canary token) has no spread to resample:
 then a later k3 is out of band only above ``abs_tol``, stated with the band. ``abs_tol`` is also
 the least width of any band.
@@ -29,6 +37,7 @@ RESAMPLES = 20_000
 ABS_TOL = 1e-12
 
 
+@checked
 def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]) -> list[float]:
     """Per-token ``expm1(d) - d`` with ``d = log π - log μ`` (learner minus rollout), in float64,
     flattened in sequence order; a NaN or infinite log-prob gives ``inf``."""
@@ -46,8 +55,9 @@ def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[floa
 @checked
 @dataclass(frozen=True)
 class CanaryBand:
-    """The floor's mean k3 over ``tokens`` canary tokens and the largest k3 a later check may
-    show by rounding alone (``upper``; ``alpha`` one-sided, ``resamples`` bootstrap draws)."""
+    """The floor's statistic over ``tokens`` canary tokens (its mean k3, or with ``normalized``
+    its mean k3 over the reference's) and the largest a later check may show by rounding alone
+    (``upper``; ``alpha`` one-sided, ``resamples`` bootstrap draws)."""
 
     floor: float
     upper: float
@@ -55,6 +65,15 @@ class CanaryBand:
     alpha: float
     resamples: int
     abs_tol: float
+    normalized: bool = False
+
+    def statistic(self, per_token_k3: Sequence[float], reference_k3: float | None) -> float:
+        """A check's statistic: its mean k3, over ``reference_k3`` (the mean k3 of the learner
+        against itself in float32) when the band is ``normalized`` and the reference is > 0."""
+        mean = math.fsum(per_token_k3) / len(per_token_k3) if per_token_k3 else math.nan
+        if self.normalized and reference_k3 is not None and reference_k3 > 0:
+            return mean / reference_k3
+        return mean
 
     def contains(self, k3: float) -> bool:
         """Whether ``k3`` is within the band (at most ``upper``; NaN is not)."""
@@ -76,21 +95,29 @@ class CanaryBand:
 def canary_band(
     per_token_k3: Sequence[float],
     *,
+    reference_k3: Sequence[float] | None = None,
     alpha: float = ALPHA,
     resamples: int = RESAMPLES,
     seed: int = 0,
     abs_tol: float = ABS_TOL,
 ) -> CanaryBand:
-    """The band of a canary whose floor check gave ``per_token_k3`` (module docstring)."""
+    """The band of a canary whose floor check gave ``per_token_k3`` (and, per token, the
+    precision reference's ``reference_k3``; module docstring)."""
     import torch
 
     values = torch.tensor([float(v) for v in per_token_k3], dtype=torch.float64)
     n = int(values.numel())
     if n == 0:
         return CanaryBand(math.nan, math.nan, 0, alpha, resamples, abs_tol)
-    floor = float(values.mean())
+    reference = None
+    if reference_k3 is not None:
+        reference = torch.tensor([float(v) for v in reference_k3], dtype=torch.float64)
+        if reference.numel() != n or not float(reference.sum()) > 0:
+            reference = None  # no rounding to measure against (float32): the raw k3
+    floor = float(values.mean()) / (float(reference.mean()) if reference is not None else 1.0)
+    normalized = reference is not None
     if not math.isfinite(floor) or floor == 0.0:
-        return CanaryBand(floor, floor + abs_tol, n, alpha, resamples, abs_tol)
+        return CanaryBand(floor, floor + abs_tol, n, alpha, resamples, abs_tol, normalized)
     generator = torch.Generator().manual_seed(seed)
     means = torch.empty(resamples, dtype=torch.float64)
     chunk = max(1, (1 << 22) // n)
@@ -98,6 +125,8 @@ def canary_band(
         rows = min(chunk, resamples - at)
         index = torch.randint(0, n, (rows, n), generator=generator)
         means[at : at + rows] = values[index].mean(dim=1)
+        if reference is not None:
+            means[at : at + rows] /= reference[index].mean(dim=1)
     q = float(torch.quantile(means, 1.0 - alpha))
     upper = floor + math.sqrt(2.0) * max(q - floor, 0.0)
-    return CanaryBand(floor, max(upper, floor + abs_tol), n, alpha, resamples, abs_tol)
+    return CanaryBand(floor, max(upper, floor + abs_tol), n, alpha, resamples, abs_tol, normalized)

@@ -70,10 +70,13 @@ class CanaryCheck:
     stale_since: int | None = None
     reason: str = ""
     batch_k3: float | None = None
+    reference_k3: float | None = None
 
     def metrics(self) -> dict[str, float]:
         """The check as ``precision/*`` metric values (names without the prefix)."""
+        extra = {} if self.reference_k3 is None else {"canary_reference_k3": self.reference_k3}
         return {
+            **extra,
             "canary_k3": self.k3,
             "canary_bitwise_equal_frac": self.bitwise_equal_frac,
             "canary_ratio": self.ratio,
@@ -115,6 +118,7 @@ class CanaryMonitor:
     _noted_policy: bool = False
     _first_batch_k3: float | None = None
     _batch_out: int = 0
+    _reference: float | None = None
 
     @property
     def alarm(self) -> CanaryCheck | None:
@@ -128,10 +132,14 @@ class CanaryMonitor:
         rollout: Sequence[Sequence[float]],
         *,
         batch_k3: float | None = None,
+        reference: Sequence[Sequence[float]] | None = None,
     ) -> CanaryCheck:
         """Record one check at ``step``: ``learner``/``rollout`` per-token log-probs of the
         canary (one list per sequence, the same tokens on both sides); ``batch_k3``: the
-        per-batch k3 logged for this step, if any (for the ``policy_moving`` note)."""
+        per-batch k3 logged for this step, if any (for the ``policy_moving`` note);
+        ``reference``: the learner's log-probs of the canary in float32 (the precision
+        reference: the band then holds ``k3 / k3(learner, reference)``, see
+        [`canary_band`][precision_plugin.canary.canary_band])."""
         if [len(r) for r in learner] != [len(r) for r in rollout]:
             raise PrecisionConfigError(
                 f"CanaryMonitor.check(step={step}): the learner's and the rollout's log-probs "
@@ -141,10 +149,16 @@ class CanaryMonitor:
         per_token = token_k3(learner, rollout)
         k3 = math.fsum(per_token) / len(per_token) if per_token else math.nan
         equal = bitwise_equal(learner, rollout).fraction
+        ref_tokens = token_k3(learner, reference) if reference is not None else None
+        ref = math.fsum(ref_tokens) / len(ref_tokens) if ref_tokens else None
         if self.band is None:
-            self.band = canary_band(per_token, alpha=self.alpha, abs_tol=self.abs_tol)
+            self.band = canary_band(
+                per_token, reference_k3=ref_tokens, alpha=self.alpha, abs_tol=self.abs_tol
+            )
         band = self.band
-        in_band = band.contains(k3)
+        self._reference = ref
+        value = band.statistic(per_token, ref)
+        in_band = band.contains(value)
         kept = _Kept(step, _bits(learner), _bits(rollout), [list(r) for r in learner], in_band)
         verdict, stale, reason = None, None, ""
         previous = self.checks[-1] if self.checks else None
@@ -155,8 +169,8 @@ class CanaryMonitor:
             verdict, reason = self._policy_note(step, batch_k3)
         self._kept.append(kept)
         result = CanaryCheck(
-            step, k3, equal, band.ratio(k3), in_band, verdict, alarm and not self._alarmed,
-            stale, reason, batch_k3,
+            step, k3, equal, band.ratio(value), in_band, verdict, alarm and not self._alarmed,
+            stale, reason, batch_k3, ref,
         )  # fmt: skip
         self.checks.append(result)
         if alarm and not self._alarmed:
@@ -177,7 +191,7 @@ class CanaryMonitor:
             if old.learner == now.learner:
                 continue  # the learner has not moved since: no evidence either way
             k3 = token_k3(old.learner_logps, rollout)
-            if k3 and band.contains(math.fsum(k3) / len(k3)):
+            if k3 and band.contains(band.statistic(k3, self._reference)):
                 return (
                     "weights_out_of_sync",
                     old.step,
@@ -238,8 +252,9 @@ class CanaryMonitor:
         stale = f" (stale since step {check.stale_since})" if check.stale_since is not None else ""
         message = (
             f"the drift canary left its band on two consecutive checks (step {check.step}: k3 "
-            f"{check.k3:.3g}, {check.ratio:.3g}x the floor {band.floor:.3g}; band up to "
-            f"{band.upper:.3g}): {check.verdict}{stale}: {check.reason}"
+            f"{check.k3:.3g}, {check.ratio:.3g}x the floor; band up to "
+            f"{band.upper / band.floor if band.floor > 0 else math.inf:.3g}x): "
+            f"{check.verdict}{stale}: {check.reason}"
         )
         fix = {
             "weights_out_of_sync": (

@@ -14,7 +14,9 @@ step; the first check, at the first log with a full set, is the floor):
      temperature=1.0))`` ([`VLLMScorer`][precision_plugin.scoring.vllm.VLLMScorer]);
    - vLLM server mode: TRL's ``VLLMClient.get_sequence_logprobs`` (feature-detected; TRL builds
      without it log once that the canary is off);
-2. the learner scores it at its current weights, in the dtype its forward runs in;
+2. the learner scores it at its current weights, in the dtype its forward runs in, and (float32
+   master weights under autocast) in float32 too: the precision reference the band divides by,
+   so the rounding growing or shrinking as training moves the weights is not an alarm;
 3. [`CanaryMonitor`][precision_plugin.canary.CanaryMonitor] records both and decides.
 
 Logged: ``precision/canary_k3``, ``canary_bitwise_equal_frac``, ``canary_ratio``,
@@ -61,6 +63,7 @@ class TRLCanary:
         self.seconds: list[float] = []  # wall time of each check's canary work
         self.certify_seconds: float | None = None  # the one-off level-2 certification
         self.last_batch_equal: float | None = None
+        self._plain: Any = None
 
     @property
     def full(self) -> bool:
@@ -96,10 +99,20 @@ class TRLCanary:
         rollout_logps = rollout.score(self.sequences)
         learner = learner_scorer(trainer, self.policy, len(self.sequences))
         learner_logps = _scored_in_eval(learner, self.sequences)
+        reference = None
+        if learner.autocast != "float32":  # float32 masters: the precision reference
+            if self._plain is None or self._plain.inner is not learner.model:
+                self._plain = _class_forward(learner.model)
+            fp32 = HFScorer(self._plain, batch_size=learner.batch_size)
+            reference = _scored_in_eval(fp32, self.sequences)
         self.seconds.append(time.perf_counter() - start)
         floor = self.monitor.band is None
         result = self.monitor.check(
-            step, learner_logps, rollout_logps, batch_k3=batch_metrics.get("k3_kl")
+            step,
+            learner_logps,
+            rollout_logps,
+            batch_k3=batch_metrics.get("k3_kl"),
+            reference=reference,
         )
         self.next_due = (step // self.every + 1) * self.every
         if floor:
@@ -136,6 +149,30 @@ class TRLCanary:
             "certified" if self.invariance.certified else "not batch-invariant",
             self.invariance.summary(),
         )
+
+
+def _class_forward(model: Any) -> Any:
+    """The learner as its class defines it, for the float32 reference: Accelerate replaces the
+    instance's ``forward`` with one that autocasts to the training dtype; this module's forward
+    calls the class's ``forward``, which computes in the weights' own float32."""
+    import torch
+
+    class ClassForward(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        @property
+        def config(self) -> Any:
+            return self.inner.config
+
+        def get_output_embeddings(self) -> Any:
+            return self.inner.get_output_embeddings()
+
+        def forward(self, **kwargs: Any) -> Any:
+            return type(self.inner).forward(self.inner, **kwargs)
+
+    return ClassForward(model)
 
 
 def _scored_in_eval(scorer: HFScorer, sequences: Sequence[TokenSequence]) -> list[list[float]]:

@@ -124,7 +124,12 @@ class HFRollout:
         }
 
     def generate_batch(
-        self, prompts: list[list[int]], max_tokens: int, seed: int, *, sampling: Any = None
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        seed: int,
+        *,
+        sampling: SamplingSettings | None = None,
     ) -> list[Any]:
         """The engine's ``generate`` in batches of at most ``max_batch`` (prompt ``i`` samples
         with seed ``seed + i`` wherever it lands, as the engine does in one batch)."""

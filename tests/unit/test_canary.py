@@ -180,3 +180,22 @@ def test_metrics_of_a_check() -> None:
         "canary_in_band": 1.0,
         "canary_verdict": 0.0,
     }
+
+
+def test_the_precision_reference_keeps_growing_rounding_in_band() -> None:
+    # The rounding of both engines grows 1.25x per check (the weights grow while training): the
+    # raw k3 leaves its band, the k3 over the learner's float32 reference does not.
+    rng = random.Random(6)
+    learner = _logps(rng)
+    plain, referenced = CanaryMonitor(), CanaryMonitor()
+    for i in range(20):
+        scale = 1e-3 * 1.25**i
+        rollout, reference = _noisy(learner, rng, scale), _noisy(learner, rng, scale)
+        plain.check(i * 5, learner, rollout)
+        referenced.check(i * 5, learner, rollout, reference=reference)
+        learner = _moved(learner, rng)
+    assert plain.alarm is not None
+    assert referenced.alarm is None and referenced.band is not None
+    assert referenced.band.normalized and referenced.band.floor == pytest.approx(
+        referenced.checks[0].k3 / referenced.checks[0].reference_k3, rel=1e-12
+    )
