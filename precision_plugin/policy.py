@@ -220,7 +220,7 @@ class MetricSettings:
         metadata=_help("prob_diff_mean above this is a precision problem (verl's threshold)."),
     )
     canary_every: int = field(
-        default=20,
+        default=100,
         metadata=_help(
             "Drift canary: every N optimizer steps both sides rescore a fixed canary set (the "
             "first rollout batch) and its k3 is checked against its step-0 band; 0 turns it off."

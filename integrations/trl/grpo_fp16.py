@@ -231,6 +231,10 @@ def step_line(row: dict[str, float]) -> str:
     )
 
 
+#: Report entries kept out of the printed JSON line (per-step lists; ``--json`` has them).
+BULKY = ("canary_checks", "step_times", "canary_seconds")
+
+
 def canary_line(row: dict[str, float]) -> str:
     """One printed line per canary check."""
     from precision_plugin.canary import VERDICT_CODES
@@ -377,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for check in checks:
         print(canary_line(check))
     print(render(audit, "asked vs ran"), end="")
-    print(json.dumps(report))
+    print(json.dumps({k: v for k, v in report.items() if k not in BULKY}))
     if options.json:
         words = sys.argv[1:] if argv is None else argv
         command = ["python", "integrations/trl/grpo_fp16.py", *words]

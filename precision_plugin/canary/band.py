@@ -12,8 +12,8 @@ With a precision reference (the learner's own log-probs of the canary in float32
 policy-dtype ones) the statistic is the canary's k3 divided by the reference's, ``k3(learner,
 rollout) / k3(learner, learner in float32)``: how many times the rounding of the policy dtype
 itself the two engines disagree. Training moves the weights and the canary's tokens, and the
-rounding grows or shrinks with them (on the recipe's model the raw canary k3 of a clean run grows
-100-400x over 500 steps at learning rate 1e-3); the reference moves with it, the ratio does not.
+rounding grows or shrinks with them (docs/canary.md: by orders of magnitude over a clean run of
+the recipe); the reference moves with it, the ratio does not.
 The bootstrap then resamples tokens in pairs and takes the ratio of the two means.
 
 A floor of exactly 0 (both sides bit-identical on every canary token) has no spread to resample:

@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.benchmarks.bench_canary false-alarms [--steps 500] [--every 5] [--json FILE]
     .venv/bin/python -m tests.benchmarks.bench_canary overhead [--runs 5] [--steps 40] [--json FILE]
     .venv/bin/python -m tests.benchmarks.bench_canary drills [--steps 30] [--every 5] [--json FILE]
+    .venv/bin/python -m tests.benchmarks.bench_canary plot   # docs/assets/canary-drills.png
 
 ``false-alarms``: one clean GRPO run (recipe defaults: tiny Llama, HFRollout, float16, learning
 rate 1e-3) of ``--steps`` steps with a check every ``--every``: how many checks left the band and
@@ -122,16 +123,59 @@ def drills(steps: int, every: int) -> dict[str, Any]:
     return out
 
 
+def plot(results: Path, out: Path) -> None:
+    """The drills figure: each run's canary ratio to its floor per check (log scale), its band's
+    upper edge, and the alarm, from the ``drills`` results file."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(results.read_text(encoding="utf-8"))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    for name, run in data["runs"].items():
+        steps = [c["step"] for c in run["timeline"]]
+        ratios = [c["canary_ratio"] for c in run["timeline"]]
+        (line,) = ax.plot(steps, ratios, marker="o", label=f"{name} (lr {run['learning_rate']:g})")
+        if run["band_upper_ratio"]:
+            ax.axhline(run["band_upper_ratio"], color=line.get_color(), lw=0.8, ls=":")
+        alarm = run["alarm"]
+        if alarm is not None:
+            at = steps.index(alarm["step"])
+            ax.annotate(
+                alarm["verdict"], (steps[at], ratios[at]), textcoords="offset points",
+                xytext=(6, -12), fontsize=8, color=line.get_color(),
+            )  # fmt: skip
+    ax.axvline(data["drill_step"], color="grey", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("canary k3 / floor (over the float32 reference)")
+    ax.set_title(
+        f"Drift canary fire drills: drills start at step {data['drill_step']}, a check every "
+        f"{data['canary_every']} steps (dotted: band edges)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> dict[str, Any]:
     """Run the chosen measurement, print it and (``--json FILE``) write it."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["false-alarms", "overhead", "drills"])
+    parser.add_argument("what", choices=["false-alarms", "overhead", "drills", "plot"])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5)
     add_json_option(parser)
     options = parser.parse_args()
     logging.disable(logging.WARNING)
+    if options.what == "plot":  # the figure of docs/canary.md, from the drills results file
+        plot(ROOT / "docs/results/canary-drills.json", ROOT / "docs/assets/canary-drills.png")
+        return {}
     if options.what == "false-alarms":
         result = false_alarms(options.steps or 500, options.every)
         print(
