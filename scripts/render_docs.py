@@ -121,6 +121,20 @@ def _canary_drills(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("canary-levels")
+def _canary_levels(data: dict[str, Any]) -> str:
+    """``bench_canary levels``: the level each CPU configuration reached, with the evidence."""
+    rows = [
+        "| configuration | level | canary bit-equal | level-2 evidence |",
+        "|---|---|---|---|",
+    ]
+    for name, config in data["configs"].items():
+        evidence = config["invariance"].replace("|", "\\|")
+        equal = config["canary_bitwise_equal_frac"]
+        rows.append(f"| {name} | {config['level']:.0f} | {equal:.3f} | {evidence} |")
+    return "\n".join(rows)
+
+
 @view("canary-raw-growth")
 def _canary_raw_growth(data: dict[str, Any]) -> str:
     """``bench_canary false-alarms``: the largest raw canary k3 over the first (floor) one."""

@@ -256,7 +256,9 @@ def canary_timing(trainer: Any) -> dict[str, Any]:
     state = getattr(trainer, ATTR, None)
     band = state.monitor.band if state is not None else None
     upper = band.upper / band.floor if band is not None and band.floor > 0 else None
+    invariance = getattr(state, "invariance", None)
     return {
+        "canary_invariance": invariance.summary() if invariance is not None else None,
         "canary_seconds": list(state.seconds) if state is not None else [],
         "canary_certify_seconds": state.certify_seconds if state is not None else None,
         "canary_band_upper_ratio": upper,

@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.benchmarks.bench_canary false-alarms [--steps 500] [--every 5] [--json FILE]
     .venv/bin/python -m tests.benchmarks.bench_canary overhead [--runs 5] [--steps 40] [--json FILE]
     .venv/bin/python -m tests.benchmarks.bench_canary drills [--steps 30] [--every 5] [--json FILE]
+    .venv/bin/python -m tests.benchmarks.bench_canary levels [--steps 5] [--json FILE]
     .venv/bin/python -m tests.benchmarks.bench_canary plot   # docs/assets/canary-drills.png
 
 ``false-alarms``: one clean GRPO run (recipe defaults: tiny Llama, HFRollout, float16, learning
@@ -123,6 +124,26 @@ def drills(steps: int, every: int) -> dict[str, Any]:
     return out
 
 
+def levels(steps: int) -> dict[str, Any]:
+    """The precision level each CPU configuration of the recipe reaches, with the evidence."""
+    configs = {
+        "float16, HFRollout padding its batch": ["--dtype", "float16"],
+        "bfloat16, HFRollout padding its batch": ["--dtype", "bfloat16"],
+        "float16, HFRollout(max_batch=1)": ["--dtype", "float16", "--rollout-batch", "1"],
+        "bfloat16, HFRollout(max_batch=1)": ["--dtype", "bfloat16", "--rollout-batch", "1"],
+    }
+    out: dict[str, Any] = {"steps": steps, "configs": {}}
+    for name, extra in configs.items():
+        report = _run(["--max-steps", str(steps), "--canary-every", "5", *extra])
+        last = report["canary_checks"][-1]
+        out["configs"][name] = {
+            "level": report["level"],
+            "canary_bitwise_equal_frac": last["canary_bitwise_equal_frac"],
+            "invariance": report["canary_invariance"],
+        }
+    return out
+
+
 def plot(results: Path, out: Path) -> None:
     """The drills figure: each run's canary ratio to its floor per check (log scale), its band's
     upper edge, and the alarm, from the ``drills`` results file."""
@@ -166,7 +187,7 @@ def plot(results: Path, out: Path) -> None:
 def main() -> dict[str, Any]:
     """Run the chosen measurement, print it and (``--json FILE``) write it."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["false-alarms", "overhead", "drills", "plot"])
+    parser.add_argument("what", choices=["false-alarms", "overhead", "drills", "levels", "plot"])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--runs", type=int, default=5)
@@ -190,6 +211,10 @@ def main() -> dict[str, Any]:
             f"{result['canary_every_default']} steps of {result['median_step_s'] * 1e3:.1f} ms: "
             f"{result['overhead_pct_at_default']:.3f} % of a step"
         )
+    elif options.what == "levels":
+        result = levels(options.steps or 5)
+        for name, config in result["configs"].items():
+            print(f"{name}: level {config['level']:.0f} ({config['invariance']})")
     else:
         result = drills(options.steps or 30, options.every)
         for name, run in result["runs"].items():

@@ -44,3 +44,13 @@ def test_the_overhead_is_measured_at_the_default_k() -> None:
     expected = 100 * data["median_check_s"] / data["canary_every_default"] / data["median_step_s"]
     assert data["overhead_pct_at_default"] == expected
     assert data["overhead_pct_at_default"] < 1.0
+
+
+def test_cpu_configurations_reach_the_levels_the_docs_state() -> None:
+    configs = _load("canary-levels.json")["configs"]
+    assert {name: c["level"] for name, c in configs.items()} == {
+        "float16, HFRollout padding its batch": 1.0,
+        "bfloat16, HFRollout padding its batch": 1.0,
+        "float16, HFRollout(max_batch=1)": 2.0,
+        "bfloat16, HFRollout(max_batch=1)": 2.0,
+    }
