@@ -2,8 +2,8 @@
 
 - **1, one dtype on every wire**: the asked-vs-ran audit found no contradiction (learner, rollout
   engine and weight sync run the policy dtype). What the plugin proved before the ladder.
-- **2, the rollout engine is batch-invariant**: certified by
-  [`certify_batch_invariance`][precision_plugin.canary.certify_batch_invariance]: the canary
+- **2, the rollout engine is batch-invariant**: certified by ``certify_batch_invariance``: the
+  canary
   rescored at batch size 1 and at batch size N in shuffled order, and generated again at batch 1
   and at batch N with fixed per-sequence seeds (decode included), all equal bit for bit.
 - **3, train == rollout**: level 2, and the canary's ``bitwise_equal_frac`` is 1 *and* the
@@ -22,11 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked
+from precision_plugin.boundary import at_least, checked, duck
 from precision_plugin.scoring import (
-    BatchRescore,
     BitwiseEqual,
-    Scorer,
     TokenSequence,
     batch_rescore,
     bitwise_equal,
@@ -38,14 +36,14 @@ from precision_plugin.scoring import (
 Generate = Callable[[list[list[int]], int, int], Sequence[Any]]
 
 
-@checked
+@checked(rescore=duck("equal", "batch_size", what="a BatchRescore (batch_rescore's result)"))
 @dataclass(frozen=True)
 class Invariance:
     """The level-2 evidence: the rescore at batch 1 against batch N (``rescore``) and, when a
     generator was given, generation at batch 1 against N (``generated``: log-probs bit-equal,
     ``same_tokens``: every sequence sampled the same tokens)."""
 
-    rescore: BatchRescore
+    rescore: Any  # a BatchRescore
     generated: BitwiseEqual | None
     same_tokens: bool | None
 
@@ -73,9 +71,14 @@ class Invariance:
         return "; ".join(parts)
 
 
-@checked(batch_size=at_least(2), max_new_tokens=at_least(1), seed=at_least(0))
+@checked(
+    scorer=duck("score", what="a Scorer (precision_plugin.scoring)"),
+    batch_size=at_least(2),
+    max_new_tokens=at_least(1),
+    seed=at_least(0),
+)
 def certify_batch_invariance(
-    scorer: Scorer,
+    scorer: Any,
     sequences: Sequence[TokenSequence],
     batch_size: int,
     *,

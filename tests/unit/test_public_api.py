@@ -375,6 +375,7 @@ def candidates(tmp: Path) -> list[Any]:
     from precision_plugin.probe import ProbeConfig, RolloutSample, SelfCheck
     from precision_plugin.sanity import SanityConfig
     from precision_plugin.scaler import ScalerStats
+    from precision_plugin.scoring import BitwiseEqual
     from precision_plugin.vllm import cascade_decision
 
     file = tmp / "file.txt"
@@ -438,6 +439,10 @@ def candidates(tmp: Path) -> list[Any]:
         growth,
         project(growth, 100),
         Interval(0.5, 0.4, 0.6),
+        types.SimpleNamespace(name="test", score=lambda sequences: []),  # a Scorer
+        types.SimpleNamespace(equal=None, batch_size=2),  # a BatchRescore, as duck-typed
+        BitwiseEqual(1, 1),
+        2,  # a batch size of at least 2 (the batch-invariance check)
     ]
 
 
