@@ -3,8 +3,9 @@
 vLLM scores tokens it is given through ``prompt_logprobs``: each prompt position's log-prob
 under the model, in float32, of the raw logits (temperature does not touch them; the request
 still says ``temperature=1.0`` so nothing else could). One ``score`` call is one
-``LLM.generate`` call, one batch as far as the engine's scheduler is concerned. ``prompt_logprobs=1``
-returns the top token and the actual one at each position; the actual one is read.
+``LLM.generate`` call, one batch as far as the engine's scheduler is concerned.
+``prompt_logprobs=1`` returns the top token and the actual one at each position; the actual one
+is read.
 """
 
 from __future__ import annotations
