@@ -67,6 +67,7 @@ LAYERS: dict[str, int] = {
     "misfit": 2,
     "decision": 2,
     "scoring": 2,
+    "canary": 2,
     "config_lookup": 1,
     # 3: learner and engine adapters
     "transformers": 3,

@@ -41,6 +41,20 @@ class PluginHookError(PrecisionPluginError, RuntimeError):
     pluggy's ``check_pending()`` when ``enable()`` runs under ``strictness="error"``."""
 
 
+class CanaryAlarmError(PrecisionMismatchError):
+    """The drift canary left its band on two consecutive checks and strictness is ``"error"``.
+
+    Attributes: ``verdict`` (``weights_out_of_sync`` or ``engine_state_drift``), ``step`` and
+    ``stale_since`` (the step whose weights the rollout still holds, or ``None``).
+    """
+
+    def __init__(self, message: str, *, verdict: str, step: int, stale_since: int | None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+        self.step = step
+        self.stale_since = stale_since
+
+
 class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
     """The dynamic loss scale sat at its floor while steps kept overflowing."""
 

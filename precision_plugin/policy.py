@@ -181,6 +181,13 @@ class MetricSettings:
         default=0.01,
         metadata=_help("prob_diff_mean above this is a precision problem (verl's threshold)."),
     )
+    canary_every: int = field(
+        default=100,
+        metadata=_help(
+            "Drift canary: every N optimizer steps both sides rescore a fixed canary set (the "
+            "first rollout batch) and its k3 is checked against its step-0 band; 0 turns it off."
+        ),
+    )
     self_check_k3_max: float = field(
         default=1e-6,
         metadata=_help(
@@ -192,6 +199,9 @@ class MetricSettings:
     def __post_init__(self) -> None:
         _validate_fields(self, "metrics.")
         _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
+        _require(
+            self.canary_every >= 0, "metrics.canary_every", self.canary_every, "an integer >= 0"
+        )
         _require(
             self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0"
         )
@@ -300,6 +310,16 @@ class PrecisionPolicy:
             "inverse frequencies, the MoE routing bias e_score_correction_bias), so learner and "
             "rollout compute positions alike. The rollout copies (HFRollout, the probe's HF "
             "engine) always keep them."
+        ),
+    )
+    batch_invariant: Literal["off", "auto", "on"] = field(
+        default="off",
+        metadata=_help(
+            "Rollout engines' batch-invariant mode (precision level 2): 'off' leaves them alone, "
+            "'auto' reports what the installed engines could enable and its reported cost "
+            "(1.3-2.4x for vLLM), 'on' enables it where the installed version has it (vLLM "
+            "VLLM_BATCH_INVARIANT=1 from 0.11.1, SGLang --enable-deterministic-inference) and "
+            "reports what it could not enable and why."
         ),
     )
     loss_scaler: LossScalerSettings = field(

@@ -104,6 +104,49 @@ def _trl_recipe(data: dict[str, Any]) -> str:
     return "```text\n" + "\n".join([*lines, json.dumps(data["report"])]) + "\n```"
 
 
+@view("canary-drills")
+def _canary_drills(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_canary.py drills``: each run's checks and its alarm."""
+    rows = [
+        "| run | learning rate | checks (step: ratio to the floor) | alarm |",
+        "|---|---|---|---|",
+    ]
+    for name, run in data["runs"].items():
+        checks = ", ".join(
+            f"{c['step']}: {c['canary_ratio']:.3g}" if c["canary_ratio"] is not None
+            else f"{c['step']}: inf"
+            for c in run["timeline"]
+        )  # fmt: skip
+        alarm = run["alarm"]
+        said = "none"
+        if alarm is not None:
+            stale = f", stale since step {alarm['stale_since']}" if alarm["stale_since"] else ""
+            said = f"step {alarm['step']}: `{alarm['verdict']}`{stale}"
+        rows.append(f"| {name} | {run['learning_rate']:g} | {checks} | {said} |")
+    return "\n".join(rows)
+
+
+@view("canary-levels")
+def _canary_levels(data: dict[str, Any]) -> str:
+    """``bench_canary levels``: the level each CPU configuration reached, with the evidence."""
+    rows = [
+        "| configuration | level | canary bit-equal | level-2 evidence |",
+        "|---|---|---|---|",
+    ]
+    for name, config in data["configs"].items():
+        evidence = config["invariance"].replace("|", "\\|")
+        equal = config["canary_bitwise_equal_frac"]
+        rows.append(f"| {name} | {config['level']:.0f} | {equal:.3f} | {evidence} |")
+    return "\n".join(rows)
+
+
+@view("canary-raw-growth")
+def _canary_raw_growth(data: dict[str, Any]) -> str:
+    """``bench_canary false-alarms``: the largest raw canary k3 over the first (floor) one."""
+    k3 = [c["canary_k3"] for c in data["timeline"]]
+    return f"{max(k3) / k3[0]:.0f}"
+
+
 @view("trl-audit")
 def _trl_audit(data: dict[str, Any]) -> str:
     """The recipe's asked-vs-ran table."""

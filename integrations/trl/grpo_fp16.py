@@ -12,6 +12,12 @@ and one JSON line with the loss scale, what ran and the mean mismatch (``--json 
 writes all of it, with the command that produced it). ``--entry callback`` uses
 ``PrecisionCallback(dtype)`` without ``enable()``: the flags are set by hand, and on a CPU the
 learner then runs float32 (Accelerate has no fp16 there), which the callback reports.
+Fire drills for the drift canary (docs/canary.md): ``--drill stale-weights@STEP`` freezes
+the rollout copy's weights from STEP on (a weight sync that silently fails), ``--drill
+engine-drift@STEP`` perturbs the rollout copy a little more at each step from STEP on (run it
+with ``--learning-rate 0``, so the learner stands still); ``--canary-every K`` checks the canary
+every K steps and ``--rollout-batch 1`` makes HFRollout sample and score one sequence at a time
+(batch-invariant: precision level 2).
 ``--model PATH`` trains a local checkpoint (loaded in float32: the plugin keeps master weights
 fp32 and autocast computes in the policy dtype); ``--rollout vllm-colocate`` / ``--rollout
 vllm-server`` sample with vLLM instead (GPU; the plugin starts a colocated engine in the policy
@@ -60,6 +66,51 @@ def build_model_and_tokenizer(seed: int = 0) -> tuple[Any, Any]:
         eos_token_id=2,
     )
     return LlamaForCausalLM(config), tokenizer
+
+
+#: Relative size of the engine-drift drill's perturbation, per step since it started.
+DRIFT_PER_STEP = 5e-4
+
+
+class DrillRollout:
+    """``HFRollout`` with a fault injected from ``at`` on (a fire drill for the canary).
+
+    ``stale-weights``: the rollout copy stops taking the learner's weights (its refresh is
+    skipped). ``engine-drift``: after each refresh, every floating weight of the rollout copy is
+    multiplied by ``1 + DRIFT_PER_STEP * k * z`` (``z`` standard normal, seeded by the step,
+    ``k`` the steps since ``at``, counting from 1): a little more drift at each step.
+    """
+
+    def __new__(cls, kind: str, at: int, **kwargs: Any) -> Any:
+        from precision_plugin.trl import HFRollout
+
+        class _Drill(HFRollout):
+            def _sync(self, trainer: Any) -> None:
+                step = trainer.state.global_step
+                if kind == "stale-weights" and self.engine is not None and step >= at:
+                    return  # the weight update silently fails
+                syncs = self.syncs
+                super()._sync(trainer)
+                if kind == "engine-drift" and step >= at and self.syncs != syncs:
+                    generator = torch.Generator().manual_seed(step)
+                    scale = DRIFT_PER_STEP * (step - at + 1)
+                    with torch.no_grad():
+                        for param in self.engine.model.parameters():
+                            noise = torch.randn(param.shape, generator=generator)
+                            param.mul_(1 + scale * noise.to(param.dtype))
+
+        return _Drill(**kwargs)
+
+
+def parse_drill(text: str) -> tuple[str, int]:
+    """``KIND@STEP`` -> (kind, step); kinds: stale-weights, engine-drift."""
+    kind, _, step = text.partition("@")
+    if kind not in ("stale-weights", "engine-drift") or not step.isdigit() or int(step) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--drill {text!r}: expected stale-weights@STEP or engine-drift@STEP with STEP an "
+            f"integer >= 1, e.g. stale-weights@20"
+        )
+    return kind, int(step)
 
 
 def reward_vowels(completions: list[str], **_: Any) -> list[float]:
@@ -141,6 +192,26 @@ def build_trainer(
 
 
 MISMATCH = ("k3_kl", "k1_kl", "prob_diff_mean", "prob_diff_max", "tokens")
+CANARY = ("canary_k3", "canary_ratio", "canary_in_band", "canary_verdict",
+          "canary_bitwise_equal_frac", "level")  # fmt: skip
+
+
+def canary_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float | None]]:
+    """The canary checks of a run's log history (step, k3, ratio, band, verdict code, level;
+    a value that is not finite, e.g. the ratio to a floor of 0, as ``None``)."""
+    import math
+
+    return [
+        {
+            "step": h["step"],
+            **{
+                k: h[f"precision/{k}"] if math.isfinite(h[f"precision/{k}"]) else None
+                for k in CANARY
+            },
+        }
+        for h in log_history
+        if "precision/canary_k3" in h
+    ]
 
 
 def mismatch_rows(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -158,6 +229,52 @@ def step_line(row: dict[str, float]) -> str:
         f"step {row['step']:>3}  k3_kl {row['k3_kl']:.3e}  k1_kl {row['k1_kl']:+.3e}  "
         f"prob_diff_mean {row['prob_diff_mean']:.3e}  tokens {row['tokens']:.0f}"
     )
+
+
+#: Report entries kept out of the printed JSON line (per-step lists; ``--json`` has them).
+BULKY = ("canary_checks", "step_times", "canary_seconds")
+
+
+def canary_line(row: dict[str, float]) -> str:
+    """One printed line per canary check."""
+    from precision_plugin.canary import VERDICT_CODES
+
+    names = {code: name for name, code in VERDICT_CODES.items()}
+    ratio = "inf" if row["canary_ratio"] is None else f"{row['canary_ratio']:.3g}"
+    return (
+        f"canary step {row['step']:>3}  k3 {row['canary_k3']:.3e}  ratio "
+        f"{ratio}  in band {bool(row['canary_in_band'])}  verdict "
+        f"{names[int(row['canary_verdict'])]}  level {row['level']:.0f}"
+    )
+
+
+def canary_timing(trainer: Any) -> dict[str, Any]:
+    """The canary's work per check (s), its one-off level-2 certification (s), and its band's
+    upper edge as a ratio to the floor."""
+    from precision_plugin.trl.canary import ATTR
+
+    state = getattr(trainer, ATTR, None)
+    band = state.monitor.band if state is not None else None
+    upper = band.upper / band.floor if band is not None and band.floor > 0 else None
+    invariance = getattr(state, "invariance", None)
+    return {
+        "canary_invariance": invariance.summary() if invariance is not None else None,
+        "canary_seconds": list(state.seconds) if state is not None else [],
+        "canary_certify_seconds": state.certify_seconds if state is not None else None,
+        "canary_band_upper_ratio": upper,
+    }
+
+
+def alarm_of(trainer: Any) -> dict[str, Any] | None:
+    """The canary's alarm in this run (step, verdict, stale_since, reason), or ``None``."""
+    from precision_plugin.trl.canary import ATTR
+
+    state = getattr(trainer, ATTR, None)
+    alarm = state.monitor.alarm if state is not None else None
+    if alarm is None:
+        return None
+    return {"step": alarm.step, "verdict": alarm.verdict, "stale_since": alarm.stale_since,
+            "k3": alarm.k3, "reason": alarm.reason}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -184,18 +301,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="enable(): the one line; callback: PrecisionCallback(dtype) alone, flags by hand",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--canary-every", type=int, default=None, help="canary check every K steps (policy)"
+    )
+    parser.add_argument(
+        "--drill", type=parse_drill, default=None, metavar="KIND@STEP",
+        help="fire drill: stale-weights@STEP or engine-drift@STEP (HF rollout only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rollout-batch", type=int, default=None, help="HFRollout: sequences per forward"
+    )
+    parser.add_argument("--strict", action="store_true", help="strictness='error'")
     options = parser.parse_args(argv)
-    entry: dict[str, Any] = {}
+    if options.drill and options.rollout != "hf":
+        parser.error("--drill needs --rollout hf (the drills act on HFRollout's copy)")
+    settings: dict[str, Any] = {"dtype": options.dtype}
+    if options.canary_every is not None:
+        settings["metrics"] = {"canary_every": options.canary_every}
+    if options.strict:
+        settings["strictness"] = "error"
+    policy = pp.PrecisionPolicy.from_dict(settings)
+    entry: dict[str, Any] = {"learning_rate": options.learning_rate}
     if options.entry == "enable":
-        pp.enable(dtype=options.dtype)  # one dtype on both sides, loss scaler for float16
+        pp.enable(policy)  # one dtype on both sides, loss scaler for float16
     else:  # without enable(): the callback and the rollout get the dtype, the flags by hand
-        entry = {
-            "callback": PrecisionCallback(options.dtype),
-            "fp16": options.dtype == "float16",
-            "bf16": options.dtype == "bfloat16",
-        }
-        if options.rollout == "hf":
-            entry["rollout_func"] = HFRollout(options.dtype)
+        entry.update(
+            callback=PrecisionCallback(policy),
+            fp16=options.dtype == "float16",
+            bf16=options.dtype == "bfloat16",
+        )
+    if options.rollout == "hf":
+        rollout_args = {"dtype": options.dtype, "max_batch": options.rollout_batch}
+        entry["rollout_func"] = (
+            DrillRollout(*options.drill, **rollout_args) if options.drill
+            else HFRollout(**rollout_args)
+        )  # fmt: skip
     try:
         trainer = build_trainer(
             options.output_dir or tempfile.mkdtemp(),
@@ -212,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             c for c in trainer.callback_handler.callbacks if isinstance(c, PrecisionCallback)
         )
         rows = mismatch_rows(history)
+        checks = canary_rows(history)
         audit = callback.audit()
         report = {
             "entry": options.entry,
@@ -225,17 +367,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "steps": trainer.state.global_step,
             "mismatch_steps": len(rows),
             "mean_k3_kl": sum(r["k3_kl"] for r in rows) / len(rows) if rows else None,
+            "learning_rate": options.learning_rate,
+            "drill": "@".join(map(str, options.drill)) if options.drill else None,
+            "canary_every": policy.metrics.canary_every,
+            "canary_alarm": alarm_of(trainer),
+            "level": checks[-1]["level"] if checks else None,
+            **canary_timing(trainer),
+            "canary_checks": checks,
+            "step_times": [h["step_time"] for h in history if "step_time" in h],
         }
     finally:
         pp.disable()
     for row in rows:
         print(step_line(row))
+    for check in checks:
+        print(canary_line(check))
     print(render(audit, "asked vs ran"), end="")
-    print(json.dumps(report))
+    print(json.dumps({k: v for k, v in report.items() if k not in BULKY}))
     if options.json:
         words = sys.argv[1:] if argv is None else argv
         command = ["python", "integrations/trl/grpo_fp16.py", *words]
-        write_results(options.json, {"report": report, "steps": rows, "audit": audit}, command)
+        write_results(
+            options.json,
+            {"report": report, "steps": rows, "canary": checks, "audit": audit},
+            command,
+        )
     return report
 
 

@@ -23,6 +23,7 @@ from precision_plugin.hookspecs import hookimpl
 from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
+from precision_plugin.trl import canary as trl_canary
 from precision_plugin.trl import telemetry as trl_telemetry
 from precision_plugin.versions import installed_version
 
@@ -34,12 +35,16 @@ TRL_METRIC_ALIASES: dict[str, str] = aliases_for("TRL")
 
 
 @hookimpl
-def precision_collect_metrics(trainer: Any, logs: Any, mismatch_due: bool) -> dict[str, float]:
+def precision_collect_metrics(
+    policy: PrecisionPolicy, trainer: Any, logs: Any, mismatch_due: bool
+) -> dict[str, float]:
     """With ``mismatch_due``: TRL's own mismatch metrics under our names, then the plugin's
-    token-weighted ones measured over every process (which replace TRL's where both exist)."""
+    token-weighted ones measured over every process (which replace TRL's where both exist),
+    then the drift canary's when a check is due (``precision_plugin.trl.canary``)."""
     if not mismatch_due:
         return {}
-    return {**alias_metrics(logs or {}), **trl_telemetry.flush(trainer)}
+    batch = {**alias_metrics(logs or {}), **trl_telemetry.flush(trainer)}
+    return {**batch, **trl_canary.collect(trainer, policy, batch)}
 
 
 @checked

@@ -55,6 +55,7 @@ def _rollout_trainer(trainer: Any) -> Any:
 @checked(
     dtype=dtype_name,
     seed=at_least(0, why="a sampling seed"),
+    max_batch=at_least(1, why="sequences per forward"),
 )
 class HFRollout:
     """A TRL ``rollout_func``: KV-cache sampling from a ``dtype`` copy of the learner.
@@ -72,7 +73,10 @@ class HFRollout:
     ``.to(dtype)`` of the learner's (fp32 master) weights, the same rounding vLLM applies when it
     loads them, with the buffers vLLM keeps in float32 kept in float32
     ([`precision_plugin.buffers`][precision_plugin.buffers]). ``dtype`` defaults to the active
-    policy's ([`resolve_policy()`][precision_plugin.manager.resolve_policy]).
+    policy's ([`resolve_policy()`][precision_plugin.manager.resolve_policy]). ``max_batch``:
+    at most this many sequences per forward (``1``: every sequence sampled and scored alone, a
+    batch-invariant engine by construction, precision level 2; default: the whole batch at once,
+    left padded).
     """
 
     def __init__(
@@ -81,8 +85,11 @@ class HFRollout:
         *,
         policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
         seed: int | None = None,
+        max_batch: int | None = None,
     ) -> None:
         from precision_plugin.manager import resolve_policy
+
+        self.max_batch = max_batch
 
         self._policy = policy
         self._dtype = dtype  # canonical: the boundary's dtype_name
@@ -109,12 +116,29 @@ class HFRollout:
         process = getattr(trainer.accelerator, "process_index", 0)
         seed = zlib.crc32(f"{base}:{trainer.state.global_step}:{process}:{self._calls}".encode())
         self._calls += 1
-        samples = self.engine.generate(prompt_ids, max_tokens, seed, sampling=sampling)
+        samples = self.generate_batch(prompt_ids, max_tokens, seed, sampling=sampling)
         return {
             "prompt_ids": [s.prompt_ids for s in samples],
             "completion_ids": [s.completion_ids for s in samples],
             "logprobs": [s.logprobs for s in samples],
         }
+
+    def generate_batch(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        seed: int,
+        *,
+        sampling: SamplingSettings | None = None,
+    ) -> list[Any]:
+        """The engine's ``generate`` in batches of at most ``max_batch`` (prompt ``i`` samples
+        with seed ``seed + i`` wherever it lands, as the engine does in one batch)."""
+        size = self.max_batch or max(1, len(prompts))
+        samples: list[Any] = []
+        for first in range(0, len(prompts), size):
+            chunk = prompts[first : first + size]
+            samples.extend(self.engine.generate(chunk, max_tokens, seed + first, sampling=sampling))
+        return samples
 
     def _tokenize(self, prompts: list[Any], trainer: Any) -> list[list[int]]:
         tokenize = getattr(trainer, "_tokenize_prompts", None)  # TRL's own (chat template, tools)

@@ -30,6 +30,7 @@ from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.shield import shielded
+from precision_plugin.trl import canary as trl_canary
 
 log = logging.getLogger("precision_plugin")
 
@@ -58,6 +59,7 @@ class MismatchAccumulator:
         self.maxima: Any = None
         self.counts: Any = None  # consequence counts (add up)
         self.log_moments: Any = None  # [log Σ w, log Σ w²] over sequences (combine by logsumexp)
+        self.bitwise: Any = None  # [tokens bit-equal on both sides, tokens] (add up)
         self.capturing = False
         self.captured: Any = None
         self.told_no_rollout_logps = False
@@ -82,8 +84,16 @@ class MismatchAccumulator:
         train, rollout = train_logps.detach(), rollout_logps.detach()
         sums, top = sums_of(train, rollout, mask)  # both first: a failure adds nothing
         counts, moments = consequence_sums_of(train, rollout, mask)
+        valid = mask.bool()
+        # Bit for bit: float32 bit patterns (-0.0 is not 0.0), a NaN equals nothing.
+        t32, r32 = train.float(), rollout.float()
+        bits = t32.view(self._torch.int32) == r32.view(self._torch.int32)
+        same = (bits & valid & ~t32.isnan()).sum()
+        bitwise = self._torch.stack([same, valid.sum()]).to(self._torch.float64)
         if self.sums is None:
             self.sums, self.maxima, self.counts, self.log_moments = self._empty(sums.device)
+            self.bitwise = self._torch.zeros(2, dtype=self._torch.float64, device=sums.device)
+        self.bitwise += bitwise.to(self.bitwise.device)
         self.sums += sums.to(self.sums.device)  # no-op copies: both on the training device
         self.maxima = self._torch.maximum(self.maxima, top.to(self.maxima.device))
         self.counts += counts.to(self.counts.device)
@@ -109,21 +119,30 @@ class MismatchAccumulator:
         from precision_plugin.mismatch import metrics_from_sums
 
         sums, maxima, counts, moments = self.sums, self.maxima, self.counts, self.log_moments
+        bitwise = self.bitwise
         if sums is None:
             sums, maxima, counts, moments = self._empty("cpu")
+            bitwise = self._torch.zeros(2, dtype=self._torch.float64)
         if gather is not None:
-            # One collective: every process's sums, maximum, counts and log-moments in a row.
-            row = self._torch.cat([sums, maxima, counts, moments])
+            # One collective: every process's sums, maximum, counts, log-moments and bit-equal
+            # counts in a row.
+            row = self._torch.cat([sums, maxima, counts, moments, bitwise])
             rows = gather(row).reshape(-1, row.numel())
-            sums, maxima, counts, moments = rows.split(
-                [sums.numel(), 1, counts.numel(), moments.numel()], dim=1
+            sums, maxima, counts, moments, bitwise = rows.split(
+                [sums.numel(), 1, counts.numel(), moments.numel(), 2], dim=1
             )
-            sums, counts = sums.sum(dim=0), counts.sum(dim=0)
+            sums, counts, bitwise = sums.sum(dim=0), counts.sum(dim=0), bitwise.sum(dim=0)
             maxima = maxima.reshape(-1)
         self.sums, self.maxima, self.counts, self.log_moments = None, None, None, None
+        self.bitwise = None
+        equal, total = (float(v) for v in bitwise.cpu())
         metrics = metrics_from_sums(sums.cpu(), maxima.cpu())
         consequence = consequence_from_sums(counts.cpu(), moments.cpu())
-        return {**metrics, **{k: getattr(consequence, k) for k in CONSEQUENCE_METRICS}}
+        return {
+            **metrics,
+            **{k: getattr(consequence, k) for k in CONSEQUENCE_METRICS},
+            "bitwise_equal_frac": equal / total if total else float("nan"),
+        }
 
 
 def accumulator(trainer: Any) -> MismatchAccumulator | None:
@@ -185,6 +204,10 @@ def compute_loss(
         log.warning(NO_ROLLOUT_LOGPS)
     if rollout is None or acc.counted(rollout):
         return original(self, model, inputs)
+    canary = trl_canary.state_of(self, policy)  # the canary set: the first rollout batch
+    if canary is not None:
+        with shielded("the drift canary's set (precision/canary_*)", policy.strictness):
+            canary.remember(inputs)
     old = inputs.get("old_per_token_logps")
     if old is not None:
         result = original(self, model, inputs)

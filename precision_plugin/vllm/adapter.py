@@ -21,6 +21,10 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     ``policy``: patch now if vLLM is already imported, else when vLLM loads its plugins."""
     if vllm_version() is None:
         return
+    from precision_plugin.canary.engines import apply_batch_invariant
+
+    info = vllm_version()
+    apply_batch_invariant(policy, patcher, str(info.version) if info else None)  # before engines
     with patch_lock:
         if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)):
             install_vllm_patches(policy, patcher)
@@ -55,9 +59,15 @@ def precision_train_begin(policy: PrecisionPolicy, args: Any, trainer: Any) -> N
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     """What vLLM is installed, whether TRL supports it, the cascade verdict, what enable()
     changes."""
+    from precision_plugin.canary.engines import batch_invariant_findings
+    from precision_plugin.versions import installed_version
     from precision_plugin.vllm.doctor import doctor_findings
 
-    return doctor_findings(policy)
+    info, sglang = vllm_version(), installed_version("sglang")
+    invariance = batch_invariant_findings(
+        policy, str(info.version) if info else None, str(sglang) if sglang else None
+    )
+    return [*doctor_findings(policy), *invariance]
 
 
 @hookimpl

@@ -354,6 +354,15 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         needs="trl",
         expect={"entry": "callback", "rollout_dtype": "float16", "mismatch_steps": 3},
     ),
+    # docs/canary.md: the fire drills (the same runs, asserted verdict by verdict)
+    "python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
+    "stale-weights@10": Elsewhere(
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+    ),
+    "python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
+    "engine-drift@10 --learning-rate 0": Elsewhere(
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+    ),
     # integrations/accelerate/README.md
     ".venv/bin/accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(

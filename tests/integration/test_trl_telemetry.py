@@ -26,6 +26,7 @@ CORE = (
     "k1_kl", "k3_kl", "prob_diff_mean", "prob_diff_max", "logp_abs_diff_mean",
     "drift_per_1k", "drift_per_1k_se", "tokens", "nan_tokens",
     "ess", "seq_mask_fraction_trl", "seq_mask_fraction_verl", "tis_clip_fraction",
+    "bitwise_equal_frac",
 )  # fmt: skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_accelerator_state")]
@@ -114,7 +115,20 @@ def _expected(call: dict) -> dict[str, float]:
         "seq_mask_fraction_trl": sum(w > 3 for w in weights) / n,  # TRL: sequence_mask, max 3
         "seq_mask_fraction_verl": sum(not 0.5 <= w <= 2 for w in weights) / n,  # Seq-MIS
         "tis_clip_fraction": float((d > math.log(2.0)).double().mean()),  # π/μ > 2
+        # float32 bit patterns equal on both sides
+        "bitwise_equal_frac": float(
+            (
+                _bits(call.get("old_per_token_logps", call.get("pi")))
+                == _bits(call["sampling_per_token_logps"])
+            )[mask]
+            .double()
+            .mean()
+        ),
     }
+
+
+def _bits(logps: torch.Tensor) -> torch.Tensor:
+    return logps.float().view(torch.int32)
 
 
 @pytest.mark.parametrize(

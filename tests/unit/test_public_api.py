@@ -463,6 +463,9 @@ def candidates(tmp: Path) -> list[Any]:
         _Scorer(),
         BitwiseEqual(1, 1),
         [TokenSequence((1,), (2,))],
+        types.SimpleNamespace(name="test", score=lambda sequences: []),  # a Scorer
+        types.SimpleNamespace(equal=None, batch_size=2),  # a BatchRescore, as duck-typed
+        2,  # a batch size of at least 2 (the batch-invariance check)
     ]
 
 

@@ -28,6 +28,10 @@ DOCUMENTED: dict[str, list[str]] = {
         "LAPLACE_EXCESS_KURTOSIS",
     ],
     "precision_plugin.misfit": ["check_growth", "GrowthCheck"],
+    "precision_plugin.canary": [
+        "CanaryMonitor", "CanaryCheck", "canary_band", "CanaryBand", "token_k3", "VERDICT_CODES",
+        "certify_batch_invariance", "Invariance", "precision_level",
+    ],
     "precision_plugin.decision": [
         "decide", "Decision", "Evidence", "Headroom", "apply_forms", "prompts_to_decide",
     ],

@@ -1,0 +1,132 @@
+"""The canary's band: how far its k3 may move from the first check's floor by rounding alone.
+
+At the first check (the floor) the canary's per-token k3 values ``expm1(d) - d`` (``d = log π -
+log μ``) are what two engines' rounding makes of these tokens. A later check at other weights
+rounds differently, so its mean k3 is a fresh draw from about the same distribution. The band's
+upper edge is a one-sided ``1 - alpha`` prediction bound for that fresh mean: a seeded bootstrap
+of the floor's tokens gives the spread of one mean, ``q`` its ``1 - alpha`` quantile, and a fresh
+mean minus the floor's own estimate spreads ``sqrt(2)`` times as wide, so ``upper = floor +
+sqrt(2) * (q - floor)``. Heavy tails (a few tokens carrying the k3) widen it by themselves.
+
+With a precision reference (the learner's own log-probs of the canary in float32, beside its
+policy-dtype ones) the statistic is the canary's k3 divided by the reference's, ``k3(learner,
+rollout) / k3(learner, learner in float32)``: how many times the rounding of the policy dtype
+itself the two engines disagree. Training moves the weights and the canary's tokens, and the
+rounding grows or shrinks with them (docs/canary.md: by orders of magnitude over a clean run of
+the recipe); the reference moves with it, the ratio does not.
+The bootstrap then resamples tokens in pairs and takes the ratio of the two means.
+
+A floor of exactly 0 (both sides bit-identical on every canary token) has no spread to resample:
+then a later k3 is out of band only above ``abs_tol``, stated with the band. ``abs_tol`` is also
+the least width of any band.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from precision_plugin.boundary import at_least, checked, in_range
+
+#: Default one-sided false-alarm rate of one check (two consecutive checks raise an alarm).
+ALPHA = 1e-3
+#: Bootstrap resamples of the floor (deterministic: seeded).
+RESAMPLES = 20_000
+#: The smallest k3 a band ever tolerates above its floor (a floor of 0 tolerates exactly this).
+ABS_TOL = 1e-12
+
+
+@checked
+def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]) -> list[float]:
+    """Per-token ``expm1(d) - d`` with ``d = log π - log μ`` (learner minus rollout), in float64,
+    flattened in sequence order; a NaN or infinite log-prob gives ``inf``."""
+    out: list[float] = []
+    for lrow, rrow in zip(learner, rollout, strict=True):
+        for a, b in zip(lrow, rrow, strict=True):
+            d = float(a) - float(b)
+            if not math.isfinite(d):
+                out.append(math.inf)
+                continue
+            out.append(math.expm1(d) - d if abs(d) > 1e-300 else 0.0)
+    return out
+
+
+@checked
+@dataclass(frozen=True)
+class CanaryBand:
+    """The floor's statistic over ``tokens`` canary tokens (its mean k3, or with ``normalized``
+    its mean k3 over the reference's) and the largest a later check may show by rounding alone
+    (``upper``; ``alpha`` one-sided, ``resamples`` bootstrap draws)."""
+
+    floor: float
+    upper: float
+    tokens: int
+    alpha: float
+    resamples: int
+    abs_tol: float
+    normalized: bool = False
+
+    def statistic(self, per_token_k3: Sequence[float], reference_k3: float | None) -> float:
+        """A check's statistic: its mean k3, over ``reference_k3`` (the mean k3 of the learner
+        against itself in float32) when the band is ``normalized`` and the reference is > 0."""
+        mean = math.fsum(per_token_k3) / len(per_token_k3) if per_token_k3 else math.nan
+        if self.normalized and reference_k3 is not None and reference_k3 > 0:
+            return mean / reference_k3
+        return mean
+
+    def contains(self, k3: float) -> bool:
+        """Whether ``k3`` is within the band (at most ``upper``; NaN is not)."""
+        return k3 <= self.upper
+
+    def ratio(self, k3: float) -> float:
+        """``k3 / floor``; with a floor of 0: 1.0 for a k3 of 0, else ``inf``."""
+        if self.floor > 0:
+            return k3 / self.floor
+        return 1.0 if k3 == 0 else math.inf
+
+
+@checked(
+    alpha=in_range(1e-9, 0.5, why="a one-sided false-alarm rate"),
+    resamples=at_least(100),
+    seed=at_least(0),
+    abs_tol=in_range(0, None, why="a k3 tolerance"),
+)
+def canary_band(
+    per_token_k3: Sequence[float],
+    *,
+    reference_k3: Sequence[float] | None = None,
+    alpha: float = ALPHA,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    abs_tol: float = ABS_TOL,
+) -> CanaryBand:
+    """The band of a canary whose floor check gave ``per_token_k3`` (and, per token, the
+    precision reference's ``reference_k3``; module docstring)."""
+    import torch
+
+    values = torch.tensor([float(v) for v in per_token_k3], dtype=torch.float64)
+    n = int(values.numel())
+    if n == 0:
+        return CanaryBand(math.nan, math.nan, 0, alpha, resamples, abs_tol)
+    reference = None
+    if reference_k3 is not None:
+        reference = torch.tensor([float(v) for v in reference_k3], dtype=torch.float64)
+        if reference.numel() != n or not float(reference.sum()) > 0:
+            reference = None  # no rounding to measure against (float32): the raw k3
+    floor = float(values.mean()) / (float(reference.mean()) if reference is not None else 1.0)
+    normalized = reference is not None
+    if not math.isfinite(floor) or floor == 0.0:
+        return CanaryBand(floor, floor + abs_tol, n, alpha, resamples, abs_tol, normalized)
+    generator = torch.Generator().manual_seed(seed)
+    means = torch.empty(resamples, dtype=torch.float64)
+    chunk = max(1, (1 << 22) // n)
+    for at in range(0, resamples, chunk):
+        rows = min(chunk, resamples - at)
+        index = torch.randint(0, n, (rows, n), generator=generator)
+        means[at : at + rows] = values[index].mean(dim=1)
+        if reference is not None:
+            means[at : at + rows] /= reference[index].mean(dim=1)
+    q = float(torch.quantile(means, 1.0 - alpha))
+    upper = floor + math.sqrt(2.0) * max(q - floor, 0.0)
+    return CanaryBand(floor, max(upper, floor + abs_tol), n, alpha, resamples, abs_tol, normalized)

@@ -1,0 +1,53 @@
+"""The canary's and the ladder's vLLM settings against the real vLLM package (config layer only).
+
+Run in the vLLM contract environment: the batch-invariant switch is a variable the installed
+vLLM reads, ``batch_invariant='on'`` sets it and ``disable()`` takes it back, and the canary's
+scoring request is a real ``SamplingParams`` whose ``prompt_logprobs`` entries the scorer reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+import pytest
+from packaging.version import Version
+
+import precision_plugin as pp
+from precision_plugin.canary.engines import ENV, VLLM_MIN
+from precision_plugin.scoring import TokenSequence
+from precision_plugin.scoring.vllm import completion_logprobs, sampling_params
+
+INSTALLED = Version(importlib.metadata.version("vllm"))
+
+
+def test_the_installed_vllm_reads_the_batch_invariant_variable() -> None:
+    import vllm.envs as envs
+
+    assert Version(VLLM_MIN) <= INSTALLED
+    assert ENV in envs.environment_variables
+
+
+def test_on_sets_it_for_engines_and_disable_takes_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    import vllm.envs as envs
+
+    pp.enable(pp.PrecisionPolicy.from_dict({"batch_invariant": "on"}))
+    try:
+        assert envs.environment_variables[ENV]() is True  # what vLLM reads at engine start
+    finally:
+        pp.disable()
+    assert envs.environment_variables[ENV]() is False
+
+
+def test_the_scoring_request_is_a_real_sampling_params() -> None:
+    params = sampling_params(importlib.import_module("vllm"))
+    assert (params.max_tokens, params.temperature, params.prompt_logprobs) == (1, 1.0, 1)
+
+
+def test_the_scorer_reads_vllm_logprob_entries() -> None:
+    from vllm.logprobs import Logprob
+
+    seq = TokenSequence((5, 6), (7, 8))
+    entries = [None, {6: Logprob(-0.5)}, {7: Logprob(-1.25), 3: Logprob(-0.1)}, {8: Logprob(-2.0)}]
+    assert completion_logprobs(entries, seq) == [-1.25, -2.0]

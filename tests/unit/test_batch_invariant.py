@@ -1,0 +1,63 @@
+"""The policy's batch_invariant setting: what each installed engine version allows, and the one
+environment variable ``on`` sets (and ``Patcher.restore`` takes back)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from precision_plugin.canary.engines import (
+    ENV,
+    apply_batch_invariant,
+    batch_invariant_findings,
+)
+from precision_plugin.patching import Patcher
+from precision_plugin.policy import PrecisionPolicy
+
+
+def _policy(mode: str) -> PrecisionPolicy:
+    return PrecisionPolicy.from_dict({"batch_invariant": mode})
+
+
+def test_off_reports_nothing() -> None:
+    assert batch_invariant_findings(_policy("off"), "0.12.0", "0.5.12") == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "vllm", "status", "words"),
+    [
+        ("auto", "0.12.0", "info", "would set VLLM_BATCH_INVARIANT=1"),
+        ("on", "0.11.1", "change", "enable() sets VLLM_BATCH_INVARIANT=1"),
+        ("auto", "0.11.0", "info", "has no batch-invariant mode"),
+        ("on", "0.10.2", "warning", "has no batch-invariant mode"),
+    ],
+)
+def test_vllm_by_version(mode: str, vllm: str, status: str, words: str) -> None:
+    (finding,) = batch_invariant_findings(_policy(mode), vllm, None)
+    assert (finding.framework, finding.status) == ("vllm", status)
+    assert words in finding.message
+    if status != "warning" and "no batch" not in words:
+        assert "1.3-2.4x" in finding.message and "compute capability" in finding.message
+
+
+def test_sglang_is_a_server_flag_the_plugin_names() -> None:
+    (finding,) = batch_invariant_findings(_policy("on"), None, "0.5.12")
+    assert finding.status == "warning" and "--enable-deterministic-inference" in finding.fix
+
+
+def test_on_without_an_engine_points_to_the_hf_engine_at_batch_one() -> None:
+    (finding,) = batch_invariant_findings(_policy("on"), None, None)
+    assert "HFRollout(max_batch=1)" in finding.message
+
+
+def test_on_sets_the_variable_and_restore_takes_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    patcher = Patcher("test")
+    assert not apply_batch_invariant(_policy("auto"), patcher, "0.12.0")
+    assert not apply_batch_invariant(_policy("on"), patcher, "0.11.0")
+    assert ENV not in os.environ
+    assert apply_batch_invariant(_policy("on"), patcher, "0.11.1")
+    assert os.environ[ENV] == "1"
+    patcher.restore()
+    assert ENV not in os.environ
