@@ -18,7 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from precision_plugin.boundary import Coercion, real_number, register_coercion, self_checked
+from precision_plugin.boundary import Coercion, register_coercion, self_checked
+from precision_plugin.boundary.fields import (  # noqa: F401 (INT64_MAX: kept importable here)
+    INT64_MAX,
+    check_field,
+    require_field,
+)
 from precision_plugin.dtypes import (  # noqa: F401 (re-exported: the policy's public names)
     DTYPE_ALIASES as _DTYPE_ALIASES,
 )
@@ -38,8 +43,6 @@ ENV_VAR = "PRECISION_PLUGIN"
 #: smallest positive normal one: a scale setting outside them becomes inf or 0 where it is used.
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
-#: Counters and intervals end up in int64 (torch's growth_interval and step tracker).
-INT64_MAX = 2**63 - 1
 
 _ENV_OFF = {"", "0", "false", "off", "no", "none", "disable", "disabled"}
 _ENV_DEFAULT = {"1", "true", "on", "yes", "enable", "enabled"}
@@ -99,7 +102,7 @@ class LossScalerSettings:
         _validate_fields(self, "loss_scaler.")
         for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale"):
             value = getattr(self, name)
-            _require(
+            require_field(
                 value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX,
                 f"loss_scaler.{name}",
                 value,
@@ -107,28 +110,34 @@ class LossScalerSettings:
                 f"keeps it in float32, where this value becomes "
                 f"{'inf' if abs(value) > FLOAT32_MAX else '0'})",
             )
-        _require(self.init_scale > 0, "loss_scaler.init_scale", self.init_scale, "a number > 0")
-        _require(self.growth_factor > 1, "loss_scaler.growth_factor", self.growth_factor, "> 1")
-        _require(
+        require_field(
+            self.init_scale > 0, "loss_scaler.init_scale", self.init_scale, "a number > 0"
+        )
+        require_field(
+            self.growth_factor > 1, "loss_scaler.growth_factor", self.growth_factor, "> 1"
+        )
+        require_field(
             0 < self.backoff_factor < 1,
             "loss_scaler.backoff_factor",
             self.backoff_factor,
             "a number in (0, 1)",
         )
-        _require(
+        require_field(
             self.growth_interval >= 1,
             "loss_scaler.growth_interval",
             self.growth_interval,
             "an integer >= 1",
         )
-        _require(self.hysteresis >= 1, "loss_scaler.hysteresis", self.hysteresis, "an integer >= 1")
-        _require(
+        require_field(
+            self.hysteresis >= 1, "loss_scaler.hysteresis", self.hysteresis, "an integer >= 1"
+        )
+        require_field(
             0 < self.min_scale <= self.init_scale,
             "loss_scaler.min_scale",
             self.min_scale,
             f"a number in (0, init_scale={self.init_scale}]",
         )
-        _require(
+        require_field(
             self.max_skips_at_min >= 1,
             "loss_scaler.max_skips_at_min",
             self.max_skips_at_min,
@@ -198,20 +207,20 @@ class MetricSettings:
 
     def __post_init__(self) -> None:
         _validate_fields(self, "metrics.")
-        _require(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
-        _require(
+        require_field(self.log_every >= 1, "metrics.log_every", self.log_every, "an integer >= 1")
+        require_field(
             self.canary_every >= 0, "metrics.canary_every", self.canary_every, "an integer >= 0"
         )
-        _require(
+        require_field(
             self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0"
         )
-        _require(
+        require_field(
             0 < self.prob_diff_ok <= self.prob_diff_bad,
             "metrics.prob_diff_ok",
             self.prob_diff_ok,
             f"a number in (0, prob_diff_bad={self.prob_diff_bad}]",
         )
-        _require(
+        require_field(
             self.self_check_k3_max > 0,
             "metrics.self_check_k3_max",
             self.self_check_k3_max,
@@ -259,16 +268,16 @@ class OverflowSettings:
 
     def __post_init__(self) -> None:
         _validate_fields(self, "overflow.")
-        _require(
+        require_field(
             self.detect_every >= 1, "overflow.detect_every", self.detect_every, "an integer >= 1"
         )
-        _require(
+        require_field(
             self.diagnose_after_skips >= 0,
             "overflow.diagnose_after_skips",
             self.diagnose_after_skips,
             "an integer >= 0 (0 turns it off)",
         )
-        _require(
+        require_field(
             math.isfinite(self.margin_bits) and 0 <= self.margin_bits <= 16,
             "overflow.margin_bits",
             self.margin_bits,
@@ -431,54 +440,6 @@ _SECTIONS: dict[str, type] = {
 _T = TypeVar("_T")
 
 
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise PrecisionConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}.")
-
-
-def _check_type(cls: type, name: str, value: Any, prefix: str) -> Any:
-    """Validate one scalar value against the field's annotation; return it (ints widen to float)."""
-    hint = typing.get_type_hints(cls)[name]
-    origin = typing.get_origin(hint)
-    where = f"{prefix}{name}"
-    if origin is Literal:
-        allowed = typing.get_args(hint)
-        if name == "dtype":
-            return normalize_dtype(value, field_name=where)
-        if value not in allowed:
-            raise PrecisionConfigError(
-                f"{where}: {value!r} is not allowed; choose one of "
-                f"{', '.join(repr(a) for a in allowed)}."
-            )
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise PrecisionConfigError(f"{where}: expected true or false, got {value!r}.")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PrecisionConfigError(f"{where}: expected an integer, got {value!r}.")
-        if abs(value) > INT64_MAX:
-            raise PrecisionConfigError(
-                f"{where}: {value!r} does not fit in a 64-bit integer, where torch and DeepSpeed "
-                f"keep it; allowed: up to {INT64_MAX}."
-            )
-        return value
-    if hint is float:
-        number = real_number(value)
-        if number is None:
-            raise PrecisionConfigError(f"{where}: expected a number, got {value!r}.")
-        if not math.isfinite(number):
-            raise PrecisionConfigError(
-                f"{where}: {value!r} is not a finite number; pass a finite one (inf/nan would "
-                f"never trigger or always trigger what this setting controls)."
-            )
-        return number
-    if origin is tuple:
-        return _string_tuple(value, where)
-    return value
-
-
 class DuplicateKeyError(PrecisionConfigError):
     """A JSON object names one key twice (raised by :func:`parse_json`; callers say where)."""
 
@@ -501,22 +462,6 @@ def parse_json(text: str) -> Any:
     :class:`DuplicateKeyError` instead of the last one winning (DeepSpeed refuses such a
     config; the plugin must read it as DeepSpeed would)."""
     return json.loads(text, object_pairs_hook=_unique_keys)
-
-
-def _string_tuple(value: Any, where: str) -> tuple[str, ...]:
-    """A list/tuple of non-empty strings (JSON gives a list), as a tuple; a lone string is refused
-    (it would be read as one pattern per character)."""
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise PrecisionConfigError(
-            f"{where}: expected a list of strings such as ['model.layers.*.mlp.down_proj'], "
-            f"got {value!r}."
-        )
-    bad = [v for v in value if not isinstance(v, str) or not v.strip()]
-    if bad:
-        raise PrecisionConfigError(
-            f"{where}: every entry must be a non-empty string, got {bad[0]!r} in {list(value)!r}."
-        )
-    return tuple(v.strip() for v in value)
 
 
 def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
@@ -549,7 +494,11 @@ def _validate_fields(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         if f.name in _SECTIONS and isinstance(obj, PrecisionPolicy):
             continue
-        checked = _check_type(type(obj), f.name, getattr(obj, f.name), prefix)
+        value, where = getattr(obj, f.name), f"{prefix}{f.name}"
+        if f.name == "dtype":  # the one dtype vocabulary: aliases, and its own message
+            checked = normalize_dtype(value, field_name=where)
+        else:
+            checked = check_field(value, typing.get_type_hints(type(obj))[f.name], where)
         object.__setattr__(obj, f.name, checked)
 
 

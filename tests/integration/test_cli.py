@@ -255,14 +255,14 @@ def test_docs_cli_page_lists_every_option() -> None:
 
 
 def test_a_failed_write_is_one_clear_error() -> None:
-    from precision_plugin import cli
+    from precision_plugin.cli.output import write
     from precision_plugin.errors import PrecisionPluginError
 
     def full_disk(path: Path) -> None:
         raise OSError(28, "No space left on device")
 
     with pytest.raises(PrecisionPluginError, match=r"--json: cannot write 'x.json': No space left"):
-        cli._write("x.json", "--json", full_disk)
+        write("x.json", "--json", full_disk)
 
 
 def _cli(*args: str, shell_tail: str = "", env: dict[str, str] | None = None, **kw):

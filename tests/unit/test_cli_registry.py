@@ -28,3 +28,22 @@ def test_registry_matches_the_parser() -> None:
 def test_bad_input_exits_usage(capsys) -> None:
     assert main(["verl-overrides", "--dtype", "fp8"]) == ExitCode.USAGE == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_one_module_per_command() -> None:
+    """Each subcommand's parser and run live in its own module, precision_plugin.cli.<name>."""
+    for name, command in COMMANDS.items():
+        module = f"precision_plugin.cli.{name.replace('-', '_')}"
+        assert command.run.__module__ == command.add_parser.__module__ == module, name
+
+
+def test_measuring_commands_share_one_output_path() -> None:
+    """probe and sanity hand their results out through cli/output.py, not a copy of it."""
+    import inspect
+
+    from precision_plugin.cli import probe, sanity
+
+    for module in (probe, sanity):
+        source = inspect.getsource(module.run)
+        assert "check_outputs(args)" in source and "run_and_report(" in source, module
+        assert "emit_json" not in inspect.getsource(module) and "_write" not in source

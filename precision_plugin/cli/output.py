@@ -1,0 +1,139 @@
+"""The one output path of the measuring commands (``probe``, ``sanity``): output paths checked
+before the run, the run with progress on stderr, then files first (``--json FILE`` with its
+provenance, ``--plot``), the tables on stdout, and ``--json -`` last; a closed or full stdout is
+exit 74 after every file asked for is written."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.cli.argtypes import UsageError
+from precision_plugin.cli.process import PROG, OutputLost, stdout_usable, writing_stdout
+from precision_plugin.progress import ProgressFn
+
+
+def check_output_path(path: str | None, option: str, formats: Sequence[str] = ()) -> None:
+    """Refuse an output path the run could not write, before the run (not after it)."""
+    if path is None or (path == "-" and not formats):
+        return
+    if not path.strip():
+        example = "probe.png" if formats else "results.json ('-' for stdout)"
+        raise UsageError(f"{option}: the path is empty; pass a file path such as {example}")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
+    parent = target.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(
+            f"{option}: cannot write {path!r}: {str(parent)!r} is a file, not a folder; pass "
+            f"another path"
+        )
+    if not parent.is_dir():
+        raise UsageError(
+            f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
+            f"or pass another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        where = str(target) if target.exists() else f"folder {str(parent)!r}"
+        raise UsageError(
+            f"{option}: cannot write {path!r}: no write permission for {where}; pass a path "
+            f"you can write"
+        )
+    suffix = target.suffix.lower().lstrip(".")
+    if formats and suffix not in formats:
+        raise UsageError(
+            f"{option}: cannot write {path!r}: {suffix or 'no'} extension is not an image format "
+            f"matplotlib writes; use .png (or one of {', '.join(sorted(formats))})"
+        )
+
+
+def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
+    """Run ``write_to(path)``; an OS error (permissions, full disk) becomes one line, exit 2."""
+    try:
+        write_to(Path(path).expanduser())
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before a long run: ``--json`` and ``--plot`` writable, and the results kept somewhere."""
+    check_output_path(args.json, "--json")
+    if args.plot is not None:
+        from precision_plugin.probe.plot import image_formats
+
+        check_output_path(args.plot, "--plot", image_formats())
+    if not stdout_usable() and (args.json is None or args.json == "-"):
+        raise OutputLost(
+            "stdout is closed and no --json FILE was given, so the results would be lost; "
+            "pass --json FILE, or run with stdout open"
+        )
+
+
+def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -> None:
+    """Write a command's JSON results (``--json FILE`` when ``to_file``, else ``--json -``) with
+    their provenance: the command line that produced them, the date, the versions and the
+    machine."""
+    if not args.json or (args.json == "-") == to_file:
+        return
+    from precision_plugin.provenance import cli_command, with_provenance
+
+    data = with_provenance(json.loads(text), cli_command(args.argv))
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    if args.json == "-":
+        with writing_stdout():
+            sys.stdout.write(text)
+        return
+    write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
+    err.print(f"wrote {args.json}")
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console; 100 columns when writing to a file or pipe (rich would assume 80)."""
+    from rich.console import Console
+
+    out = Console(stderr=stderr)
+    return out if out.is_terminal else Console(stderr=stderr, width=100)
+
+
+def with_progress(err: Any, work: Callable[[ProgressFn], Any]) -> Any:
+    """Run ``work(progress)`` with a bar in a terminal, plain progress lines elsewhere."""
+    from precision_plugin.progress import progress_reporter
+
+    with progress_reporter(err, prefix=f"{PROG}: ") as progress:
+        return work(progress)
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    work: Callable[[ProgressFn], Any],
+    tables: Callable[[Any], Iterable[Any]],
+    plot: Callable[[Any, Path], Any],
+) -> tuple[Any, Any]:
+    """Run ``work`` and hand its result (an object with ``to_json()``) out: ``--json FILE`` and
+    ``--plot`` first (a closed or full stdout must not lose a whole run's results), then the
+    ``tables`` on stdout (stderr with ``--json -``), then ``--json -``. Returns the result and
+    the stderr console. Call ``check_outputs(args)`` before the run's own checks."""
+    err = console(stderr=True)
+    out = err if args.json == "-" else console()
+    # Frameworks imported during the run may log to stdout (DeepSpeed does); keep stdout for
+    # the tables and JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = with_progress(err, work)
+    emit_json(args, result.to_json(), err, to_file=True)
+    if args.plot:
+        write(args.plot, "--plot", lambda path: plot(result, path))
+        err.print(f"wrote {args.plot}")
+    with writing_stdout():
+        for table in tables(result):
+            out.print(table)
+    emit_json(args, result.to_json(), err, to_file=False)
+    return result, err

@@ -1,0 +1,201 @@
+"""``precision-plugin probe``: measure the train/rollout mismatch of a model in each dtype."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from precision_plugin.cli.argtypes import (
+    UsageError,
+    dtype_list,
+    non_negative_int,
+    positive_int,
+)
+from precision_plugin.cli.exit_codes import ExitCode
+from precision_plugin.cli.output import check_outputs, run_and_report
+
+
+def engine_names() -> list[str]:
+    """The rollout engines installed (plugins add more); asking can be slow (vLLM)."""
+    from precision_plugin.probe import available_engines
+
+    return sorted(available_engines())
+
+
+def add_parser(sub: Any, engines: Sequence[str]) -> None:
+    """The ``probe`` subcommand; ``engines`` are the ``--engine`` choices."""
+    from precision_plugin.probe import (
+        DEFAULT_BATCH_SIZE,
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_NUM_PROMPTS,
+        DEFAULT_SEED,
+        DEFAULT_TARGET_LENGTH,
+    )
+
+    probe = sub.add_parser(
+        "probe",
+        help="measure the train/rollout mismatch of a model in each dtype",
+        description=(
+            "Sample completions with a rollout engine in each dtype, score the same tokens the "
+            "way a trainer does (fp32 master weights, autocast), and report the mismatch. "
+            "float32 always runs first as the self-check."
+        ),
+    )
+    probe.add_argument(
+        "--model",
+        metavar="PATH",
+        help="local HF causal-LM checkpoint folder with tokenizer (default: embedded tiny Llama)",
+    )
+    probe.add_argument(
+        "--engine",
+        default="hf",
+        choices=list(engines),
+        help="rollout engine (default: hf; plugins add more, e.g. vllm)",
+    )
+    probe.add_argument(
+        "--dtypes",
+        type=dtype_list,
+        default=("float32", "float16", "bfloat16"),
+        metavar="LIST",
+        help="comma list of dtypes, aliases ok (default: float32,float16,bfloat16)",
+    )
+    probe.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="your prompts: one per line, or JSONL with a 'prompt' or chat 'messages' field "
+        "(default: built-in prompts)",
+    )
+    probe.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"completions per dtype, prompts cycled (default: every prompt of --prompts, "
+        f"else {DEFAULT_NUM_PROMPTS})",
+    )
+    probe.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        metavar="N",
+        help=f"longest completion; lengths are spread up to it (default: {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    probe.add_argument(
+        "--min-new-tokens",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="suppress EOS until a completion has N tokens, so weak or random models produce "
+        "long sequences (default: 0)",
+    )
+    probe.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=DEFAULT_SEED,
+        help=f"sampling seed (default: {DEFAULT_SEED})",
+    )
+    probe.add_argument(
+        "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1, mps, xpu"
+    )
+    probe.add_argument(
+        "--margin-bits",
+        type=float,
+        default=3.0,
+        metavar="BITS",
+        help="flag modules whose largest activation is within 2**BITS of float16's max "
+        "(default: 3)",
+    )
+    probe.add_argument(
+        "--target-length",
+        type=positive_int,
+        default=DEFAULT_TARGET_LENGTH,
+        metavar="N",
+        help="completion length you train at: the consequence section projects to it "
+        f"(default: {DEFAULT_TARGET_LENGTH})",
+    )
+    probe.add_argument(
+        "--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, metavar="N",
+        help=f"sequences per batch the ESS is given for (default: {DEFAULT_BATCH_SIZE})",
+    )  # fmt: skip
+    probe.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="also replay each dtype's longest sample through both sides layer by layer and "
+        "report where they part",
+    )
+    from precision_plugin.probe.attribution.cli import add_attribution_options
+
+    add_attribution_options(probe)
+    probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    probe.add_argument(
+        "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
+    )
+
+
+def _plot(result: Any, path: Path) -> None:
+    from precision_plugin.probe.plot import plot_probe
+
+    plot_probe(result, path)
+
+
+def _tables(result: Any) -> Iterable[Any]:
+    from precision_plugin.probe.table import (
+        render_headroom_table,
+        render_layerwise_table,
+        render_probe_table,
+    )
+
+    yield render_probe_table(result)
+    headroom = render_headroom_table(result)
+    if headroom is not None:
+        yield headroom
+    if result.layerwise is not None:
+        yield render_layerwise_table(result)
+    if result.attribution is not None:
+        from precision_plugin.probe.attribution.render import render_attribution_table
+
+        yield render_attribution_table(result.attribution.to_dict())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the probe; exit 1 when the float32 self-check fails (the measurement is invalid)."""
+    from precision_plugin.policy import OverflowSettings
+    from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
+    from precision_plugin.probe.attribution.cli import attribution_settings, write_attribution_plot
+    from precision_plugin.probe.inputs import read_prompts_file
+
+    check_outputs(args)
+    if args.prompts is not None and not args.prompts.strip():
+        raise UsageError(
+            "--prompts: the path is empty; pass a prompts file, or leave --prompts "
+            "out for the built-in prompts"
+        )
+    prompts = read_prompts_file(args.prompts) if args.prompts is not None else None
+    num_prompts = args.num_prompts or (len(prompts) if prompts else DEFAULT_NUM_PROMPTS)
+    config = ProbeConfig(
+        model=args.model,
+        engine=args.engine,
+        dtypes=args.dtypes,
+        num_prompts=num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
+        seed=args.seed,
+        device=args.device,
+        overflow=OverflowSettings(margin_bits=args.margin_bits),
+        prompts=tuple(prompts) if prompts else None,
+        target_length=args.target_length,
+        layerwise=args.layerwise,
+        batch_size=args.batch_size,
+        attribution=attribution_settings(args),
+    )
+    result, err = run_and_report(
+        args, lambda progress: run_probe(config, progress=progress), _tables, _plot
+    )
+    if write_attribution_plot(args, result, result.model):
+        err.print(f"wrote {args.attribution_plot}")
+    if not result.valid:
+        err.print(f"[bold red]INVALID MEASUREMENT[/]: {result.self_check.message}")
+        return ExitCode.FAILED
+    return ExitCode.OK
