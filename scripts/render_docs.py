@@ -109,6 +109,37 @@ def _trl_audit(data: dict[str, Any]) -> str:
     return f"```text\n{table}\n```"
 
 
+@view("kernel-margins")
+def _kernel_margins(data: dict[str, Any]) -> str:
+    """Per configuration, the bfloat16/float16 ratios of scripts/kernel_margins.py: seeds x
+    kernel settings, each cell ``ratio (margin over the tests' threshold)``."""
+    sys.path.insert(0, str(ROOT))
+    from tests.kernels import THRESHOLDS
+
+    runs = data["runs"]
+    settings = list(data["settings"])
+    out = []
+    for config in dict.fromkeys(r["config"] for r in runs):
+        for stat, threshold in THRESHOLDS.items():
+            head = f"**{config}**, {stat} ratio (threshold {threshold:g}): ratio (margin)"
+            rows = [f"{head}\n", "| seed | " + " | ".join(settings) + " |",
+                    "|---" * (len(settings) + 1) + "|"]  # fmt: skip
+            seeds = sorted({r["seed"] for r in runs if r["config"] == config})
+            for seed in seeds:
+                cells = []
+                for setting in settings:
+                    hit = [r for r in runs if (r["config"], r["seed"], r["setting"]) ==
+                           (config, seed, setting)]  # fmt: skip
+                    value = hit[0]["ratios"][stat] if hit else None
+                    shown = "-" if value is None else f"{value:.1f} ({value / threshold:.1f}x)"
+                    cells.append(shown)
+                rows.append(f"| {seed} | " + " | ".join(cells) + " |")
+            worst = min(r["ratios"][stat] / threshold for r in runs if r["config"] == config)
+            rows.append(f"\nLowest margin: {worst:.1f}x.")
+            out.append("\n".join(rows))
+    return "\n\n".join(out)
+
+
 @view("sanity-table")
 def _sanity_table(data: dict[str, Any]) -> str:
     from precision_plugin.sanity.table import caption, markdown_table, title
