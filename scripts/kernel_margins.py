@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -106,17 +107,27 @@ def main(argv: list[str] | None = None) -> int:
         todo = [
             (config, smollm2 if config == "smollm2" else None, seed, setting,
              Path(tmp) / f"{config}-{setting}-{seed}.json")
-            for config in args.configs for setting in args.settings for seed in args.seeds
+            for config in args.configs for seed in args.seeds for setting in args.settings
         ]  # fmt: skip
+        command = [
+            "python",
+            "scripts/kernel_margins.py",
+            *(argv if argv is not None else sys.argv[1:]),
+        ]
+        runs: list[dict[str, Any]] = []
+        lock = threading.Lock()
 
-        def one(job: tuple[Any, ...]) -> dict[str, Any]:
+        def one(job: tuple[Any, ...]) -> None:
             run = run_one(*job)
             shown = " ".join(f"{k}={v:.1f}" for k, v in run["ratios"].items())
             print(f"{run['config']} {run['setting']} seed {run['seed']}: {shown}", flush=True)
-            return run
+            with lock:  # the file after every run: a run cut short keeps what it measured
+                runs.append(run)
+                data = {"settings": SETTINGS, "planned": len(todo), "runs": runs}
+                write_results(args.json, data, command)
 
         with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own one-thread process
-            runs = list(pool.map(one, todo))
+            list(pool.map(one, todo))
     worst = {
         config: {
             stat: min(r["ratios"][stat] / THRESHOLDS[stat] for r in runs if r["config"] == config)
@@ -124,9 +135,6 @@ def main(argv: list[str] | None = None) -> int:
         }
         for config in args.configs
     }
-    data = {"settings": SETTINGS, "runs": runs}
-    command = ["python", "scripts/kernel_margins.py", *(argv if argv is not None else sys.argv[1:])]
-    write_results(args.json, data, command)
     print(f"wrote {args.json}; worst margins over the thresholds now: {json.dumps(worst)}")
     return 0
 

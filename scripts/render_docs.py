@@ -75,9 +75,14 @@ def _provenance(data: dict[str, Any]) -> str:
     machine = p["machine"]
     load = machine.get("load_average")
     load_text = f", load average {load[0]:g}" if load else ""
+    kernels = machine.get("kernels") or {}
+    kernel_text = ""
+    if kernels.get("capability"):  # results files written since provenance records kernels
+        caps = " ".join(f"{k}={v}" for k, v in kernels.get("caps", {}).items())
+        kernel_text = f", torch {kernels['capability']} kernels" + (f" ({caps})" if caps else "")
     return (
         f"Produced by `{p['command']}` on {p['date'][:10]} ({versions}; "
-        f"{machine['cpus']} CPUs{load_text})."
+        f"{machine['cpus']} CPUs{kernel_text}{load_text})."
     )
 
 
