@@ -29,7 +29,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, forced: bool) -> None:
         self.forced = forced
 
-    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201 - importlib's protocol
+    def find_spec(self, name, path, target=None):
         if name != MODULE:
             return None
         sys.meta_path.remove(self)
@@ -38,7 +38,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return spec
         original, forced = spec.loader.exec_module, self.forced
 
-        def exec_module(module):  # noqa: ANN001, ANN202
+        def exec_module(module):
             original(module)
             module.CPU_Accelerator.is_fp16_supported = lambda self: forced
 

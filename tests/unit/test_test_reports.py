@@ -82,7 +82,7 @@ def test_provenance_says_which_kernels_ran(monkeypatch):
 
 def test_thresholds_follow_the_rounding_theory():
     assert (FIRST_ORDER, SECOND_ORDER) == (8.0, 64.0)  # 2^-8 / 2^-11, and its square
-    assert THRESHOLDS == {"k3": 8.0, "logp_abs_diff": 2.0, "variance": 4.0}
+    assert THRESHOLDS == {"k3": 8.0, "logp_abs_diff": 2.0, "variance": 2.0}
 
 
 def test_every_threshold_has_three_times_room_on_every_setting():
