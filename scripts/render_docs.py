@@ -142,6 +142,9 @@ def _kernel_margins(data: dict[str, Any]) -> str:
             worst = min(r["ratios"][stat] / threshold for r in runs if r["config"] == config)
             rows.append(f"\nLowest margin: {worst:.1f}x.")
             out.append("\n".join(rows))
+    planned = data.get("planned", len(runs))
+    if planned > len(runs):  # a run cut short: the file holds what it measured
+        out.append(f"{len(runs)} of the {planned} planned runs measured (-: not measured).")
     return "\n\n".join(out)
 
 
