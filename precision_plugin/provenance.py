@@ -26,7 +26,8 @@ def provenance(command: str | Sequence[str]) -> dict[str, Any]:
     """The provenance of a result produced now by ``command`` (a string, or argv words).
 
     ``{"command", "date" (UTC, ISO 8601), "versions" (precision_plugin and every installed
-    framework it knows), "machine" (platform, Python, CPU count, load average)}``.
+    framework it knows), "machine" (platform, Python, CPU count, load average, CPU kernels:
+    :func:`cpu_kernels`)}``.
     """
     if not isinstance(command, str):
         command = shlex.join(str(word) for word in command)
@@ -45,8 +46,44 @@ def provenance(command: str | Sequence[str]) -> dict[str, Any]:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "load_average": load,
+            "kernels": cpu_kernels(),
         },
     }
+
+
+#: Environment variables that cap the CPU kernels torch, oneDNN and MKL choose (read when torch
+#: is imported); results files record the ones set.
+KERNEL_CAPS = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+)
+
+
+def cpu_kernels() -> dict[str, Any]:
+    """Which CPU kernels computed a result: torch's kernel capability
+    (``torch.backends.cpu.get_cpu_capability()``: ``DEFAULT``, ``AVX2``, ``AVX512``...), whether
+    oneDNN has native float16 and bfloat16 kernels here (feature-detected; DeepSpeed's CPU
+    accelerator runs fp16 only with them) and the kernel caps set in the environment.
+
+    Rounding, hence a mismatch measured on a CPU, depends on these: docs/testing.md says which
+    published figures vary with them and by how much. ``None`` for what could not be asked.
+    """
+    out: dict[str, Any] = {"capability": None, "onednn_fp16": None, "onednn_bf16": None}
+    try:
+        import torch
+
+        out["capability"] = str(torch.backends.cpu.get_cpu_capability())
+        for key, name in (("onednn_fp16", "fp16"), ("onednn_bf16", "bf16")):
+            try:
+                out[key] = bool(getattr(torch.ops.mkldnn, f"_is_mkldnn_{name}_supported")())
+            except Exception:  # an op missing from this torch build: unknown, not False
+                out[key] = None
+    except Exception:  # pragma: no cover - torch absent or broken
+        pass
+    out["caps"] = {k: os.environ[k] for k in KERNEL_CAPS if k in os.environ}
+    return out
 
 
 def cli_command(argv: Sequence[str], program: str = "precision-plugin") -> str:

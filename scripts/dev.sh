@@ -107,6 +107,36 @@ caller_paths() {
   done
 }
 
+# run_suite NAME command...: run one suite of `test`, whatever the earlier ones did; its exit
+# code and wall time go to $reports/NAME.status (and its name to $reports/suites) for the closing table (scripts/test_summary.py).
+run_suite() {
+  local name="$1" start rc=0
+  shift
+  echo ">> $name"
+  start=$(date +%s)
+  "$@" || rc=$?
+  echo "$rc $(( $(date +%s) - start ))" > "$reports/$name.status"
+  echo "$name" >> "$reports/suites"
+}
+
+# run_pytest NAME VENV [pytest args...] [-- VAR=value...]: one pytest suite in VENV's Python,
+# its JUnit XML (counts, test times, recorded properties) in $reports/NAME.xml; variables after
+# `--` are set for that process only.
+run_pytest() {
+  local name="$1" python="$2/bin/python" arg
+  shift 2
+  local pytest_args=() env_args=() after=0
+  for arg in "$@"; do
+    if [ "$arg" = "--" ]; then after=1
+    elif [ "$after" = 1 ]; then env_args+=("$arg")
+    else pytest_args+=("$arg")
+    fi
+  done
+  run_suite "$name" env ${env_args[@]+"${env_args[@]}"} "$python" -m pytest \
+    --junitxml="$reports/$name.xml" -o junit_family=xunit1 --durations=5 \
+    ${pytest_args[@]+"${pytest_args[@]}"}
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
@@ -137,27 +167,27 @@ case "$cmd" in
     mapfile -t args < <(caller_paths "$@")
     cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
-    echo ">> ruff"
-    "$venv/bin/ruff" check precision_plugin tests scripts integrations
-    echo ">> pytest"
-    "$venv/bin/python" -m pytest --ignore=tests/contract --ignore=tests/contract_verl \
-      --ignore=tests/contract_openrlhf \
-      --ignore=tests/contract_sglang \
-      ${args[@]+"${args[@]}"}
-    echo ">> pytest (vLLM contract tests, separate environment)"
-    "$vllm_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
-    echo ">> pytest (vLLM 0.10.1 contract tests, separate environment)"
-    "$vllm_old_venv/bin/python" -m pytest tests/contract -p no:cacheprovider
-    echo ">> pytest (verl 0.9.1 contract tests, separate environment)"
-    "$verl_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
-    echo ">> pytest (verl 0.7.1 contract tests, separate environment)"
-    "$verl_old_venv/bin/python" -m pytest tests/contract_verl -p no:cacheprovider
-    echo ">> pytest (OpenRLHF 0.11.2/0.11.0 contract tests, vLLM 0.29.0 and Ray, separate environment)"
-    "$openrlhf_venv/bin/python" -m pytest tests/contract_openrlhf -p no:cacheprovider
-    echo ">> pytest (SGLang 0.5.23 contract tests, separate environment)"
-    "$sglang_venv/bin/python" -m pytest tests/contract_sglang -p no:cacheprovider
-    echo ">> mkdocs build --strict"
-    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
+    reports="$root/.test-reports"
+    rm -rf "$reports" && mkdir -p "$reports"
+    # Every suite runs even when one fails; the table at the end says which, and the exit code.
+    run_suite ruff "$venv/bin/ruff" check precision_plugin tests scripts integrations
+    run_pytest main "$venv" --ignore=tests/contract --ignore=tests/contract_verl \
+      --ignore=tests/contract_openrlhf --ignore=tests/contract_sglang ${args[@]+"${args[@]}"}
+    # The numerically sensitive tests again, on older CPUs' kernels (docs/testing.md): capped at
+    # AVX2, then at the floor. Separate processes: the caps are read when torch is imported.
+    run_pytest kernels-avx2 "$venv" -m kernel_sensitive -p no:cacheprovider \
+      -- ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+    run_pytest kernels-floor "$venv" -m kernel_sensitive -p no:cacheprovider \
+      -- ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
+    run_pytest contract-vllm "$vllm_venv" tests/contract -p no:cacheprovider
+    run_pytest contract-vllm-0.10.1 "$vllm_old_venv" tests/contract -p no:cacheprovider
+    run_pytest contract-verl "$verl_venv" tests/contract_verl -p no:cacheprovider
+    run_pytest contract-verl-0.7.1 "$verl_old_venv" tests/contract_verl -p no:cacheprovider
+    run_pytest contract-openrlhf "$openrlhf_venv" tests/contract_openrlhf -p no:cacheprovider
+    run_pytest contract-sglang "$sglang_venv" tests/contract_sglang -p no:cacheprovider
+    NO_MKDOCS_2_WARNING=1 run_suite mkdocs "$venv/bin/mkdocs" build --strict --quiet \
+      --site-dir "$root/.site"
+    "$venv/bin/python" "$root/scripts/test_summary.py" "$reports"
     ;;
   *)
     echo "usage: bash scripts/dev.sh {probe|recipes|test|setup} [options]" >&2

@@ -80,9 +80,14 @@ def _provenance(data: dict[str, Any]) -> str:
     machine = p["machine"]
     load = machine.get("load_average")
     load_text = f", load average {load[0]:g}" if load else ""
+    kernels = machine.get("kernels") or {}
+    kernel_text = ""
+    if kernels.get("capability"):  # results files written since provenance records kernels
+        caps = " ".join(f"{k}={v}" for k, v in kernels.get("caps", {}).items())
+        kernel_text = f", torch {kernels['capability']} kernels" + (f" ({caps})" if caps else "")
     return (
         f"Produced by `{p['command']}` on {p['date'][:10]} ({versions}; "
-        f"{machine['cpus']} CPUs{load_text})."
+        f"{machine['cpus']} CPUs{kernel_text}{load_text})."
     )
 
 
@@ -155,6 +160,40 @@ def _trl_audit(data: dict[str, Any]) -> str:
     lines = render_audit(data["audit"], "asked vs ran").splitlines()
     table = "\n".join(line.rstrip() for line in lines)
     return f"```text\n{table}\n```"
+
+
+@view("kernel-margins")
+def _kernel_margins(data: dict[str, Any]) -> str:
+    """Per configuration, the bfloat16/float16 ratios of scripts/kernel_margins.py: seeds x
+    kernel settings, each cell ``ratio (margin over the tests' threshold)``."""
+    sys.path.insert(0, str(ROOT))
+    from tests.kernels import THRESHOLDS
+
+    runs = data["runs"]
+    settings = list(data["settings"])
+    out = []
+    for config in dict.fromkeys(r["config"] for r in runs):
+        for stat, threshold in THRESHOLDS.items():
+            head = f"**{config}**, {stat} ratio (threshold {threshold:g}): ratio (margin)"
+            rows = [f"{head}\n", "| seed | " + " | ".join(settings) + " |",
+                    "|---" * (len(settings) + 1) + "|"]  # fmt: skip
+            seeds = sorted({r["seed"] for r in runs if r["config"] == config})
+            for seed in seeds:
+                cells = []
+                for setting in settings:
+                    hit = [r for r in runs if (r["config"], r["seed"], r["setting"]) ==
+                           (config, seed, setting)]  # fmt: skip
+                    value = hit[0]["ratios"][stat] if hit else None
+                    shown = "-" if value is None else f"{value:.1f} ({value / threshold:.1f}x)"
+                    cells.append(shown)
+                rows.append(f"| {seed} | " + " | ".join(cells) + " |")
+            worst = min(r["ratios"][stat] / threshold for r in runs if r["config"] == config)
+            rows.append(f"\nLowest margin: {worst:.1f}x.")
+            out.append("\n".join(rows))
+    planned = data.get("planned", len(runs))
+    if planned > len(runs):  # a run cut short: the file holds what it measured
+        out.append(f"{len(runs)} of the {planned} planned runs measured (-: not measured).")
+    return "\n\n".join(out)
 
 
 @view("sanity-table")

@@ -77,6 +77,31 @@ def allow_fp16_on_cpu() -> Any:
     return lambda: vars(acc).pop("is_fp16_supported", None)
 
 
+def hardware_fp16() -> bool:
+    """Whether this CPU's DeepSpeed accelerator runs fp16 by itself (oneDNN fp16 kernels), the
+    seam of :func:`allow_fp16_on_cpu` and any test override aside."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    return bool(type(acc).is_fp16_supported(acc))
+
+
+def refuse_fp16(monkeypatch: Any, record_property: Any) -> None:
+    """The branch where DeepSpeed's accelerator refuses fp16, on any CPU: its capability answers
+    no for this test (on a CPU with oneDNN fp16 kernels too); the test records which way it ran
+    (``deepspeed_fp16_refused``: ``native`` or ``forced``)."""
+    from deepspeed.accelerator import get_accelerator
+
+    record_property("deepspeed_fp16_refused", "forced" if hardware_fp16() else "native")
+    monkeypatch.setattr(get_accelerator(), "is_fp16_supported", lambda: False)
+
+
+def record_fp16_branch(record_property: Any) -> None:
+    """Record which way a test of the fp16 branch runs (``deepspeed_fp16``): ``native`` on a CPU
+    whose accelerator runs fp16, ``forced`` where :func:`allow_fp16_on_cpu` lifts the check."""
+    record_property("deepspeed_fp16", "native" if hardware_fp16() else "forced")
+
+
 def tiny_model(seed: int = 0) -> Any:
     """A two-layer MLP (8 -> 16 -> 4), the same weights for the same seed on every rank."""
     import torch

@@ -16,6 +16,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from precision_plugin.cli import main
 from precision_plugin.manager import get_plugin_manager
 from precision_plugin.probe.tiny_model import build_tokenizer
+from tests.kernels import THRESHOLDS
 
 from .test_probe import _pad_masking_factory
 
@@ -50,6 +51,7 @@ def qwen_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel_sensitive
 def test_probe_on_a_saved_model_writes_json_and_png(
     qwen_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,7 +74,8 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     assert provenance["versions"]["torch"] == torch.__version__
     k3 = {name: r["k3_kl"] for name, r in data["results"].items()}
     assert k3["float32"] < 1e-9
-    assert k3["bfloat16"] > 10 * k3["float16"]
+    # 8 sequences up to 64 tokens: the k3 ratio (theory ~64) above THRESHOLDS["k3"].
+    assert k3["bfloat16"] > THRESHOLDS["k3"] * k3["float16"]
     assert data["bf16_over_fp16_k3"] == pytest.approx(k3["bfloat16"] / k3["float16"])
     assert data["consequence"]["target_length"] == 2048
     assert data["consequence"]["batch_size"] == data["settings"]["batch_size"] == 64

@@ -22,6 +22,12 @@ from tests.integration import ds_cpu
 STAGES = [0, 1, 2, 3]
 
 
+@pytest.fixture(autouse=True)
+def _fp16_branch(record_property):
+    """Each test records which way DeepSpeed's fp16 branch ran here (native or forced)."""
+    ds_cpu.record_fp16_branch(record_property)
+
+
 @pytest.fixture(scope="module")
 def deepspeed():
     """DeepSpeed on a one-process CPU world, fp16 allowed (see ds_cpu)."""
@@ -134,6 +140,24 @@ def test_fp16_engine_keeps_the_buffers_vllm_keeps_in_float32(deepspeed, keep, ca
     assert ("back in float32" in caplog.text) == keep
 
 
+def test_a_buffer_that_cannot_be_recomputed_keeps_its_float32_value(deepspeed, caplog):
+    """A MoE routing bias (e_score_correction_bias) has no function to recompute it: its float32
+    value is saved before DeepSpeed's cast and put back exactly, not widened from float16."""
+    pp.enable()
+    model = ds_cpu.tiny_model()
+    bias = torch.tensor([1 / 3, 1e-4 + 1 / 7, -2 / 3, 0.1], dtype=torch.float32)
+    assert not torch.equal(bias.half().float(), bias)  # float16 cannot hold these values
+    model[2].register_buffer("e_score_correction_bias", bias.clone())
+    cfg = ds_cpu.ds_config(0, data_types={"buffer_dtype": "fp16"})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.INFO, logger="precision_plugin"):
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+    assert {p.dtype for p in engine.module.parameters()} == {torch.float16}
+    kept = engine.module[2].e_score_correction_bias
+    assert kept.dtype == torch.float32 and torch.equal(kept, bias)
+    assert "2.e_score_correction_bias (saved)" in caplog.text
+
+
 def test_disable_restores_initialize(deepspeed):
     original = deepspeed.initialize
     pp.enable()
@@ -214,15 +238,10 @@ def test_floor_counts_optimizer_steps_not_micro_steps(deepspeed, stage):
 
 
 def test_fp16_on_an_accelerator_without_it_is_refused_before_deepspeed(
-    deepspeed, monkeypatch, caplog
+    deepspeed, monkeypatch, caplog, record_property
 ):
     """Without the seam: the plugin refuses (error) or runs fp32 and says so (warn)."""
-    from deepspeed.accelerator import get_accelerator
-
-    acc = get_accelerator()
-    if type(acc).is_fp16_supported(acc):
-        pytest.skip("DeepSpeed's accelerator runs fp16 here")
-    monkeypatch.delattr(acc, "is_fp16_supported")  # lift the seam for this test
+    ds_cpu.refuse_fp16(monkeypatch, record_property)  # on any CPU, native or forced
     pp.enable(strictness="error")
     with pytest.raises(pp.PrecisionMismatchError, match="cpu accelerator does not support fp16"):
         _init(deepspeed, ds_cpu.ds_config(2))

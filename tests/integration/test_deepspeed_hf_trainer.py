@@ -24,6 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "integrations" / "deepspeed"
 
 
+@pytest.fixture(autouse=True)
+def _fp16_branch(record_property):
+    """Each test records which way DeepSpeed's fp16 branch ran here (native or forced)."""
+    ds_cpu.record_fp16_branch(record_property)
+
+
 @pytest.fixture(scope="module")
 def ds_env():
     """A one-process DeepSpeed world on CPU, fp16 allowed (see ds_cpu)."""
@@ -102,23 +108,22 @@ def test_hf_trainer_trains_fp16_from_recipe(ds_env, tmp_path, recipe, flags):
 
 
 @pytest.mark.slow
-def test_an_accelerator_without_fp16_gets_one_consistent_answer(ds_env, tmp_path, monkeypatch, caplog):
+def test_an_accelerator_without_fp16_gets_one_consistent_answer(
+    ds_env, tmp_path, monkeypatch, caplog, record_property
+):
     """DeepSpeed refuses fp16 here: the plugin runs the engine in float32 and says so once;
     the callback does not then advise enable() (which ran) about the float32 forward."""
     import logging
 
-    from deepspeed.accelerator import get_accelerator
-
     from precision_plugin.deepspeed import engine_dtype
 
-    acc = get_accelerator()
-    if type(acc).is_fp16_supported(acc):
-        pytest.skip("DeepSpeed's accelerator runs fp16 here")
-    monkeypatch.delattr(acc, "is_fp16_supported")  # lift the seam for this test
+    ds_cpu.refuse_fp16(monkeypatch, record_property)  # on any CPU, native or forced
     pp.enable()
     with caplog.at_level(logging.WARNING, logger="precision_plugin"):
         trainer, _ = _train(tmp_path, "zero2_fp16.json")
-    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, pp.PrecisionCallback))
+    callback = next(
+        c for c in trainer.callback_handler.callbacks if isinstance(c, pp.PrecisionCallback)
+    )
     assert engine_dtype(trainer.model_wrapped) == "float32"
     assert callback.forward_dtype == torch.float32
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels import fp16_override_env
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
     ROOT / "README.md",
@@ -476,11 +478,6 @@ def _skip_unless_possible(how: Run) -> None:
         pytest.importorskip(how.needs)
     if how.needs == "fp16-deepspeed":
         pytest.importorskip("deepspeed")
-        if not _deepspeed_runs_fp16():
-            pytest.skip(
-                "DeepSpeed's accelerator has no fp16 here (a CPU without AVX512-FP16/AMX-FP16); "
-                "the bf16 variant of this recipe runs instead"
-            )
     if how.needs == "dev-venv-recipes" and not _setup_stamp_matches(ROOT / ".venv", "recipes"):
         pytest.skip("runs where scripts/dev.sh set up ROOT/.venv for the recipes (CI)")
     if how.needs == "dev-venv" and not _setup_stamp_matches(ROOT / ".venv"):
@@ -534,15 +531,22 @@ def _environment() -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", list(RUNS), ids=[re.sub(r"[^\w.]+", "-", c)[:90] for c in RUNS])
-def test_documented_command_runs_as_written(command, sandbox):
+def test_documented_command_runs_as_written(command, sandbox, record_property):
     how = RUNS[command]
     _skip_unless_possible(how)
+    env = _environment()
+    if how.needs == "fp16-deepspeed":
+        # The fp16 branch on every CPU: where DeepSpeed's CPU accelerator has no fp16 (no oneDNN
+        # fp16 kernels), the test overrides that one capability query in the command's processes.
+        record_property("deepspeed_fp16", "native" if _deepspeed_runs_fp16() else "forced on")
+        if not _deepspeed_runs_fp16():
+            env.update(fp16_override_env(True))
     # dev.sh runs in the real repository: it finds its .venv next to itself
     cwd = ROOT if "dev.sh" in command else sandbox
     proc = subprocess.run(
         ["bash", "-c", command],
         cwd=cwd,
-        env=_environment(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=how.timeout,
@@ -552,6 +556,11 @@ def test_documented_command_runs_as_written(command, sandbox):
     assert proc.returncode in how.ok_codes, f"{command}\nrc={proc.returncode}\n{output[-4000:]}"
     # The Accelerate DeepSpeed YAMLs leave mixed_precision out on purpose: no warning about it.
     assert "mixed_precision='no'" not in output, output[-4000:]
+    if how.needs == "fp16-deepspeed":
+        # A clean run on the fp16 branch: DeepSpeed's fp16 engine keeps float32 master weights in
+        # its optimizer, so its float16 module parameters are no contradiction. (Fails until the
+        # audit fix of issue 33, item 1, is merged: the audit read them as a torch-style scaler.)
+        assert "needs float32 master weights" not in output, output[-4000:]
     if how.progress:  # run with pipes, as in CI or under nohup: plain lines, not a silent bar
         phases = re.findall(
             r"^precision-plugin: \[\d+:\d\d:\d\d\] (.+?)(?: \d+/\d+)?$", proc.stderr, re.M

@@ -18,6 +18,7 @@ from precision_plugin.probe import (
 )
 from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.tiny_model import build_tokenizer
+from tests.kernels import THRESHOLDS
 
 SCHEMA_KEYS = {
     "k1_kl",
@@ -42,13 +43,17 @@ def default_run() -> ProbeResult:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel_sensitive
 def test_default_model_shows_the_fp16_bf16_gap(default_run: ProbeResult) -> None:
+    """Sample: 8 sequences up to 96 tokens per dtype. The bfloat16/float16 k3 ratio (theory ~64,
+    tests/kernels.py) is asserted above THRESHOLDS["k3"]; its room over 5 seeds x 3 kernel
+    settings is in docs/results/kernel-margins.json (config "embedded")."""
     r = default_run.results
     assert list(r) == ["float32", "float16", "bfloat16"]
     k3 = {name: res.metrics.k3_kl for name, res in r.items()}
     assert k3["float32"] < 1e-9  # the floor: both paths are the same computation
     assert k3["float16"] > 100 * k3["float32"]
-    assert k3["bfloat16"] > 10 * k3["float16"]  # theory: ~64x (2^-8 vs 2^-11, squared)
+    assert k3["bfloat16"] > THRESHOLDS["k3"] * k3["float16"]  # theory: ~64x (2^-8 vs 2^-11)
     assert default_run.k3_ratio("bfloat16") == pytest.approx(k3["bfloat16"] / k3["float16"])
     assert default_run.valid and r["float32"].verdict == "ok"
     assert r["bfloat16"].metrics.prob_diff_mean > r["float16"].metrics.prob_diff_mean
@@ -113,7 +118,9 @@ def test_the_consequence_section_follows_the_sequences(default_run: ProbeResult)
         assert c["at_target"]["length"] == 4096
         assert c["line"].startswith(name)
         if name != "float32":
-            assert res["verdict"] == c["verdict"] in ("negligible", "noticeable", "costly", "severe")
+            assert (
+                res["verdict"] == c["verdict"] in ("negligible", "noticeable", "costly", "severe")
+            )
             assert res["verdict_reason"] == c["line"]
     kept = {n: section["dtypes"][n]["kept_at_target"] for n in ("float16", "bfloat16")}
     assert kept["float16"] > kept["bfloat16"]

@@ -10,6 +10,7 @@ import torch
 from precision_plugin.probe import ProbeConfig, run_probe
 from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.scoring import trainer_logprobs
+from tests.kernels import THRESHOLDS
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [20], [30, 31, 32, 33, 34]]
 EOS = 2
@@ -83,6 +84,7 @@ def test_min_new_tokens_suppresses_eos_and_keeps_the_unmasked_logprob() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel_sensitive
 def test_probe_on_mixed_length_prompts_passes_its_self_check() -> None:
     prompts = ("Hi", "A considerably longer prompt about printing presses", "Question: 2+2?")
     result = run_probe(
@@ -98,4 +100,5 @@ def test_probe_on_mixed_length_prompts_passes_its_self_check() -> None:
     assert result.valid, result.self_check.message
     r = result.results
     assert r["float32"].metrics.seq_lengths and min(r["float32"].metrics.seq_lengths) >= 5
-    assert r["bfloat16"].metrics.k3_kl > 10 * r["float16"].metrics.k3_kl
+    # 6 sequences, 114 tokens per dtype: the k3 ratio (theory ~64) above THRESHOLDS["k3"].
+    assert r["bfloat16"].metrics.k3_kl > THRESHOLDS["k3"] * r["float16"].metrics.k3_kl

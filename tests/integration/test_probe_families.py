@@ -12,6 +12,7 @@ import torch
 from precision_plugin.probe import ProbeConfig, hf_engine_factory, run_probe
 from precision_plugin.probe.scoring import lm_head_of
 from precision_plugin.probe.tiny_model import build_tokenizer
+from tests.kernels import THRESHOLDS
 
 #: family -> (config class name, what is special about it). Sliding windows are short so the
 #: probe's sequences (prompt + up to 32 new tokens) actually cross them.
@@ -55,6 +56,7 @@ def save_family(folder: Path, family: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel_sensitive
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_probe_measures_every_family(tmp_path: Path, family: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -71,7 +73,9 @@ def test_probe_measures_every_family(tmp_path: Path, family: str) -> None:
     )
     assert result.valid, result.self_check.message  # float32 paths agree to the floor
     k3 = {name: r.metrics.k3_kl for name, r in result.results.items()}
-    assert k3["bfloat16"] > 10 * k3["float16"] > 0, k3
+    # 8 sequences, 144 tokens per dtype: the k3 ratio (theory ~64) above THRESHOLDS["k3"];
+    # measured 37-67 over the families, seeds and kernel settings (scripts/kernel_margins.py).
+    assert k3["bfloat16"] > THRESHOLDS["k3"] * k3["float16"] > 0, k3
     assert all(r.metrics.nan_tokens == 0 for r in result.results.values())
     refused = [n for n in result.notes if "vLLM refuses float16" in n]
     advice = result.consequence.advice

@@ -22,6 +22,8 @@ from precision_plugin.probe.table import render_layerwise_table
 pytestmark = pytest.mark.slow
 
 PLANTED_LAYER = 2
+#: Two layers planted at once: the sides part at the first in forward order.
+TWO_PLANTED = (1, 3)
 
 
 def _exact_rope(model: Any) -> Any:
@@ -55,6 +57,9 @@ def _factory(plant: str | None):
         rotary = _exact_rope(engine.model)
         if dtype == "float16" and plant == "layer":
             _run_in(engine.model.model.layers[PLANTED_LAYER], torch.bfloat16, torch.float16)
+        if dtype == "float16" and plant == "two layers":
+            for index in TWO_PLANTED:
+                _run_in(engine.model.model.layers[index], torch.bfloat16, torch.float16)
         if dtype == "float16" and plant == "rope":
             rotary.inv_freq = rotary.inv_freq.to(torch.bfloat16).float()
         return engine
@@ -81,6 +86,13 @@ def test_a_layer_run_in_bfloat16_is_where_the_sides_part():
     assert {m.name.rsplit(".", 1)[-1] for m in replay.modules} >= {"self_attn", "mlp"}
     assert all(s.saturated == 0 for s in replay.stages)  # the tiny model is far from 65504
     assert f"part at model.layers.{PLANTED_LAYER}" in replay.line
+
+
+def test_two_planted_layers_part_at_the_first_in_forward_order():
+    replay = _probe("two layers").layerwise.dtypes["float16"]
+    assert replay.parted_at == "model.layers.1" and replay.breakdown_layer == "model.layers.1"
+    standing_out = [s.name for s in replay.stages if s.local_units > 4 * replay.median_local_units]
+    assert standing_out == ["model.layers.1", "model.layers.3"]
 
 
 def test_rounded_rope_frequencies_are_where_the_sides_part():

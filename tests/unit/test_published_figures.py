@@ -73,6 +73,14 @@ NOT_MEASURED = {
     ("docs/benchmarks.md", "3 GB"): "the issue's memory target",
     ("docs/cli.md", "64 MiB"): "the chunk size the code uses (16 Mi float32 logits)",
     ("docs/cli.md", "3 GB"): "the memory bar the run is held to",
+    ("docs/testing.md", "45 minutes"): "the CI time limit",
+    ("docs/testing.md", "17 min"): "a suite budget",
+    ("docs/testing.md", "15 min"): "a suite budget",
+    ("docs/testing.md", "3 min"): "a suite budget",
+    ("docs/testing.md", "1.5 min"): "a suite budget",
+    ("docs/testing.md", "1 min"): "a suite budget",
+    ("docs/testing.md", "0.5 min"): "a suite budget",
+    ("docs/testing.md", "3x"): "the room each threshold must keep",
     # ratios: the rounding theory (2^-11 vs 2^-8 per token, its square for k3), thresholds, the
     # paper's figure; a measured ratio ("about 15x faster") belongs in a results block
     ("README.md", "~64x"): "the rounding theory",
@@ -212,10 +220,13 @@ def test_block_views_keep_their_own_lines(results_dir):
     versions = ", ".join(f"{k} {v}" for k, v in provenance["versions"].items())
     machine = provenance["machine"]
     assert versions.startswith("precision_plugin 0.1.0, torch ")
+    kernels = machine["kernels"]  # which CPU kernels computed it, and any caps set
+    caps = " ".join(f"{k}={v}" for k, v in kernels["caps"].items())
+    kernel_text = f"torch {kernels['capability']} kernels" + (f" ({caps})" if caps else "")
     assert render_docs.rendered("<!-- results: demo provenance -->x<!-- /results -->") == (
         "<!-- results: demo provenance -->Produced by `precision-plugin probe --json "
         f"docs/results/demo.json` on {provenance['date'][:10]} ({versions}; {machine['cpus']} "
-        f"CPUs, load average {machine['load_average'][0]:g}).<!-- /results -->"
+        f"CPUs, {kernel_text}, load average {machine['load_average'][0]:g}).<!-- /results -->"
     )
 
 
