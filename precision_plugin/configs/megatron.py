@@ -30,7 +30,9 @@ MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 RULES: dict[str, str] = {
     "--fp16 refuses --bf16": "megatron/training/arguments.py:1195-1197 (assert not args.bf16)",
     "--bf16 refuses --fp16": "megatron/training/arguments.py:1204-1206 (assert not args.fp16)",
-    "slime: bf16 = not fp16": "slime/backends/megatron_utils/arguments.py:157 (before validate_args)",
+    "slime: bf16 = not fp16": (
+        "slime/backends/megatron_utils/arguments.py:157 (before validate_args)"
+    ),
 }
 
 MEGATRON_PAIRS = (

@@ -53,8 +53,9 @@ OPENRLHF = Dialect(
 
 _SGLANG_KEYS = (
     Key("model_path", "text", flag="--model-path"),
-    Key("dtype", "choice", ("auto", "half", "float16", "bfloat16", "float", "float32"),
-        cite="fields/model.py (choices)"),  # fmt: skip
+    # A dtype is read by the one dtype normalisation (frameworks.sglang_runs): the keyword
+    # arguments also take a torch.dtype.
+    Key("dtype", "dtype", cite="fields/model.py (choices)"),
     Key("kv_cache_dtype", "text", flag="--kv-cache-dtype"),
     Key("enable_deterministic_inference", "switch", flag="--enable-deterministic-inference"),
     Key("enable_fp32_lm_head", "switch", flag="--enable-fp32-lm-head"),
@@ -101,7 +102,9 @@ SLIME = Dialect(
         ),
     ),
     pairs=MEGATRON_PAIRS,
-    neighbours=frozenset({"--sglang-server-concurrency", "--sglang-router-ip", "--sglang-router-port"}),
+    neighbours=frozenset(
+        {"--sglang-server-concurrency", "--sglang-router-ip", "--sglang-router-port"}
+    ),
 )
 
 #: Megatron-LM's own command line (pretrain_gpt.py and the like): the same pair, refused.

@@ -26,8 +26,10 @@ from typing import Any
 from precision_plugin.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
 
-#: How close an unknown key must be to a known one to be reported as its typo.
-TYPO_CUTOFF = 0.85
+#: How close an unknown key's last part must be to a known sibling's to be reported as its
+#: typo (``difflib`` ratio; ``dtpye`` and ``dtype`` are 0.8). Only siblings are compared: a
+#: long shared prefix makes every path close to every other.
+TYPO_CUTOFF = 0.8
 _MISSING: Any = object()
 
 
@@ -37,7 +39,7 @@ class Key:
     values the program accepts (compared after converting with ``convert``)."""
 
     path: str
-    kind: str  # "switch" | "int" | "float" | "text" | "choice" | "mapping"
+    kind: str  # "switch" | "int" | "float" | "text" | "choice" | "mapping" | "dtype"
     choices: tuple[Any, ...] = ()
     convert: str = "text"  # for "choice": the kind of the choices ("text" or "int")
     flag: str | None = None  # the command-line spelling when it is not --<path>
@@ -77,6 +79,13 @@ class Dialect:
         object.__setattr__(self, "by_path", {k.path: k for k in self.keys})
         object.__setattr__(self, "by_flag", {k.spelling(): k for k in self.keys})
 
+    def with_style(self, style: str) -> Dialect:
+        """The same keys read by another family's rules (SGLang's keyword arguments are Python
+        values, its command line argparse text)."""
+        import dataclasses
+
+        return dataclasses.replace(self, style=style)
+
     # -- messages ---------------------------------------------------------------------------
 
     def error(self, path: str, source: str, message: str) -> PrecisionConfigError:
@@ -87,16 +96,23 @@ class Dialect:
         """The known key ``name`` is a typo of, or ``None`` (a key the plugin does not read)."""
         if name in known or name in self.neighbours:
             return None
-        close = difflib.get_close_matches(name, list(known), n=1, cutoff=TYPO_CUTOFF)
-        return close[0] if close else None
+        parent, _, leaf = name.rpartition(".")
+        siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
+        close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=TYPO_CUTOFF)
+        return siblings[close[0]] if close else None
 
     # -- values -----------------------------------------------------------------------------
 
     def value(self, path: str, raw: Any, source: str) -> Any:
         """``raw`` at ``path`` as the program reads it; refused values raise, naming both."""
         key = self.by_path.get(path)
-        if key is None or raw is None:
-            return raw
+        if key is None or raw is None or key.kind == "dtype":
+            return raw  # a dtype is read by the adapter's dtype normalisation
+        unresolved = isinstance(raw, str) and (
+            raw == "???" or (raw.startswith("${") and raw.endswith("}"))
+        )
+        if self.style in ("omegaconf", "structured") and unresolved:
+            return raw  # a mandatory value not set yet, an interpolation: read when resolved
         try:
             return self._convert(key, raw)
         except v.Refused as exc:
@@ -112,7 +128,9 @@ class Dialect:
         if key.kind == "mapping":
             return v.as_mapping(raw, self.style)
         if key.kind == "choice":
-            value = v.as_int(raw, self.style) if key.convert == "int" else v.as_text(raw, self.style)
+            value = (
+                v.as_int(raw, self.style) if key.convert == "int" else v.as_text(raw, self.style)
+            )
             if value not in key.choices:
                 shown = ", ".join(str(c) for c in key.choices)
                 close = difflib.get_close_matches(str(value), [str(c) for c in key.choices], n=1)
@@ -141,11 +159,20 @@ class Dialect:
                 )
         for pair in self.pairs:
             a, b = flat.get(pair.first), flat.get(pair.second)
-            if a is not None and b is not None and self._on(pair.first, a, source) and self._on(
-                pair.second, b, source
+            if (
+                a is not None
+                and b is not None
+                and self._on(pair.first, a, source)
+                and self._on(pair.second, b, source)
             ):
-                raise self.error(f"{pair.first} and {pair.second}", source, f"are both on: {pair.why}")
-        return {path: self.value(path, raw, source) for path, raw in flat.items() if path in self.by_path}
+                raise self.error(
+                    f"{pair.first} and {pair.second}", source, f"are both on: {pair.why}"
+                )
+        return {
+            path: self.value(path, raw, source)
+            for path, raw in flat.items()
+            if path in self.by_path
+        }
 
     def _on(self, path: str, raw: Any, source: str) -> bool:
         return bool(self.value(path, raw, source))
@@ -193,13 +220,17 @@ class Dialect:
                 i += 1
             else:
                 raise self.error(
-                    name, source, f"has no value (argparse: expected one argument); write {name} VALUE"
+                    name,
+                    source,
+                    f"has no value (argparse: 'argument {name}: expected one argument'); "
+                    f"write {name} VALUE",
                 )
             out[key.path] = self.value(key.path, raw, source)
         for pair in self.pairs:
             if out.get(pair.first) and out.get(pair.second):
+                first, second = self.by_path[pair.first], self.by_path[pair.second]
                 raise self.error(
-                    f"{self.by_path[pair.first].spelling()} and {self.by_path[pair.second].spelling()}",
+                    f"{first.spelling()} and {second.spelling()}",
                     source,
                     f"are given together: {pair.why}",
                 )
@@ -214,12 +245,20 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(data, Mapping):
         items = data.items()
     elif _is_omegaconf(data):
-        items = ((k, data[k]) for k in data.keys())  # noqa: SIM118 - OmegaConf's own keys
+        from omegaconf import OmegaConf
+
+        # unresolved: '???' and '${...}' stay as written (reading them would raise)
+        items = OmegaConf.to_container(data, resolve=False).items()
     elif hasattr(data, "__dataclass_fields__"):
         items = ((name, getattr(data, name, None)) for name in data.__dataclass_fields__)
-    elif hasattr(data, "__dict__") and not isinstance(data, type) and type(data).__module__ in (
-        "argparse",
-        "types",
+    elif (
+        hasattr(data, "__dict__")
+        and not isinstance(data, type)
+        and type(data).__module__
+        in (
+            "argparse",
+            "types",
+        )
     ):
         items = vars(data).items()
     else:
@@ -275,5 +314,7 @@ def parse_override(text: str, dialect: Dialect, source: str = "the overrides") -
     known = list(dialect.by_path)
     near = dialect.typo(path, known)
     if near is not None:
-        raise dialect.error(path, source, f"is not a setting {dialect.program} has (did you mean {near!r}?)")
+        raise dialect.error(
+            path, source, f"is not a setting {dialect.program} has (did you mean {near!r}?)"
+        )
     return path, dialect.value(path, value, source)

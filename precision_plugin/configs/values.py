@@ -95,7 +95,10 @@ def as_int(value: Any, style: str) -> int:
                 f"(an integer such as 2 is expected)"
             ) from None
     if isinstance(value, float) and style == "structured" and value.is_integer():
-        raise Refused(f"is {value!r}, a float, which OmegaConf refuses for an integer field; write {int(value)}")
+        raise Refused(
+            f"is {value!r}, a float, which OmegaConf refuses for an integer field; "
+            f"write {int(value)}"
+        )
     if isinstance(value, str):
         raise Refused(
             f"is the string {_shown(value)}, where an integer belongs (this program does no "
@@ -114,12 +117,14 @@ def as_float(value: Any, style: str) -> float:
         try:
             return float(value)
         except ValueError:
-            raise Refused(f"is {_shown(value)}, which float() cannot read (a number is expected)") from None
+            raise Refused(
+                f"is {_shown(value)}, which float() cannot read (a number is expected)"
+            ) from None
     raise Refused(f"is {_shown(value)} ({type(value).__name__}), where a number belongs")
 
 
 def as_text(value: Any, style: str) -> str:
-    """A text value (a path, a name): a string; ``structured`` converts numbers as OmegaConf does."""
+    """A text value (a path, a name); ``structured`` converts numbers as OmegaConf does."""
     if isinstance(value, str):
         return value
     if style == "structured" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -139,12 +144,12 @@ def as_mapping(value: Any, style: str) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise Refused(
                 f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); write a "
-                f'JSON object such as \'{{"max_tokens": 256}}\''
+                f"JSON object such as '{{\"max_tokens\": 256}}'"
             ) from None
         except ValueError as exc:
             raise Refused(str(exc)) from None
         if not isinstance(parsed, dict):
-            raise Refused(f"is JSON {type(parsed).__name__}, not an object; write {{\"key\": value}}")
+            raise Refused(f'is JSON {type(parsed).__name__}, not an object; write {{"key": value}}')
         return parsed
     raise Refused(f"is {_shown(value)} ({type(value).__name__}), where a mapping belongs")
 

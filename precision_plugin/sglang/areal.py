@@ -36,7 +36,18 @@ from precision_plugin.verl.check import lookup
 
 #: AReaL's learner sections with a ``dtype`` and a ``backend``.
 LEARNERS = ("actor", "ref", "critic")
-_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _dtype_name(raw: str) -> str:
+    """The canonical name of a learner dtype (``half`` is float16), through the one dtype
+    normalisation; a name it does not know is kept, and reported as what runs."""
+    from precision_plugin.errors import PrecisionConfigError
+    from precision_plugin.policy import normalize_dtype
+
+    try:
+        return normalize_dtype(raw)
+    except PrecisionConfigError:
+        return raw
 
 
 @checked
@@ -80,14 +91,17 @@ def check_areal_config(
     backend is SGLang, the ``sglang`` section as the launch
     [`check_server_args`][precision_plugin.sglang.check_server_args] checks. ``error`` findings
     raise together under ``strictness="error"``; the findings are returned."""
+    from precision_plugin.configs import AREAL
+
     pol = resolve_policy(policy)
+    AREAL.read_mapping(cfg, "the AReaL config")  # typos of known keys, values OmegaConf refuses
     findings: list[Finding] = []
     for role in LEARNERS:
         section = lookup(cfg, role)
         if section is None:
             continue
         raw = str(lookup(section, "dtype", "bfloat16"))
-        runs = _ALIASES.get(raw, raw)
+        runs = _dtype_name(raw)
         if runs != pol.dtype:
             findings.append(
                 Finding(

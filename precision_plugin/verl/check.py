@@ -87,8 +87,10 @@ def _raw(cfg: Any, path: str) -> Any:
         if node is None:
             return _MISSING
         try:
-            node = node.get(part, _MISSING) if isinstance(node, Mapping) else getattr(
-                node, part, _MISSING
+            node = (
+                node.get(part, _MISSING)
+                if isinstance(node, Mapping)
+                else getattr(node, part, _MISSING)
             )
         except Exception as exc:  # OmegaConf: MissingMandatoryValue, a bad interpolation
             return _UNSET if type(exc).__name__ == "MissingMandatoryValue" else _MISSING
@@ -299,6 +301,9 @@ def find_contradictions(
     strategy: str | None = None,
 ) -> list[Contradiction]:
     """Every contradiction between the composed verl config ``cfg`` and ``policy`` (pure)."""
+    from precision_plugin.configs import VERL
+
+    VERL.read_mapping(cfg, "the verl config")  # typos of known keys, quoted booleans, counts
     strategy = strategy or lookup(cfg, "actor_rollout_ref.actor.strategy", "fsdp")
     lay = layout(verl_version, "fsdp" if strategy == "fsdp2" else strategy)
     if lay.legacy and lookup(cfg, "trainer.use_legacy_worker_impl", "auto") == "disable":
