@@ -140,7 +140,13 @@ def read_yaml(path: str, flag: str) -> Any:
             f"the framework would read."
         ) from None
     except yaml.YAMLError as exc:
-        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({exc}).") from None
+        text = " ".join(str(exc).split())
+        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({text}).") from None
+    except RecursionError:
+        raise PrecisionConfigError(
+            f"{flag} {path!r} nests too deeply to read (no server config nests more than a few "
+            f"levels); write it flat."
+        ) from None
 
 
 def _config_args(path: str) -> list[str]:
