@@ -116,7 +116,8 @@ class Dialect:
         try:
             return self._convert(key, raw)
         except v.Refused as exc:
-            raise self.error(path, source, str(exc)) from None
+            named = f"{path} ({key.spelling()})" if self.style == "argparse" else path
+            raise self.error(named, source, str(exc)) from None
 
     def _convert(self, key: Key, raw: Any) -> Any:
         if key.kind == "switch":

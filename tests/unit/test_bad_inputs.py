@@ -805,7 +805,7 @@ NEW_SURFACES: list[Case] = [
         lambda t: __import__("precision_plugin.openrlhf", fromlist=["x"]).check_args(
             {"ds.param_dtype": "fp16", "ds.tensor_parallel_size": "two"}, STRICT
         ),
-        names=("--ds.tensor_parallel_size is 'two'", "integer"),
+        names=("(--ds.tensor_parallel_size)", "is 'two'", "integer"),
     ),
     # the wrong kind of object anywhere: one line naming the parameter, no raw TypeError
     Case(

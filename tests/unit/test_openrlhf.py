@@ -353,7 +353,8 @@ def test_a_count_openrlhfs_parser_would_refuse_is_named_not_a_raw_error():
             orl.check_args(parsed(**{"ds.tensor_parallel_size": bad}), STRICT)
         message = str(err.value)
         assert message.startswith(
-            f"OpenRLHF: ds.tensor_parallel_size in the parsed arguments is {bad!r}"
+            f"OpenRLHF: ds.tensor_parallel_size (--ds.tensor_parallel_size) in the parsed "
+            f"arguments is {bad!r}"
         ), message
         assert "integer" in message, message
     ok = orl.find_problems(parsed(**{"ds.tensor_parallel_size": "1"}), STRICT, environ=FP16_ENV)
