@@ -22,7 +22,7 @@ from precision_plugin.configs.programs import (
     TRL,
     VERL,
 )
-from precision_plugin.configs.reader import Dialect, Key, Pair, flatten, parse_override
+from precision_plugin.configs.reader import Dialect, Key, Pair, parse_override
 
 __all__ = [
     "AREAL",
@@ -36,6 +36,5 @@ __all__ = [
     "Dialect",
     "Key",
     "Pair",
-    "flatten",
     "parse_override",
 ]

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked, one_of
 from precision_plugin.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
 
@@ -33,6 +34,23 @@ TYPO_CUTOFF = 0.8
 _MISSING: Any = object()
 
 
+def _config(value: Any) -> Any:
+    if isinstance(value, (str, bytes)) or not (
+        isinstance(value, Mapping) or hasattr(value, "__dict__") or _is_omegaconf(value)
+    ):
+        raise Invalid(
+            "is not a configuration (a mapping, an OmegaConf config, a dataclass or the "
+            "namespace a parser returned); load the file first, e.g. yaml.safe_load"
+        )
+    return value
+
+
+#: A configuration object the reader walks.
+CONFIG = Validator("a configuration object", _config, ("x", b"x"))
+KINDS = ("switch", "int", "float", "text", "choice", "mapping", "dtype")
+
+
+@checked(kind=one_of(*KINDS), convert=one_of("text", "int"))
 @dataclass(frozen=True)
 class Key:
     """One setting a dialect reads: ``path`` (dotted), its ``kind`` and, for ``choice``, the
@@ -50,6 +68,7 @@ class Key:
         return self.flag or f"--{self.path}"
 
 
+@checked
 @dataclass(frozen=True)
 class Pair:
     """Two switches the program refuses together, and why (with the source line)."""
@@ -59,6 +78,7 @@ class Pair:
     why: str
 
 
+@checked(style=one_of(*v.STYLES))
 @dataclass(frozen=True)
 class Dialect:
     """How one program reads its configuration (see the module docstring)."""
@@ -79,6 +99,7 @@ class Dialect:
         object.__setattr__(self, "by_path", {k.path: k for k in self.keys})
         object.__setattr__(self, "by_flag", {k.spelling(): k for k in self.keys})
 
+    @checked(style=one_of(*v.STYLES))
     def with_style(self, style: str) -> Dialect:
         """The same keys read by another family's rules (SGLang's keyword arguments are Python
         values, its command line argparse text)."""
@@ -144,6 +165,7 @@ class Dialect:
 
     # -- readers ----------------------------------------------------------------------------
 
+    @checked(data=CONFIG)
     def read_mapping(self, data: Any, source: str) -> dict[str, Any]:
         """The known keys of ``data`` (nested mappings/objects or dotted keys), each read as the
         program reads it, by dotted path; typos of known keys refused."""
@@ -216,7 +238,7 @@ class Dialect:
                 continue
             if eq:
                 raw = inline
-            elif i < len(args) and not (args[i].startswith("--") and len(args[i]) > 2):
+            elif i < len(args) and not args[i].startswith("--"):  # "--" ends the options
                 raw = args[i]
                 i += 1
             else:
@@ -238,39 +260,37 @@ class Dialect:
         return out
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config (mappings, OmegaConf containers, namespaces, dataclasses) as
-    ``{dotted.path: leaf}``; a mapping's dotted keys are kept as written."""
-    out: dict[str, Any] = {}
-    items: Any
+def _items(data: Any) -> Any:
+    """The (key, value) pairs of a config container, or ``None`` for a leaf."""
     if isinstance(data, Mapping):
-        items = data.items()
-    elif _is_omegaconf(data):
+        return list(data.items())
+    if _is_omegaconf(data):
         from omegaconf import OmegaConf
 
         # unresolved: '???' and '${...}' stay as written (reading them would raise)
-        items = OmegaConf.to_container(data, resolve=False).items()
-    elif hasattr(data, "__dataclass_fields__"):
-        items = ((name, getattr(data, name, None)) for name in data.__dataclass_fields__)
-    elif (
-        hasattr(data, "__dict__")
-        and not isinstance(data, type)
-        and type(data).__module__
-        in (
-            "argparse",
-            "types",
-        )
-    ):
-        items = vars(data).items()
-    else:
-        return {prefix: data} if prefix else {}
-    for key, value in items:
-        path = f"{prefix}.{key}" if prefix else str(key)
-        nested = flatten(value, path)
-        if nested and (isinstance(value, Mapping) or _is_container(value)):
-            out.update(nested)
-        else:
-            out[path] = value
+        return list(OmegaConf.to_container(data, resolve=False).items())  # type: ignore[union-attr]
+    if hasattr(data, "__dataclass_fields__") and not isinstance(data, type):
+        return [(name, getattr(data, name, None)) for name in data.__dataclass_fields__]
+    if type(data).__module__ in ("argparse", "types") and hasattr(data, "__dict__"):
+        return list(vars(data).items())
+    return None
+
+
+def flatten(data: Any) -> dict[str, Any]:
+    """A nested config (mappings, OmegaConf containers, namespaces, dataclasses) as
+    ``{dotted.path: leaf}``; a mapping's dotted keys are kept as written. Walked without
+    recursion, so a config nested thousands of levels deep is read, not a RecursionError."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        prefix, node = stack.pop()
+        items = _items(node)
+        if items is None or (prefix and not items):
+            if prefix:
+                out[prefix] = node
+            continue
+        for key, value in reversed(items):
+            stack.append((f"{prefix}.{key}" if prefix else str(key), value))
     return out
 
 
@@ -278,12 +298,7 @@ def _is_omegaconf(data: Any) -> bool:
     return type(data).__name__ == "DictConfig" and type(data).__module__.startswith("omegaconf")
 
 
-def _is_container(value: Any) -> bool:
-    if _is_omegaconf(value) or hasattr(value, "__dataclass_fields__"):
-        return True
-    return type(value).__module__ in ("argparse", "types") and hasattr(value, "__dict__")
-
-
+@checked
 def parse_override(text: str, dialect: Dialect, source: str = "the overrides") -> tuple[str, Any]:
     """One Hydra override (``[+|++]key.path=value``) as ``(path, value)``, the value typed by
     Hydra's grammar (``true``/``false`` any case, ``null``, integers, floats, else text) and

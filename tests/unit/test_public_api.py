@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import precision_plugin
+import precision_plugin.configs
 from precision_plugin import PrecisionConfigError
 from precision_plugin.boundary import (
     Boundary,
@@ -273,6 +274,8 @@ def test_exemptions_name_public_objects() -> None:
 #: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
 #: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
 UNCHECKED_ANY: dict[str, str] = {
+    "precision_plugin.configs.Dialect.value raw": "any value a config holds: reading it by the "
+    "program's rules (or refusing it, naming the key) is what the method does",
     "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
     "holds (or None); the adapters read only what it has",
     "precision_plugin.deepspeed.engine_dtype engine": "any object: None for one the plugin "
@@ -426,6 +429,9 @@ def candidates(tmp: Path) -> list[Any]:
         {"dtype": "float16"},  # an SGLang server's /server_info answer
         {"ds.param_dtype": "fp16"},  # OpenRLHF's parsed arguments
         "TRL",  # a system of the alias table
+        "argparse",  # a family of config readers (precision_plugin.configs)
+        "switch",  # a kind of config key (precision_plugin.configs.Key)
+        precision_plugin.configs.VERL,  # a dialect of the config reader
         "http://localhost:8000",  # a server's base URL
         _Tokenizer(),
         torch.zeros(len(COUNT_FIELDS), dtype=torch.float64),  # consequence_sums()'s counts
