@@ -76,6 +76,8 @@ SGLANG = Dialect(
             "--mm-attention-backend",
             "--speculative-eagle-topk",
             "--enable-fp32-lm-head",
+            "--enable-dp-lm-head",  # a real flag (tests/contract_sglang/test_reader_contract.py)
+            "enable_dp_lm_head",
             "--tokenizer-path",
             "prefill_attention_backend",
             "decode_attention_backend",

@@ -262,13 +262,13 @@ class Dialect:
 
 def _items(data: Any) -> Any:
     """The (key, value) pairs of a config container, or ``None`` for a leaf."""
-    if isinstance(data, Mapping):
-        return list(data.items())
-    if _is_omegaconf(data):
+    if _is_omegaconf(data):  # before Mapping: a DictConfig is one, whose items() resolve
         from omegaconf import OmegaConf
 
         # unresolved: '???' and '${...}' stay as written (reading them would raise)
         return list(OmegaConf.to_container(data, resolve=False).items())  # type: ignore[union-attr]
+    if isinstance(data, Mapping):
+        return list(data.items())
     if hasattr(data, "__dataclass_fields__") and not isinstance(data, type):
         return [(name, getattr(data, name, None)) for name in data.__dataclass_fields__]
     if type(data).__module__ in ("argparse", "types") and hasattr(data, "__dict__"):
