@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 import annotated_types as at
 
-from precision_plugin.boundary import Invalid, Relation, Validator
+from precision_plugin.boundary import Invalid, Relation, Validator, checked
 
 __all__ = [
     "AtMost",
@@ -120,6 +120,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
+@checked
 def constraints_of(hint: Any) -> list[Any]:
     """The annotated-types metadata of ``hint`` (``Annotated[...]``, also inside ``X | None``)."""
     found: list[Any] = []
@@ -320,6 +321,7 @@ def _bad(rules: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+@checked
 def validator_for(hint: Any) -> Validator | None:
     """The :class:`~precision_plugin.boundary.Validator` that enforces ``hint``'s declared
     rules (``None`` when it declares none): what the boundary runs after the type check."""
@@ -331,6 +333,7 @@ def validator_for(hint: Any) -> Validator | None:
     return Validator(allowed, lambda value: _check(value, own), _bad(own), _bounds(own, hint))
 
 
+@checked
 def relations_for(name: str, hint: Any) -> list[Relation]:
     """The :class:`~precision_plugin.boundary.Relation` s ``hint`` declares for parameter
     ``name`` against others (``Ordered``, ``AtMost``)."""

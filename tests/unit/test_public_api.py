@@ -137,6 +137,11 @@ def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
 
 #: Public objects without a boundary check, and why.
 EXEMPT_OBJECTS: dict[str, str] = {
+    **{
+        f"precision_plugin.constraints.{name}": "a declaration marker (annotated-types "
+        "metadata): built once in an annotation at import, read by the boundary"
+        for name in ("Finite", "Whole", "Each", "Ordered", "AtMost")
+    },
     "precision_plugin.probe.RolloutEngine": "a typing.Protocol: describes what an engine "
     "provides; never constructed or called",
 }
@@ -274,6 +279,12 @@ def test_exemptions_name_public_objects() -> None:
 #: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
 #: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
 UNCHECKED_ANY: dict[str, str] = {
+    **{
+        f"precision_plugin.constraints.{name} hint": "any annotation: reading its declared "
+        "rules (none for a plain type) is what the function does"
+        for name in ("constraints_of", "validator_for")
+    },
+    "precision_plugin.constraints.relations_for hint": "any annotation (as above)",
     "precision_plugin.configs.Dialect.value raw": "any value a config holds: reading it by the "
     "program's rules (or refusing it, naming the key) is what the method does",
     "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
@@ -493,9 +504,7 @@ def wrong_values() -> st.SearchStrategy[Any]:
 
 
 def keyword_params(spec: Boundary) -> list[inspect.Parameter]:
-    return [
-        p for p in spec.parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
+    return [p for p in spec.parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def expect_refusal(entry: Entry, kwargs: dict[str, Any], param: str) -> None:
