@@ -5,7 +5,8 @@ to its type, with [annotated-types](https://github.com/annotated-types/annotated
 (``Gt``, ``Ge``, ``Lt``, ``Le``, ``Interval``, ``MinLen``, ``MaxLen``) and the markers below;
 the one boundary check (``precision_plugin.boundary.checked``) reads the declaration and
 enforces it, naming the parameter, the value and the rule, and the property tests draw their
-bad values from the same declaration:
+bad values from the same declaration (this module imports nothing of the package: the checker
+builds on it):
 
 - :class:`Finite`: not infinite, and not NaN unless ``nan_ok`` (NaN then means "not
   measured", as a fit over no sequence reports it);
@@ -29,14 +30,20 @@ from typing import Annotated, Any
 
 import annotated_types as at
 
-from precision_plugin.boundary import Invalid, Relation, Validator, checked
+
+class Invalid(ValueError):
+    """A value that breaks its declared rule; the boundary reports it naming the parameter."""
+
 
 __all__ = [
+    "Across",
     "AtMost",
     "Count",
+    "Declared",
     "Each",
     "Finite",
     "FiniteFloat",
+    "Invalid",
     "Measured",
     "NonNegative",
     "Ordered",
@@ -120,7 +127,6 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-@checked
 def constraints_of(hint: Any) -> list[Any]:
     """The annotated-types metadata of ``hint`` (``Annotated[...]``, also inside ``X | None``)."""
     found: list[Any] = []
@@ -321,23 +327,41 @@ def _bad(rules: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-@checked
-def validator_for(hint: Any) -> Validator | None:
-    """The :class:`~precision_plugin.boundary.Validator` that enforces ``hint``'s declared
-    rules (``None`` when it declares none): what the boundary runs after the type check."""
+@dataclass(frozen=True)
+class Declared:
+    """What a parameter's declaration says, for the boundary: the rules in words (``allowed``),
+    ``check(value)`` (raises :class:`Invalid`), values of the right type it refuses (``bad``)
+    and numeric ``bounds`` ``(low, high, integer)`` for the property tests."""
+
+    allowed: str
+    check: Callable[[Any], Any] = field(repr=False)
+    bad: tuple[Any, ...] = ()
+    bounds: tuple[float | None, float | None, bool] | None = None
+
+
+@dataclass(frozen=True)
+class Across:
+    """A rule between parameters (``Ordered``, ``AtMost``): ``check({name: value})`` raises
+    :class:`Invalid` saying how they disagree."""
+
+    params: tuple[str, ...]
+    allowed: str
+    check: Callable[[dict[str, Any]], None] = field(repr=False)
+
+
+def validator_for(hint: Any) -> Declared | None:
+    """The check of ``hint``'s declared rules on one value (``None`` when it declares none)."""
     rules = _flat(constraints_of(hint))
     own = [r for r in rules if not isinstance(r, (Ordered, AtMost))]
     if not own:
         return None
     allowed = ", ".join(_rule(r) for r in own)
-    return Validator(allowed, lambda value: _check(value, own), _bad(own), _bounds(own, hint))
+    return Declared(allowed, lambda value: _check(value, own), _bad(own), _bounds(own, hint))
 
 
-@checked
-def relations_for(name: str, hint: Any) -> list[Relation]:
-    """The :class:`~precision_plugin.boundary.Relation` s ``hint`` declares for parameter
-    ``name`` against others (``Ordered``, ``AtMost``)."""
-    out: list[Relation] = []
+def relations_for(name: str, hint: Any) -> list[Across]:
+    """The rules ``hint`` declares for parameter ``name`` against others."""
+    out: list[Across] = []
     for rule in constraints_of(hint):
         if isinstance(rule, Ordered):
             out.append(_ordered(name, rule))
@@ -346,7 +370,7 @@ def relations_for(name: str, hint: Any) -> list[Relation]:
     return out
 
 
-def _ordered(name: str, rule: Ordered) -> Relation:
+def _ordered(name: str, rule: Ordered) -> Across:
     def check(values: dict[str, Any]) -> None:
         mine, other = _number(values[name]), _number(values[rule.other])
         if mine is None or other is None or math.isnan(mine) or math.isnan(other):
@@ -357,10 +381,10 @@ def _ordered(name: str, rule: Ordered) -> Relation:
                 f"the rule: {name} {rule.op} {rule.other}"
             )
 
-    return Relation((rule.other, name), f"{name} {rule.op} {rule.other}", check)
+    return Across((rule.other, name), f"{name} {rule.op} {rule.other}", check)
 
 
-def _at_most(name: str, rule: AtMost) -> Relation:
+def _at_most(name: str, rule: AtMost) -> Across:
     def check(values: dict[str, Any]) -> None:
         total = values[rule.other]
         limit = rule.measure(total) if rule.measure is not None else total
@@ -371,4 +395,4 @@ def _at_most(name: str, rule: AtMost) -> Relation:
                 f"({limit:g}); the rule: {name} <= {rule.what or rule.other}"
             )
 
-    return Relation((name, rule.other), f"{name} <= {rule.what or rule.other}", check)
+    return Across((name, rule.other), f"{name} <= {rule.what or rule.other}", check)

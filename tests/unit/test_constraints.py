@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precision_plugin.boundary import Invalid
+from precision_plugin.constraints import Invalid
 from precision_plugin.constraints import (
     AtMost,
     Count,
