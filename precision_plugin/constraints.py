@@ -338,6 +338,10 @@ class Declared:
     bad: tuple[Any, ...] = ()
     bounds: tuple[float | None, float | None, bool] | None = None
 
+    def __call__(self, value: Any) -> Any:
+        """``check(value)``: the value, or :class:`Invalid` naming the broken rule."""
+        return self.check(value)
+
 
 @dataclass(frozen=True)
 class Across:
