@@ -4,6 +4,7 @@
 from precision_plugin.configs import OPENRLHF, VERL
 OPENRLHF.read_argv(["--vllm.num_engines", "2", "--ds.param_dtype", "fp16"])
 VERL.read_mapping(cfg, source="ppo.yaml")   # names 'actor_rollout_ref.rollout.dtype in ppo.yaml'
+cfg = load("ppo.yaml", VERL)                 # parsed as OmegaConf does, then read strictly
 ```
 
 See :mod:`precision_plugin.configs.reader` for what reading checks and
@@ -12,6 +13,7 @@ See :mod:`precision_plugin.configs.reader` for what reading checks and
 
 from __future__ import annotations
 
+from precision_plugin.configs.files import load
 from precision_plugin.configs.programs import (
     AREAL,
     DIALECTS,
@@ -36,5 +38,6 @@ __all__ = [
     "Dialect",
     "Key",
     "Pair",
+    "load",
     "parse_override",
 ]

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked, one_of
+from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, one_of
 from precision_plugin.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
 
@@ -170,6 +170,8 @@ class Dialect:
         """The known keys of ``data`` (nested mappings/objects or dotted keys), each read as the
         program reads it, by dotted path; typos of known keys refused."""
         flat = flatten(data)
+        if self.style == "argparse":  # a YAML of flags (SGLang's --config): --kv-cache-dtype
+            flat = {path.replace("-", "_"): value for path, value in flat.items()}
         known = list(self.by_path)
         for path in flat:
             near = self.typo(path, known)
@@ -200,6 +202,7 @@ class Dialect:
     def _on(self, path: str, raw: Any, source: str) -> bool:
         return bool(self.value(path, raw, source))
 
+    @checked(argv=fix_hint("pass sys.argv[1:] of the launch, or shlex.split(command_line)"))
     def read_argv(self, argv: Sequence[str], source: str = "the command line") -> dict[str, Any]:
         """The known flags of a command line, each read as the program's parser reads it: a
         flag missing its value, a typo of a known flag and the refused pairs raise."""

@@ -7,9 +7,9 @@ Four families of readers cover the programs the plugin checks:
 - ``argparse`` (OpenRLHF, SGLang, slime, Megatron): a value is text passed to the argument's
   ``type`` (``int("2")``; ``int("2.5")`` and ``int("True")`` are refused); a ``store_true``
   switch takes no value at all; ``choices`` are compared after the ``type``.
-- ``omegaconf`` (verl's YAML and Hydra overrides): YAML gives the type. OmegaConf's loader reads
-  only ``true``/``false`` (any case) as booleans; ``yes``/``on``/``off`` stay strings, and verl
-  tests its switches with ``if``, so a string where a switch belongs is refused.
+- ``omegaconf`` (verl's YAML and Hydra overrides): YAML gives the type (a quoted ``"false"`` is a
+  string; Hydra's override grammar types ``false`` as a boolean, ``'false'`` as a string), and
+  verl tests its switches with ``if``, so a string where a switch belongs is refused.
 - ``structured`` (AReaL's dataclasses merged by OmegaConf): the field's type converts as
   OmegaConf's nodes do (``omegaconf/nodes.py`` 2.3 ``BooleanNode``: ``yes/y/on/true`` and
   ``no/n/off/false`` in any case and integer text; ``IntegerNode``: ``int`` or integer text,
@@ -70,9 +70,9 @@ def as_switch(value: Any, style: str) -> bool:
         )
     if style == "omegaconf" and isinstance(value, str):
         raise Refused(
-            f"is the string {_shown(value)}, which OmegaConf keeps as a string (only true/false "
-            f"unquoted are booleans) and which the program's `if` takes as true whatever it says; "
-            f"write true or false without quotes"
+            f"is the string {_shown(value)} (quoted in the YAML or the override), which OmegaConf "
+            f"keeps as a string and the program's `if` takes as true whatever it says; write true "
+            f"or false without quotes"
         )
     raise Refused(
         f"is {_shown(value)} ({type(value).__name__}), where a boolean belongs; pass True or False "

@@ -51,3 +51,18 @@ def test_a_quoted_boolean_is_a_string_to_hydra_and_refused_by_the_reader():
     assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.calculate_log_probs") == "false"
     with pytest.raises(PrecisionConfigError, match="the string 'false'"):
         VERL.read_mapping(cfg, "ppo_trainer.yaml")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: 1e-6\nb: 2001-01-01\nc: yes\nd: Off\ne: .inf\nf: '0'\n", "x: [1, 2.5, null, ~]\n"],
+)
+def test_the_loader_without_omegaconf_reads_yaml_as_omegaconf_does(text):
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    from precision_plugin.configs.files import replica_loader
+
+    assert yaml.load(text, Loader=replica_loader()) == yaml.load(text, Loader=get_yaml_loader())
+    with pytest.raises(yaml.YAMLError):
+        yaml.load("a: 1\na: 2\n", Loader=replica_loader())

@@ -47,6 +47,19 @@ def dialect(program: str, how: str, data: Any, source: str = "cfg.yaml") -> Call
     return run
 
 
+def load(name: str, text: str | bytes, program: str = "verl") -> Callable[[Path], Any]:
+    """``configs.load`` of a file ``name`` holding ``text``."""
+
+    def run(tmp: Path) -> Any:
+        from precision_plugin.configs import DIALECTS, load
+
+        path = tmp / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return load(str(path), DIALECTS[program])
+
+    return run
+
+
 def override(text: str) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
         from precision_plugin.configs import VERL, parse_override
@@ -385,8 +398,8 @@ def rows(h: Any) -> list[dict[str, Any]]:
         "reader openrlhf argv a string",
         cfg,
         dialect("OpenRLHF", "argv", "--vllm.num_engines 2"),
-        "list of strings",
-        "shlex.split",
+        "expected a list of str",
+        "shlex.split(command_line)",
     )
     bad(
         "reader sglang switch with value",
@@ -592,6 +605,83 @@ def rows(h: Any) -> list[dict[str, Any]]:
         cfg,
         dialect("TRL", "map", {"max_completion_lenght": 64}, "GRPOConfig"),
         "did you mean 'max_completion_length'",
+    )
+
+    rollout = "actor_rollout_ref:\n  rollout:\n"
+    bad(
+        "load verl typo in ppo.yaml",
+        cfg,
+        load("ppo.yaml", rollout + "    dtpye: float16\n"),
+        "actor_rollout_ref.rollout.dtpye in ppo.yaml",
+        "did you mean 'actor_rollout_ref.rollout.dtype'",
+    )
+    bad(
+        "load verl quoted false",
+        cfg,
+        load("ppo.yaml", rollout + "    calculate_log_probs: 'false'\n"),
+        "calculate_log_probs in ppo.yaml",
+        "the string 'false'",
+    )
+    good(
+        "load verl yes is true",
+        cfg,
+        load("ppo.yaml", rollout + "    calculate_log_probs: yes\n"),
+        equals({"actor_rollout_ref": {"rollout": {"calculate_log_probs": True}}}),
+    )
+    bad(
+        "load verl duplicate key",
+        cfg,
+        load("ppo.yaml", rollout + "    dtype: float16\n    dtype: bfloat16\n"),
+        "'",
+        "ppo.yaml",
+        "duplicate key dtype",
+    )
+    bad(
+        "load verl tp quoted",
+        cfg,
+        load("ppo.yaml", rollout + "    tensor_model_parallel_size: '2'\n"),
+        "tensor_model_parallel_size in ppo.yaml",
+        "the string '2'",
+    )
+    bad(
+        "load missing file",
+        cfg,
+        lambda t: __import__("precision_plugin.configs", fromlist=["x"]).load(
+            str(t / "no.yaml"), __import__("precision_plugin.configs", fromlist=["x"]).VERL
+        ),
+        "no.yaml",
+        "does not exist",
+    )
+    bad("load a list", cfg, load("ppo.yaml", "- 1\n- 2\n"), "ppo.yaml", "holds a list")
+    bad("load not UTF-8", cfg, load("ppo.yaml", b"a: \xff\n"), "ppo.yaml", "not UTF-8")
+    bad(
+        "load deep YAML",
+        cfg,
+        load("ppo.yaml", "a: " + "[" * 3000 + "]" * 3000 + "\n"),
+        "ppo.yaml",
+        "nests deeper than 64 levels",
+    )
+    bad("load broken YAML", cfg, load("ppo.yaml", "a: [1, 2\n"), "ppo.yaml", "not valid YAML")
+    bad("load broken JSON", cfg, load("cfg.json", '{"a": }'), "cfg.json", "not valid JSON")
+    bad(
+        "load areal switch maybe",
+        cfg,
+        load("areal.yaml", "sglang:\n  enable_fp32_lm_head: maybe\n", "AReaL"),
+        "sglang.enable_fp32_lm_head in areal.yaml",
+        "OmegaConf refuses",
+    )
+    good(
+        "load areal off is false",
+        cfg,
+        load("areal.yaml", "sglang:\n  enable_fp32_lm_head: off\n", "AReaL"),
+        equals({"sglang": {"enable_fp32_lm_head": False}}),
+    )
+    bad(
+        "load sglang config typo",
+        cfg,
+        load("server.yaml", "kv-cache-dtpye: auto\n", "SGLang"),
+        "did you mean",
+        "server.yaml",
     )
 
     # -- the adapters, through the reader ---------------------------------------------------------
