@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from precision_plugin.errors import settle_conflict
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.frameworks import grad_scaler, mixed_precision
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy

@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 from precision_plugin.boundary import checked, dtype_like, torch_module
+from precision_plugin.master_copy import fp32_master_copy
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -90,6 +91,7 @@ def learner_side(
         "trainable_params": _param_dtypes(model, True),
         "frozen_params": _param_dtypes(model, False),
         "loss_scaler": scaler,
+        "fp32_master_weights": fp32_master_copy(trainer, model),
         "deepspeed": ds,
     }
 
@@ -203,7 +205,9 @@ def contradictions(
     Kinds are ``forward`` (the training forward's dtype), ``rollout`` (the dtype the rollout
     engine runs, or before it exists the one it was asked for, against the learner's),
     ``rollout_buffers`` (a rollout copy that rounded the buffers vLLM keeps in float32) and
-    ``trainable`` (non-fp32 trainable weights under a scaler).
+    ``trainable`` (non-fp32 trainable weights under a scaler, where no engine keeps a float32
+    master copy of them: DeepSpeed's fp16/bf16 optimizers and FSDP mixed precision do, see
+    [`fp32_master_copy`][precision_plugin.master_copy.fp32_master_copy]).
     """
     found: dict[str, str] = {}
     ran = learner.get("forward_dtype")
@@ -227,7 +231,9 @@ def contradictions(
             f"frequencies) in {sorted(rounded)}: positions are computed unlike vLLM's"
         )
     trainable = learner.get("trainable_params") or {}
-    if policy.uses_loss_scaler and learner.get("loss_scaler") and set(trainable) - {"float32"}:
+    master = learner.get("fp32_master_weights")
+    half = set(trainable) - {"float32"}
+    if policy.uses_loss_scaler and learner.get("loss_scaler") and half and not master:
         found["trainable"] = (
             f"learner: trainable parameters in {sorted(trainable)} under a loss scaler, which "
             f"needs float32 master weights ('Attempting to unscale FP16 gradients')"

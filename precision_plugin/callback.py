@@ -18,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from precision_plugin.boundary import checked, duck
-from precision_plugin.errors import settle_conflict
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.manager import call_each_reported, resolve_policy
 from precision_plugin.patching import track, untrack
 from precision_plugin.policy import PrecisionPolicy
@@ -96,7 +96,10 @@ class PrecisionCallback(TrainerCallback):
     own is one warning and the check or metric is skipped. What it changes on the model (fp32
     wrappers, detector and probe hooks) and trainer (telemetry wrappers) is undone at train end,
     by [`release`][precision_plugin.callback.PrecisionCallback.release], by
-    ``precision_plugin.disable()``, and, with ``enable()``, when ``train()`` raises.
+    ``precision_plugin.disable()``, and when ``train()`` raises: with ``enable()`` through its
+    ``Trainer.train`` wrapper, without it through the trainer's own ``train``, which the callback
+    wraps when the trainer is built (``on_init_end``; a callback added later with
+    ``add_callback`` guards the trainer's following ``train()`` calls).
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
@@ -109,6 +112,8 @@ class PrecisionCallback(TrainerCallback):
         self._overflow = _OverflowWatch()
         self._args: Any = None
         self._model: Any = None
+        #: (the trainer whose ``train`` is guarded, weakly; the patcher of that guard or None)
+        self._train_guard: tuple[Callable[[], Any], Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer reference, hooks and the fp32 fallback belong to this process only.
@@ -118,6 +123,7 @@ class PrecisionCallback(TrainerCallback):
             "_probe": None,
             "_overflow": _OverflowWatch(),
             "_model": None,
+            "_train_guard": None,
         }
 
     @property
@@ -156,14 +162,34 @@ class PrecisionCallback(TrainerCallback):
             hook, policy=self.policy, strictness=self.policy.strictness, **kwargs
         )
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        model = kwargs.get("model")
-        self._args, self._model = args, model
-        with self._shield("the train-begin checks"):
-            if self.trainer is None:  # without enable(): the trainer calling this callback
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The end of Trainer.__init__: without enable(), bind the trainer being built and guard
+        # its train() so an exception inside it undoes this callback's changes.
+        self._bind_calling_trainer()
+
+    def _bind_calling_trainer(self) -> None:
+        """Bind the trainer calling this callback (without ``enable()`` nothing else does), then
+        guard its ``train()`` (see [`guard_train`][precision_plugin.train_guard.guard_train])."""
+        with self._shield("finding the trainer"):
+            if self.trainer is None:
                 trainer = _calling_trainer(self)
                 if trainer is not None:
                     self.bind(trainer)
+        with self._shield("guarding train() against exceptions"):
+            trainer = self.trainer
+            guarded, patcher = self._train_guard or (_no_trainer, None)
+            if trainer is not None and guarded() is not trainer:
+                from precision_plugin.train_guard import guard_train
+
+                if patcher is not None:  # the callback moved to another trainer
+                    patcher.restore()
+                self._train_guard = (weakref.ref(trainer), guard_train(trainer, self.release))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        self._args, self._model = args, model
+        self._bind_calling_trainer()
+        with self._shield("the train-begin checks"):
             self._hooks(
                 "precision_train_begin", args=args, state=state, model=model, trainer=self.trainer
             )
@@ -403,7 +429,7 @@ def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
     config = getattr(model, "config", None)
     if not policy.is_fp16 or not hasattr(config, "to_dict"):
         return
-    from precision_plugin.vllm.models import check_model_config
+    from precision_plugin.model_risks import check_model_config
 
     findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
     if policy.overflow.detect == "off":

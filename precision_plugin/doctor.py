@@ -203,6 +203,10 @@ def run_doctor(
     scope = frameworks_in_use(frameworks, found) if frameworks is not None else None
     report = DoctorReport(policy, installed_versions(), acc, frameworks=scope)
     report.findings.extend(core_findings(policy, acc))
+    from precision_plugin.manager import get_plugin_manager
+    from precision_plugin.plugin_check import plugin_findings
+
+    report.findings.extend(plugin_findings(get_plugin_manager()))
     for finding in found:
         if scope is not None and finding.status == "error" and finding.framework not in scope:
             finding = replace(

@@ -5,8 +5,6 @@ Every message says what was asked, what was found, and how to fix it.
 
 from __future__ import annotations
 
-import logging
-
 
 class PrecisionPluginError(Exception):
     """Base class of every error the plugin raises on purpose."""
@@ -60,6 +58,11 @@ class AdapterInstallError(PrecisionPluginError, RuntimeError):
         )
 
 
+class PluginHookError(PrecisionPluginError, RuntimeError):
+    """A registered plugin implements a hook no spec defines (a misspelt hook name), found by
+    pluggy's ``check_pending()`` when ``enable()`` runs under ``strictness="error"``."""
+
+
 class LossScaleAtMinimumError(PrecisionPluginError, RuntimeError):
     """The dynamic loss scale sat at its floor while steps kept overflowing."""
 
@@ -89,21 +92,11 @@ class ForwardOverflowError(PrecisionPluginError, RuntimeError):
         self.kind = kind
 
 
-# After the classes: the boundary raises PrecisionConfigError.
-from precision_plugin.boundary import checked, policy_field  # noqa: E402
+def __getattr__(name: str) -> object:
+    """``precision_plugin.errors.settle_conflict`` (its public path) lives in
+    :mod:`precision_plugin.conflicts` now: errors imports nothing of the package at import time."""
+    if name == "settle_conflict":
+        from precision_plugin.conflicts import settle_conflict
 
-
-@checked(strictness=policy_field("strictness"))
-def settle_conflict(strictness: str, message: str, *, fix: str, outcome: str) -> None:
-    """Settle a user setting that contradicts the policy: refuse it, or say what runs instead.
-
-    ``strictness="error"`` raises
-    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] ("precision_plugin:
-    MESSAGE. Fix: FIX."); ``"warn"`` logs a warning ("precision_plugin: MESSAGE; OUTCOME."), where
-    ``outcome`` says what the plugin runs instead (or why it cannot change it).
-    """
-    if strictness == "error":
-        raise PrecisionMismatchError(
-            f"precision_plugin: {message} (strictness='error'). Fix: {fix}."
-        )
-    logging.getLogger("precision_plugin").warning("precision_plugin: %s; %s.", message, outcome)
+        return settle_conflict
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_plugin.boundary import checked, non_empty, policy_field
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.dtypes import dtype_label, spellings
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 
@@ -233,11 +235,7 @@ def openrlhf_learner_dtype(param_dtype: str) -> str | None:
 #: decided from the checkpoint (``precision_plugin.sglang.auto_dtype``). SGLang has no ``fp16``.
 SGLANG_DTYPE_CHOICES: dict[str, str | None] = {
     "auto": None,
-    "half": "float16",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float": "float32",
-    "float32": "float32",
+    **spellings(("half", "float16", "bfloat16", "float", "float32")),
 }
 
 
@@ -259,8 +257,7 @@ def sglang_runs(value: Any) -> str | None:
     if value is None:
         return None
     if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
-        name = str(value).removeprefix("torch.")
-        return {"half": "float16", "float": "float32"}.get(name, name)
+        return dtype_label(value)
     key = str(value).strip().lower()
     if key not in SGLANG_DTYPE_CHOICES:
         raise PrecisionConfigError(

@@ -207,6 +207,9 @@ def enable(
             f"enable(skip_adapters=...): unknown adapter(s) {sorted(unknown)}; registered "
             f"adapters: {adapter_names()}."
         )
+    from precision_plugin.plugin_check import check_plugins
+
+    check_plugins(get_plugin_manager(), strict=new.strictness == "error")
     with _lock:
         previous = _active
         if previous is not None:

@@ -18,34 +18,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from precision_plugin.boundary import self_checked
+from precision_plugin.boundary import Coercion, real_number, register_coercion, self_checked
+from precision_plugin.dtypes import (  # noqa: F401 (re-exported: the policy's public names)
+    DTYPE_ALIASES as _DTYPE_ALIASES,
+)
+from precision_plugin.dtypes import (
+    DTypeName,
+    normalize_dtype,
+    torch_dtype,
+)
 from precision_plugin.errors import PrecisionConfigError
 
 #: Environment variable read by
 #: [`PrecisionPolicy.from_env`][precision_plugin.policy.PrecisionPolicy.from_env] (and by vLLM
 #: processes).
 ENV_VAR = "PRECISION_PLUGIN"
-
-DTypeName = Literal["float16", "bfloat16", "float32"]
-SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
-
-_DTYPE_ALIASES: dict[str, str] = {
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "f16": "float16",
-    "torch.float16": "float16",
-    "torch.half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "torch.bfloat16": "bfloat16",
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "f32": "float32",
-    "torch.float32": "float32",
-    "torch.float": "float32",
-}
 
 #: Largest finite float32 (torch's GradScaler keeps the scale in a float32 tensor) and the
 #: smallest positive normal one: a scale setting outside them becomes inf or 0 where it is used.
@@ -56,31 +43,6 @@ INT64_MAX = 2**63 - 1
 
 _ENV_OFF = {"", "0", "false", "off", "no", "none", "disable", "disabled"}
 _ENV_DEFAULT = {"1", "true", "on", "yes", "enable", "enabled"}
-
-
-def normalize_dtype(value: Any, *, field_name: str = "dtype") -> str:
-    """Return the canonical dtype name (``float16``/``bfloat16``/``float32``) for ``value``.
-
-    Accepts the canonical names, the aliases fp16/half/bf16/fp32/float, and ``torch.dtype``
-    objects. Anything else (fp8, int8, "auto", ...) raises ``PrecisionConfigError``.
-    """
-    key = str(value).strip().lower() if value is not None else ""
-    canonical = _DTYPE_ALIASES.get(key)
-    if canonical is None:
-        raise PrecisionConfigError(
-            f"{field_name}: {value!r} is not a supported precision. Allowed: "
-            f"{', '.join(SUPPORTED_DTYPES)} (aliases fp16/half, bf16, fp32/float, or the "
-            f"matching torch dtype). fp8/int8 and 'auto' are not training precisions this "
-            f"plugin enforces; pick float16 (recommended for RL) or bfloat16."
-        )
-    return canonical
-
-
-def torch_dtype(name: str) -> Any:
-    """Return the ``torch.dtype`` for a canonical or aliased dtype name."""
-    import torch
-
-    return getattr(torch, normalize_dtype(name))
 
 
 def _help(text: str) -> dict[str, str]:
@@ -560,17 +522,6 @@ def parse_json(text: str) -> Any:
     return data
 
 
-def real_number(value: Any) -> float | None:
-    """``value`` as a float when it is an ``int`` or ``float`` (not a ``bool``; an int too large
-    for a float is ``inf``), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
-
-
 def _string_tuple(value: Any, where: str) -> tuple[str, ...]:
     """A list/tuple of non-empty strings (JSON gives a list), as a tuple; a lone string is refused
     (it would be read as one pattern per character)."""
@@ -631,3 +582,23 @@ def field_help(cls: type = PrecisionPolicy, prefix: str = "") -> list[tuple[str,
         default = f.default if f.default is not dataclasses.MISSING else None
         rows.append((prefix + f.name, default, f.metadata.get("help", "")))
     return rows
+
+
+def _build_policy(value: Any) -> PrecisionPolicy:
+    if isinstance(value, PrecisionPolicy):
+        return value
+    if isinstance(value, Mapping):
+        return PrecisionPolicy.from_dict(value)
+    return PrecisionPolicy(dtype=value)
+
+
+def _field_value(path: str, value: Any) -> Any:
+    section, _, name = path.rpartition(".")
+    data: dict[str, Any] = {name: value}
+    policy = PrecisionPolicy.from_dict({section: data} if section else data)
+    return getattr(getattr(policy, section) if section else policy, name)
+
+
+# The checker builds every parameter typed ``PrecisionPolicy`` (and checks ``policy_field``s)
+# through these: registered here so the checker never imports the policy.
+register_coercion("policy", Coercion(PrecisionPolicy, _build_policy, _field_value))

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.errors import settle_conflict
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.frameworks import TrainerFlags, flags_of, settle_once, trainer_flags
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy

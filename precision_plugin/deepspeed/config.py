@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import checked, fix_hint
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import (
     DS_BF16,
     DS_FP16,

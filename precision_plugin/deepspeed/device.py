@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from precision_plugin.errors import settle_conflict
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")

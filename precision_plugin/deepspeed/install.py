@@ -13,10 +13,10 @@ from typing import Any
 
 from precision_plugin import frameworks
 from precision_plugin.buffers import float32_buffers, keep_float32_buffers
+from precision_plugin.conflicts import settle_conflict
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
 from precision_plugin.deepspeed.device import build_notice, check_engine_dtype, pending_cpu_build
 from precision_plugin.deepspeed.telemetry import track_engine
-from precision_plugin.errors import settle_conflict
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.versions import installed_version

@@ -20,7 +20,10 @@ from packaging.version import Version
 
 from precision_plugin import frameworks
 from precision_plugin.boundary import Invalid, Validator, checked, version_text
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.config_lookup import lookup
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.dtypes import SUPPORTED_DTYPES
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -40,11 +43,10 @@ from precision_plugin.openrlhf.layout import (
 )
 from precision_plugin.policy import ENV_VAR, LossScalerSettings, PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin.verl.check import lookup
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()
-_TORCH = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+_TORCH = {name: f"torch.{name}" for name in SUPPORTED_DTYPES}
 
 
 def arg(args: Any, key: str, default: Any = None) -> Any:
@@ -318,7 +320,7 @@ def _engines(
 
 
 def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
-    from precision_plugin.vllm.models import check_model_config, config_json_for
+    from precision_plugin.model_risks import check_model_config, config_json_for
 
     path = config_json_for(arg(args, MODEL))
     if path is None or not arg(args, NUM_ENGINES):

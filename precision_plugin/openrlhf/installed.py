@@ -20,13 +20,15 @@ from packaging.version import Version
 
 from precision_plugin import versions
 from precision_plugin.boundary import checked
+from precision_plugin.dtypes import spellings
 
 PARSER_FILE = "cli/train_ppo_ray.py"
 ENGINE_FILE = "trainer/ray/vllm_engine.py"
 WORKER_FILE = "trainer/ray/vllm_worker_wrap.py"
 ACTOR_FILE = "trainer/ray/ppo_actor.py"
 
-_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+#: The ``torch.<name>`` attributes (and strings) read as a dtype, through the one vocabulary.
+_TORCH_DTYPES = spellings(("bfloat16", "float16", "half"))
 
 
 @checked

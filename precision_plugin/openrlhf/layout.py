@@ -23,12 +23,12 @@ Read from the released wheels 0.9.10 - 0.11.2 (``openrlhf/cli/train_ppo_ray.py``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from precision_plugin import versions
 from precision_plugin.boundary import checked, version_text
+from precision_plugin.builders import built_by_openrlhf  # noqa: F401 (its public path here)
 from precision_plugin.errors import PrecisionConfigError
 
 #: First release with the hierarchical command line (``--ds.param_dtype``).
@@ -128,10 +128,3 @@ def layout(version: str | Version | None = None) -> Layout:
             f"fp16/bf16 yourself and export PRECISION_PLUGIN for its engines."
         )
     return Layout(v)
-
-
-def built_by_openrlhf(engine_args: Any) -> bool:
-    """True for a vLLM ``EngineArgs`` that OpenRLHF's ``create_vllm_engines`` built (its
-    ``dtype="bfloat16"`` is then OpenRLHF's hard-coded value, not a request of the user)."""
-    extension = getattr(engine_args, "worker_extension_cls", None)
-    return isinstance(extension, str) and extension.startswith("openrlhf.")

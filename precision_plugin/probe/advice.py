@@ -1,8 +1,8 @@
 """What the measured mismatch does to RL at the user's length, and what to do about it.
 
 For each dtype the probe's sampled tokens give the consequence metrics
-([`precision_plugin.consequence`][precision_plugin.consequence]: the effective sample size, the
-share of sequences TRL's and verl's default sequence masks drop, the share of tokens a TIS
+([`precision_plugin.consequence`][precision_plugin.metrics.consequence]: the effective sample
+size, the share of sequences TRL's and verl's default sequence masks drop, the share of tokens a TIS
 clip at 2.0 clips), over all sequences and per length bucket. A random walk with drift fitted
 to the sequence log-ratios carries them to ``target_length`` with a 90 % interval, and a
 verdict per dtype and one what-to-do line follow from documented thresholds:

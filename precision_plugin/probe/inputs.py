@@ -101,10 +101,28 @@ TOKENIZER_FILES = (
 )
 
 
+# A Hub model id: "name" or "owner/name" (letters, digits, '-', '_', '.'; no path syntax).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a Hugging Face Hub id (``owner/name``) rather than a path."""
+    return bool(_HUB_ID.fullmatch(text)) and ".." not in text and not text.startswith(".")
+
+
 @checked
 def check_model_dir(path: str | os.PathLike[str]) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
     folder = Path(path).expanduser()
+    if not folder.exists() and looks_like_hub_id(str(path)):
+        raise PrecisionConfigError(
+            f"model: {path!r} does not exist as a local folder; it looks like a Hugging Face Hub "
+            f"id, and the probe downloads nothing. Fetch the checkpoint once on a machine with "
+            f"network: `hf download {path} --local-dir ./{Path(str(path)).name}` (the "
+            f"huggingface_hub CLI; `huggingface-cli download` in versions before 1.0), or in "
+            f"Python AutoModelForCausalLM.from_pretrained({str(path)!r}).save_pretrained(PATH) "
+            f"and the same for AutoTokenizer; then pass --model with that folder."
+        )
     if not folder.exists():
         raise PrecisionConfigError(
             f"model: {path!r} does not exist; pass a local HF checkpoint folder (config.json, "

@@ -48,7 +48,7 @@ class LengthEffect:
 
     ``drift_per_1k`` is 1000 × the token mean of log π − log μ (−1000·k1; E_μ[Σ(log π − log μ)]
     = −L·KL(μ‖π)), ``drift_per_1k_se`` its standard error with sequences as the units (see
-    [`drift_per_1k`][precision_plugin.mismatch.drift_per_1k]). ``slope_per_1k`` and
+    [`drift_per_1k`][precision_plugin.metrics.mismatch.drift_per_1k]). ``slope_per_1k`` and
     ``slope_stderr_per_1k`` fit the sequence log-ratio against length by least squares: the
     same drift where the per-token mismatch does not change with position, estimated far less
     precisely (NaN below 3 sequences or 2 distinct lengths).

@@ -39,7 +39,7 @@ def check_overflow(
     ``model_type`` check of the checkpoint at ``path`` for a float16 policy."""
     import torch
 
-    from precision_plugin.vllm.models import check_model_config
+    from precision_plugin.model_risks import check_model_config
 
     device = next(model.parameters()).device
     batches = [torch.tensor([ids], device=device) for ids in prompts]

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from precision_plugin.sanity.schema import COLLAPSE_DROP, PRESETS, SUMMARY_FIELDS
+from precision_plugin.sanity.fields import COLLAPSE_DROP, PRESETS, SUMMARY_FIELDS
 
 #: Final-window accuracy this far below float32's (same seed) counts as degraded.
 MARGIN = 0.10

@@ -5,7 +5,9 @@ seed. Left, the GRPO training accuracy (the paper's sanity-test curve; a trailin
 few steps, since one step holds only prompts × generations samples); middle, the online
 train/rollout k3 KL on a log axis (the paper's ``kl_sample_train``); right, 1 − the cosine
 between the plain and the importance-corrected policy gradient (log axis) when the readout ran,
-else the largest per-token probability gap.
+else the largest per-token probability gap; last, when the steps logged it, 1 − the effective
+sample size of the batch's sequence importance weights (log axis; ``precision/ess``, what an
+importance-sampling correction would keep of the batch).
 """
 
 from __future__ import annotations
@@ -54,9 +56,43 @@ def _value(step: dict[str, Any], field: str) -> float | None:
     if field == "one_minus_cosine":
         cos = step.get("grad_cosine")
         value = None if cos is None else max(1.0 - cos, 1e-12)
+    elif field == "one_minus_ess":
+        ess = (step.get("telemetry") or {}).get("ess")
+        value = None if ess is None else max(1.0 - ess, 1e-12)
     else:
         value = step.get(field)
     return value if value is not None and math.isfinite(value) else None
+
+
+def _logged(data: dict[str, Any], read: Any) -> bool:
+    return any(
+        read(s) is not None
+        for seed in data["seeds"]
+        for run in seed["runs"].values()
+        for s in run["steps"]
+    )
+
+
+def panels(data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The figure's panels for a sanity document: ``(field, title, y scale)`` each."""
+    smooth = smoothing(data["config"]["steps"])
+    has_cosine = _logged(data, lambda s: s.get("grad_cosine"))
+    third = (
+        ("one_minus_cosine", "1 − cos(plain PG, importance-corrected PG)", "log")
+        if has_cosine
+        else ("prob_diff_max", "max |p_train − p_rollout| (precision/prob_diff_max)", "log")
+    )
+    chosen = [
+        ("accuracy", "training accuracy" + (f" ({smooth}-step mean)" if smooth > 1 else ""),
+         "linear"),
+        ("k3_kl", "train/rollout k3 KL (precision/k3_kl)", "log"),
+        third,
+    ]  # fmt: skip
+    if _logged(data, lambda s: (s.get("telemetry") or {}).get("ess")):
+        chosen.append(
+            ("one_minus_ess", "1 − ESS of the sequence IS weights (precision/ess)", "log")
+        )
+    return chosen
 
 
 def plot_sanity(result: Any, path: str | Path) -> Path:
@@ -67,25 +103,9 @@ def plot_sanity(result: Any, path: str | Path) -> Path:
     data = result if isinstance(result, dict) else result.to_dict()
     config = data["config"]
     smooth = smoothing(config["steps"])
-    has_cosine = any(
-        s.get("grad_cosine") is not None
-        for seed in data["seeds"]
-        for run in seed["runs"].values()
-        for s in run["steps"]
-    )
-    third = (
-        ("one_minus_cosine", "1 − cos(plain PG, importance-corrected PG)", "log")
-        if has_cosine
-        else ("prob_diff_max", "max |p_train − p_rollout| (precision/prob_diff_max)", "log")
-    )
-    panels = (
-        ("accuracy", "training accuracy" + (f" ({smooth}-step mean)" if smooth > 1 else ""),
-         "linear"),
-        ("k3_kl", "train/rollout k3 KL (precision/k3_kl)", "log"),
-        third,
-    )  # fmt: skip
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (field, name, scale) in zip(axes, panels, strict=True):
+    chosen = panels(data)
+    fig, axes = plt.subplots(1, len(chosen), figsize=(5 * len(chosen), 4.2))
+    for ax, (field, name, scale) in zip(axes, chosen, strict=True):
         for dtype in config["dtypes"]:
             points = series(data, dtype, field, smooth if field == "accuracy" else 1)
             if scale == "log":

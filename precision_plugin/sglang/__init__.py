@@ -26,13 +26,11 @@ entry point and its hooks), ``slime``, ``areal``, ``doctor`` and ``adapter``. SG
 imported only inside its own processes, by the entry point.
 """
 
-from precision_plugin.sglang.areal import areal_overrides, check_areal_config
 from precision_plugin.sglang.args import LaunchSettings, read_server_args, server_args
 from precision_plugin.sglang.check import check_server_args
 from precision_plugin.sglang.checkpoint import auto_dtype
 from precision_plugin.sglang.plugin import general_plugin
 from precision_plugin.sglang.server import verify_server
-from precision_plugin.sglang.slime import check_slime_args, slime_args
 
 __all__ = [
     "LaunchSettings",
@@ -47,3 +45,17 @@ __all__ = [
     "slime_args",
     "verify_server",
 ]
+
+
+
+def __getattr__(name: str) -> object:
+    """slime's and AReaL's names under their public path ``precision_plugin.sglang``."""
+    if name in ("areal_overrides", "check_areal_config"):
+        from precision_plugin.sglang import areal
+
+        return getattr(areal, name)
+    if name in ("slime_args", "check_slime_args"):
+        from precision_plugin.sglang import slime
+
+        return getattr(slime, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

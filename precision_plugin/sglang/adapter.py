@@ -13,12 +13,6 @@ from precision_plugin.report import Finding
 
 
 @hookimpl
-def precision_adapter_name() -> str:
-    """This adapter's short name."""
-    return "sglang"
-
-
-@hookimpl
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     """SGLang's version, its entry point, and the traps of this environment."""
     from precision_plugin.sglang.doctor import doctor_findings

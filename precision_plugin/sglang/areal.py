@@ -26,28 +26,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.config_lookup import lookup
+from precision_plugin.dtypes import dtype_label
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.serving import settle_findings
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
-from precision_plugin.verl.check import lookup
 
 #: AReaL's learner sections with a ``dtype`` and a ``backend``.
 LEARNERS = ("actor", "ref", "critic")
-
-
-def _dtype_name(raw: str) -> str:
-    """The canonical name of a learner dtype (``half`` is float16), through the one dtype
-    normalisation; a name it does not know is kept, and reported as what runs."""
-    from precision_plugin.errors import PrecisionConfigError
-    from precision_plugin.policy import normalize_dtype
-
-    try:
-        return normalize_dtype(raw)
-    except PrecisionConfigError:
-        return raw
 
 
 @checked
@@ -101,7 +90,7 @@ def check_areal_config(
         if section is None:
             continue
         raw = str(lookup(section, "dtype", "bfloat16"))
-        runs = _dtype_name(raw)
+        runs = dtype_label(raw)  # 'half', 'BF16', 'fp16': one vocabulary
         if runs != pol.dtype:
             findings.append(
                 Finding(

@@ -15,6 +15,7 @@ from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import sglang_runs
 from precision_plugin.manager import resolve_policy
+from precision_plugin.model_risks import VLLM_FP16_REFUSED, check_model_config
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.serving import settle_findings
@@ -26,7 +27,6 @@ from precision_plugin.sglang.checkpoint import (
     is_dsa,
     local_config,
 )
-from precision_plugin.vllm.models import VLLM_FP16_REFUSED, check_model_config
 
 FRAMEWORK = "sglang"
 #: The environment variable that makes SGLang replace NaN/inf logits (``utils/async_probe.py``).

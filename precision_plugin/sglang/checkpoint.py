@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.dtypes import spellings
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.vllm.models import config_json_for, load_model_config
+from precision_plugin.model_risks import config_json_for, load_model_config
 
 #: ``sglang/srt/arg_groups/model_override_base.py`` ``MODEL_OVERRIDES``: "These models require
 #: bfloat16 regardless of the requested dtype".
@@ -45,13 +46,7 @@ DSA_ARCHITECTURES: frozenset[str] = frozenset(
 )
 #: ``_STR_DTYPE_TO_TORCH_DTYPE`` of ``configs/model_config.py``: the checkpoint dtype strings
 #: SGLang understands; anything else reads as unset (float32).
-_STORED = {
-    "half": "float16",
-    "float16": "float16",
-    "float": "float32",
-    "float32": "float32",
-    "bfloat16": "bfloat16",
-}
+_STORED = spellings(("half", "float16", "float", "float32", "bfloat16"))
 
 
 def architecture(config: Mapping[str, Any]) -> str | None:

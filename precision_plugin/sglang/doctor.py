@@ -58,9 +58,10 @@ def doctor_findings(
             Finding(
                 FRAMEWORK,
                 "warning",
-                f"the {ENTRY_POINT_GROUP} entry point is not registered (an editable or partial "
+                f"the {ENTRY_POINT_GROUP} entry point is not registered (a partial or stale "
                 f"install?), so SGLang's processes neither set nor verify the dtype",
-                fix="pip install precision_plugin (a regular install) where SGLang runs",
+                fix="pip install <path to the precision_plugin repository> (or a wheel built "
+                "from it) where SGLang runs",
             )
         )
     elif allowed and ENTRY_POINT_NAME not in allowed:

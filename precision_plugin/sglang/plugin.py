@@ -39,9 +39,11 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin.boundary import checked
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.frameworks import sglang_dtype, sglang_runs
-from precision_plugin.manager import requested_policy
+from precision_plugin.manager import get_plugin_manager, requested_policy
+from precision_plugin.plugin_check import log_pending_hooks
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.serving import settle_findings
 from precision_plugin.sglang.args import read_server_args
@@ -225,4 +227,5 @@ def register_hooks() -> list[str]:
 def general_plugin() -> None:
     """The ``sglang.srt.plugins`` entry point (SGLang's ``load_plugins()`` calls it in each of
     its processes). Does nothing unless ``PRECISION_PLUGIN`` is set or ``enable()`` ran."""
-    register_hooks()
+    if register_hooks():
+        log_pending_hooks(get_plugin_manager, "SGLang process")

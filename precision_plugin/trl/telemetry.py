@@ -13,11 +13,11 @@ trainer for the length of ``train()`` (``attach``). The mask is TRL's ``completi
 (times ``tool_mask``). Each rollout slice is counted once even when TRL reuses it
 (``num_iterations > 1``); evaluation batches are not counted.
 
-Per process the wrappers add [`mismatch_sums`][precision_plugin.mismatch.mismatch_sums] and
-[`consequence_sums`][precision_plugin.consequence.consequence_sums] (the effective sample size,
-the shares TRL's and verl's sequence masks drop, the share of tokens a TIS clip at 2.0 clips);
-at a due log every process gathers them, so the figures are token-weighted over the whole
-batch and two processes report what one process reports on the same data.
+Per process the wrappers add [`mismatch_sums`][precision_plugin.metrics.mismatch.mismatch_sums] and
+[`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums] (the effective
+sample size, the shares TRL's and verl's sequence masks drop, the share of tokens a TIS clip
+at 2.0 clips); at a due log every process gathers them, so the figures are token-weighted over
+the whole batch and two processes report what one process reports on the same data.
 """
 
 from __future__ import annotations

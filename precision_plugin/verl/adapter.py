@@ -8,12 +8,6 @@ from precision_plugin.report import Finding
 
 
 @hookimpl
-def precision_adapter_name() -> str:
-    """This adapter's short name."""
-    return "verl"
-
-
-@hookimpl
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     """verl's version, its default config against the policy, and the worker hook."""
     from precision_plugin.verl.doctor import doctor_findings

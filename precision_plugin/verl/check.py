@@ -10,15 +10,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version
 
 from precision_plugin.boundary import Invalid, Validator, checked, one_of, version_text
+from precision_plugin.config_lookup import MISSING as _MISSING
+from precision_plugin.config_lookup import UNSET as _UNSET
+from precision_plugin.config_lookup import lookup, vars_of
+from precision_plugin.config_lookup import raw_value as _raw
 from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
+from precision_plugin.verl.contradiction import Contradiction
 from precision_plugin.verl.layout import (
     NEW_ENGINE_SINCE,
     ROLLOUT,
@@ -34,69 +38,10 @@ from precision_plugin.verl.layout import (
 
 log = logging.getLogger("precision_plugin")
 
-_MISSING: Any = object()
 _FIX = "append $(precision-plugin verl-overrides) to the verl command line"
 #: verl's FSDP engine (>= 0.8) and legacy critic use bf16 when mixed_precision is unset.
 _FSDP_DEFAULT = "bfloat16"
 _ROLE_NAMES = {"actor": "actor (learner)", "ref": "reference model", "critic": "critic"}
-
-
-@checked
-@dataclass(frozen=True)
-class Contradiction:
-    """One place where the config contradicts the policy: the key, what it does, the fix."""
-
-    key: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.message} [{self.key}] (fix: {self.fix})"
-
-
-def lookup(cfg: Any, path: str, default: Any = None) -> Any:
-    """``cfg``'s value at dotted ``path``, through mappings and attributes alike, or ``default``.
-
-    A missing key, a ``None`` on the way, an unresolvable interpolation or a mandatory ``???``
-    value all count as absent.
-    """
-    node = cfg
-    for part in path.split("."):
-        if node is None:
-            return default
-        try:
-            if isinstance(node, Mapping):
-                node = node.get(part, _MISSING)
-            else:
-                node = getattr(node, part, _MISSING)
-        except Exception:  # OmegaConf: missing mandatory value, bad interpolation
-            return default
-        if node is _MISSING:
-            return default
-    return node
-
-
-_UNSET: Any = object()
-
-
-def _raw(cfg: Any, path: str) -> Any:
-    """The value at ``path``: ``_MISSING`` when absent, ``_UNSET`` when it is a mandatory value
-    not set yet (``???``, which OmegaConf raises on when read)."""
-    node = cfg
-    for part in path.split("."):
-        if node is None:
-            return _MISSING
-        try:
-            node = (
-                node.get(part, _MISSING)
-                if isinstance(node, Mapping)
-                else getattr(node, part, _MISSING)
-            )
-        except Exception as exc:  # OmegaConf: MissingMandatoryValue, a bad interpolation
-            return _UNSET if type(exc).__name__ == "MissingMandatoryValue" else _MISSING
-        if node is _MISSING:
-            return _MISSING
-    return _UNSET if node == "???" else node
 
 
 def _unset(key: str, role: str) -> Contradiction:
@@ -129,14 +74,6 @@ def _verl_config(cfg: Any) -> Any:
             f"config; pass the whole composed config"
         )
     return cfg
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    """An object's attributes (a verl config dataclass's fields), ``{}`` for other objects."""
-    try:
-        return dict(vars(obj))
-    except TypeError:
-        return {}
 
 
 _VERL_CONFIG = Validator("the whole composed verl config", _verl_config)

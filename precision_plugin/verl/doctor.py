@@ -80,9 +80,12 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 "ok" if registered else "warning",
                 "verl.plugins entry point registered: each verl worker checks its config"
                 if registered
-                else "the verl.plugins entry point is not registered (an editable or partial "
+                else "the verl.plugins entry point is not registered (a partial or stale "
                 "install?), so verl workers do not check their config",
-                fix="" if registered else "pip install precision_plugin (a regular install)",
+                fix=""
+                if registered
+                else "pip install <path to the precision_plugin repository> (or a wheel "
+                "built from it) in this environment",
             )
         )
     else:

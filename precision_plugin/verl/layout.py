@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from precision_plugin import versions
 from precision_plugin.boundary import checked, one_of, version_text
+from precision_plugin.dtypes import SHORT_NAMES, SUPPORTED_DTYPES, dtype_label, spellings
 from precision_plugin.errors import PrecisionConfigError
 
 #: First release without the legacy FSDP workers (verl#6067).
@@ -69,20 +70,11 @@ VLLM_ENGINE_KWARGS = f"{ROLLOUT}.engine_kwargs.vllm"
 RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 #: verl's spellings: ``dtype`` fields take torch names, ``mixed_precision`` short ones.
-LONG_NAME = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
-SHORT_NAME = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_CANONICAL = {
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "16": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "32": "float32",
-}
+LONG_NAME = {name: name for name in SUPPORTED_DTYPES}
+SHORT_NAME = dict(SHORT_NAMES)
+#: Every spelling verl reads, mapped through the one vocabulary (``precision_plugin.dtypes``).
+_CANONICAL = spellings(("float16", "fp16", "half", "16", "bfloat16", "bf16", "float32", "fp32",
+                        "float", "32"))  # fmt: skip
 
 
 @checked
@@ -90,8 +82,7 @@ def canonical_dtype(value: object) -> str | None:
     """verl's many spellings of a dtype (``fp16``, ``float16``, 16, ``torch.float16``) -> one."""
     if value is None:
         return None
-    text = str(value).strip().lower().removeprefix("torch.")
-    return _CANONICAL.get(text, text)
+    return dtype_label(value)
 
 
 @checked

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from precision_plugin.errors import PrecisionPluginError
+from precision_plugin.manager import get_plugin_manager
 from precision_plugin.patching import Patcher
+from precision_plugin.plugin_check import log_pending_hooks
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.verl.check import Contradiction, find_contradictions, settle
 
@@ -107,6 +109,7 @@ def _load() -> None:
     try:
         if install():
             log.info("precision_plugin: verl config sections are checked in this process")
+            log_pending_hooks(get_plugin_manager, "verl process")
     except PrecisionPluginError as exc:
         log.warning("precision_plugin: the verl plugin is not active: %s", exc)
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from precision_plugin.config_lookup import lookup
 from precision_plugin.frameworks import sglang_dtype
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import trap_findings
-from precision_plugin.verl.check import Contradiction, lookup
+from precision_plugin.verl.contradiction import Contradiction
 from precision_plugin.verl.layout import RAY_ENV_VARS, ROLLOUT
 
 SGLANG_ENGINE_KWARGS = f"{ROLLOUT}.engine_kwargs.sglang"

@@ -22,6 +22,7 @@ vLLM processes and the general plugin), ``server`` (what a running engine or ser
 vLLM itself is imported lazily, inside functions.
 """
 
+from precision_plugin.model_risks import check_model_config
 from precision_plugin.vllm.cascade import CascadeDecision, cascade_decision
 from precision_plugin.vllm.enforce import (
     enforce_on_engine_args,
@@ -37,7 +38,6 @@ from precision_plugin.vllm.engine import (
     rollout_gpu_capability,
     vllm_version,
 )
-from precision_plugin.vllm.models import check_model_config
 from precision_plugin.vllm.server import verify_engine, verify_server
 
 __all__ = [

@@ -110,7 +110,8 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 "warning",
                 "The vllm.general_plugins entry point of precision_plugin is not registered: "
                 "vllm serve / trl vllm-serve processes will not be reached.",
-                fix="reinstall precision_plugin (pip install precision_plugin)",
+                fix="reinstall precision_plugin (pip install <path to the precision_plugin "
+                "repository>, or a wheel built from it)",
             )
         )
     allowed = os.environ.get("VLLM_PLUGINS")

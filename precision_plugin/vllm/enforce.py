@@ -14,10 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.builders import built_by_openrlhf
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.manager import adapter_patcher, requested_policy, resolve_policy
-from precision_plugin.openrlhf.layout import built_by_openrlhf
+from precision_plugin.manager import (
+    adapter_patcher,
+    get_plugin_manager,
+    requested_policy,
+    resolve_policy,
+)
+from precision_plugin.model_risks import check_engine_model
 from precision_plugin.patching import Patcher, is_patched
+from precision_plugin.plugin_check import log_pending_hooks
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
     MANAGED,
@@ -30,7 +37,6 @@ from precision_plugin.vllm.engine import (
     resolve_engine_kwargs,
     vllm_version,
 )
-from precision_plugin.vllm.models import check_engine_model
 
 log = logging.getLogger("precision_plugin")
 
@@ -191,6 +197,7 @@ def general_plugin() -> None:
     policy = requested_policy()
     if policy is None or vllm_version() is None:
         return
+    log_pending_hooks(get_plugin_manager, "vLLM process")
     with patch_lock:
         # Patches made under enable() go to its patcher, so disable() undoes them; those of the
         # env-var path live as long as the process (vLLM has no unload hook).

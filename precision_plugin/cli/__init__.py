@@ -18,16 +18,23 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from precision_plugin.cli.exit_codes import ExitCode
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.progress import ProgressFn
 
+#: The command line's interface is its arguments (checked by argparse), not Python names;
+#: ``main`` is the console script ``precision_plugin.cli:main``.
+__all__: list[str] = []
+
 PROG = "precision-plugin"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE
 #: The output could not be written (sysexits' EX_IOERR); SIGINT and SIGTERM as the shell counts.
-EXIT_OUTPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 74, 130, 143
+EXIT_OUTPUT, EXIT_INTERRUPTED = ExitCode.OUTPUT, ExitCode.INTERRUPTED
+EXIT_TERMINATED = ExitCode.TERMINATED
 
 
 class _OutputLost(Exception):
@@ -763,6 +770,31 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, what runs it, and whether it loads transformers models (whose
+    warnings the CLI quiets)."""
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    loads_models: bool = False
+
+
+#: The command registry (as TRL's ``trl/cli``): each subcommand by name. ``doctor`` also runs
+#: for a bare ``precision-plugin``.
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("probe", _cmd_probe, loads_models=True),
+        Command("sanity", _cmd_sanity, loads_models=True),
+        Command("doctor", _cmd_doctor),
+        Command("verl-overrides", _cmd_verl_overrides),
+        Command("openrlhf-args", _cmd_openrlhf_args),
+        Command("gguf-checkpoint", _cmd_gguf_checkpoint, loads_models=True),
+    )
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``precision-plugin``; returns the exit code."""
     with _sigterm_as_interrupt():
@@ -782,20 +814,10 @@ def _main(argv: list[str]) -> int:
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(name)s: %(levelname)s: %(message)s",
         )
-        if args.command == "probe":
+        command = COMMANDS.get(args.command, COMMANDS["doctor"])
+        if command.loads_models:
             _quiet_transformers()
-            return _cmd_probe(args)
-        if args.command == "verl-overrides":
-            return _cmd_verl_overrides(args)
-        if args.command == "openrlhf-args":
-            return _cmd_openrlhf_args(args)
-        if args.command == "gguf-checkpoint":
-            _quiet_transformers()
-            return _cmd_gguf_checkpoint(args)
-        if args.command == "sanity":
-            _quiet_transformers()
-            return _cmd_sanity(args)
-        return _cmd_doctor(args)
+        return command.run(args)
     except PrecisionPluginError as exc:
         message = " ".join(str(exc).split())
         _say(f"{PROG}: error: {message}\n")

@@ -1,0 +1,500 @@
+"""What the train/rollout mismatch does to RL: the consequence metrics, pure torch, float64.
+
+An RL step weights (or masks) each sampled sequence by its importance ratio
+``w = π(y)/μ(y) = exp(S)``, ``S = Σ_t (log π − log μ)`` over the sequence's tokens. From the
+same per-token log-probs as [`compute_mismatch`][precision_plugin.metrics.mismatch.compute_mismatch]
+(NaN tokens left out and counted the same way):
+
+========================== ================================================================
+metric                     meaning
+========================== ================================================================
+``ess``                    normalized effective sample size of the sequence weights,
+                           ``(Σ w)² / (n Σ w²)`` in (0, 1]: the share of the batch that
+                           still counts after importance weighting (1: every sample)
+``seq_mask_fraction_trl``  share of sequences TRL's default ``sequence_mask`` drops
+                           (``w > 3``: ``vllm_importance_sampling_clip_max=3.0``, no lower
+                           bound)
+``seq_mask_fraction_verl`` share of sequences verl's sequence-level MIS drops (its
+                           ``decoupled_seq_is_rs`` preset: ``w`` outside ``[0.5, 2.0]``)
+``tis_clip_fraction``      share of tokens whose ratio ``π/μ`` a token-level TIS clip at
+                           2.0 (verl's ``rollout_is_threshold`` default) truncates
+========================== ================================================================
+
+``ess`` is computed in log space (``log ESS = 2·LSE(S) − LSE(2S) − log n``), so sequences
+whose weights over- or underflow float64 still count exactly. Everything reduces from sums
+that add up across processes and micro-batches (``consequence_sums``), as the mismatch
+metrics do, so the TRL telemetry over two processes reports what one process reports.
+
+``fit_growth`` and ``project`` extrapolate to a longer generation: the sequence log-ratio as a
+random walk with drift, ``S(L) ~ Normal(drift·L, variance·L)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.metrics.mismatch import (
+    SAME_TOKENS,
+    drift_fit,
+    log_probs_arg,
+    mask_arg,
+    masked_log_ratio,
+)
+
+
+@checked
+@dataclass(frozen=True)
+class SequenceMask:
+    """A sequence-level importance-sampling mask: sequences whose ratio ``w = exp(S)`` lies
+    outside ``[low, high]`` are dropped (``None``: no bound on that side)."""
+
+    key: str
+    system: str
+    label: str
+    low: float | None
+    high: float | None
+    setting: str
+    source: str
+
+    @property
+    def bounds(self) -> str:
+        """The kept range, as the docs and the table show it."""
+        if self.low is None:
+            return f"w ≤ {self.high:g}"
+        if self.high is None:
+            return f"w ≥ {self.low:g}"
+        return f"{self.low:g} ≤ w ≤ {self.high:g}"
+
+    def masked(self, seq_log_ratio: torch.Tensor) -> torch.Tensor:
+        """Which sequences the mask drops, from their log-ratios ``S`` (compared in log space,
+        so no weight overflows)."""
+        out = torch.zeros_like(seq_log_ratio, dtype=torch.bool)
+        if self.low is not None:
+            out |= seq_log_ratio < math.log(self.low)
+        if self.high is not None:
+            out |= seq_log_ratio > math.log(self.high)
+        return out
+
+
+#: TRL 1.16 defaults (GRPOConfig): mode "sequence_mask", clip_max 3.0, clip_min None.
+TRL_SEQUENCE_MASK = SequenceMask(
+    "trl",
+    "TRL",
+    "TRL's default sequence_mask",
+    None,
+    3.0,
+    "GRPOConfig defaults: vllm_importance_sampling_mode='sequence_mask', "
+    "vllm_importance_sampling_clip_max=3.0, vllm_importance_sampling_clip_min=None",
+    "huggingface/trl trl/trainer/grpo_config.py, trl/trainer/grpo_trainer.py "
+    "(_generate_and_score_completions)",
+)
+#: verl's Seq-MIS preset: RolloutCorrectionConfig.decoupled_seq_is_rs() rejects whole sequences
+#: with rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0".
+VERL_SEQUENCE_MASK = SequenceMask(
+    "verl",
+    "verl",
+    "verl's Seq-MIS preset",
+    0.5,
+    2.0,
+    "RolloutCorrectionConfig.decoupled_seq_is_rs() (Seq-MIS): rollout_rs='seq_sum_k1', "
+    "rollout_rs_threshold='0.5_2.0'",
+    "volcengine/verl verl/trainer/config/algorithm.py (decoupled_seq_is_rs), "
+    "verl/trainer/ppo/rollout_corr_helper.py (compute_rollout_rejection_mask)",
+)
+SEQUENCE_MASKS: tuple[SequenceMask, ...] = (TRL_SEQUENCE_MASK, VERL_SEQUENCE_MASK)
+
+#: Token-level TIS clip: verl's rollout_is_threshold default (decoupled_token_is), slime's
+#: --tis-clip 2.0 and the paper's GRPO-Token-TIS (--tis_c 2). TRL's token_truncate clips at 3.0.
+TIS_CLIP = 2.0
+
+#: The consequence metrics, in the order reports show them.
+CONSEQUENCE_METRICS: tuple[str, ...] = (
+    "ess",
+    *(f"seq_mask_fraction_{m.key}" for m in SEQUENCE_MASKS),
+    "tis_clip_fraction",
+)
+
+#: The entries of
+#: [`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums]'s first tensor:
+#: counts that add up across shards.
+COUNT_FIELDS: tuple[str, ...] = (
+    "sequences",
+    "tokens",
+    *(f"seq_masked_{m.key}" for m in SEQUENCE_MASKS),
+    "tis_clipped",
+)
+
+
+@checked
+@dataclass(frozen=True)
+class Consequence:
+    """The consequence metrics of a batch (see the module docstring); NaN without sequences."""
+
+    ess: float
+    seq_mask_fraction_trl: float
+    seq_mask_fraction_verl: float
+    tis_clip_fraction: float
+    sequences: int
+    tokens: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+def consequence_sums(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums from which the consequence metrics of a batch follow exactly.
+
+    Returns ``(counts, log_moments)``: ``counts`` a float64 tensor ordered as ``COUNT_FIELDS``
+    (sequences with a valid token, valid tokens, sequences each mask drops, tokens the TIS
+    clip truncates), which add up across shards; ``log_moments`` ``[log Σ w, log Σ w²]`` over
+    the sequences (``-inf`` without one), which combine across shards by ``logsumexp``
+    ([`combine_log_moments`][precision_plugin.metrics.consequence.combine_log_moments]). Inputs,
+    masking and NaN handling as for
+    [`compute_mismatch`][precision_plugin.metrics.mismatch.compute_mismatch].
+    """
+    return consequence_sums_of(train_logprobs, rollout_logprobs, mask)
+
+
+def consequence_sums_of(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums] without its
+    boundary check of the values (a device sync): for the training telemetry, on the trainer's own
+    tensors."""
+    d, valid, _, _ = masked_log_ratio(
+        train_logprobs, rollout_logprobs, mask, caller="consequence_sums"
+    )
+    has = valid.any(dim=1)
+    s = d.sum(dim=1)[has]
+    counts = torch.stack(
+        [
+            has.sum(),
+            valid.sum(),
+            *(m.masked(s).sum() for m in SEQUENCE_MASKS),
+            (valid & (d > math.log(TIS_CLIP))).sum(),
+        ]
+    ).to(torch.float64)
+    if s.numel():
+        moments = torch.stack([torch.logsumexp(s, 0), torch.logsumexp(2.0 * s, 0)])
+    else:
+        moments = d.new_full((2,), -math.inf)
+    return counts, moments
+
+
+@checked(log_moments=Validator("consequence_sums()'s second tensor", lambda v: _log_moments(v)))
+def combine_log_moments(log_moments: torch.Tensor) -> torch.Tensor:
+    """``[k, 2]`` (or flat ``[2k]``) shards' ``log_moments`` -> the ``[2]`` of their union."""
+    rows = log_moments.to(torch.float64).reshape(-1, 2)
+    if not bool(torch.isfinite(rows).any()):
+        return rows.new_full((2,), -math.inf)
+    return torch.logsumexp(rows, dim=0)
+
+
+def _counts(value: torch.Tensor) -> torch.Tensor:
+    if tuple(value.shape) != (len(COUNT_FIELDS),):
+        raise Invalid(
+            f"has shape {tuple(value.shape)}, not ({len(COUNT_FIELDS)},); pass the first tensor "
+            f"consequence_sums() returns (summed over shards)"
+        )
+    return value
+
+
+def _log_moments(value: torch.Tensor) -> torch.Tensor:
+    flat = value.dim() == 1 and value.shape[0] % 2 == 0
+    if not (flat or (value.dim() == 2 and value.shape[1] == 2)):
+        raise Invalid(
+            f"has shape {tuple(value.shape)}; pass the second tensor consequence_sums() returns "
+            f"(2 values), or several shards' as [k, 2] or concatenated"
+        )
+    return value
+
+
+@checked(
+    counts=Validator("consequence_sums()'s first tensor", _counts),
+    log_moments=Validator("consequence_sums()'s second tensor", _log_moments),
+)
+def consequence_from_sums(counts: torch.Tensor, log_moments: torch.Tensor) -> Consequence:
+    """The metrics from (summed) ``counts`` and (combined) ``log_moments``."""
+    c = dict(zip(COUNT_FIELDS, (float(v) for v in counts.double().cpu()), strict=True))
+    lse1, lse2 = (float(v) for v in combine_log_moments(log_moments.cpu()))
+    n, tokens = c["sequences"], c["tokens"]
+    nan = math.nan
+    ess = math.exp(2.0 * lse1 - lse2 - math.log(n)) if n > 0 and math.isfinite(lse1) else nan
+    return Consequence(
+        ess=min(ess, 1.0) if n > 0 else nan,  # (Σw)² <= nΣw²: only rounding can exceed 1
+        seq_mask_fraction_trl=c["seq_masked_trl"] / n if n > 0 else nan,
+        seq_mask_fraction_verl=c["seq_masked_verl"] / n if n > 0 else nan,
+        tis_clip_fraction=c["tis_clipped"] / tokens if tokens > 0 else nan,
+        sequences=int(n),
+        tokens=int(tokens),
+    )
+
+
+@checked(SAME_TOKENS, train_logprobs=log_probs_arg, rollout_logprobs=log_probs_arg, mask=mask_arg)
+def compute_consequence(
+    train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
+) -> Consequence:
+    """The consequence metrics of one batch (``[batch, seq]`` log-probs of the sampled tokens
+    under the trainer, π, and the rollout engine, μ, with an optional mask)."""
+    return consequence_from_sums(*consequence_sums(train_logprobs, rollout_logprobs, mask))
+
+
+# -- growth with length: fit and projection ---------------------------------------------------
+
+#: Two-sided coverage of the projection's intervals.
+COVERAGE = 0.90
+_Z = 1.6448536269514722  # the standard normal's 95th percentile: a 90 % two-sided interval
+
+
+@checked
+@dataclass(frozen=True)
+class Interval:
+    """A projected value with its ``COVERAGE`` interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+@checked
+@dataclass(frozen=True)
+class GrowthFit:
+    """The sequence log-ratio as a random walk with drift: ``S(L) ~ Normal(drift·L,
+    variance·L)`` for a completion of ``L`` tokens.
+
+    ``drift`` is ``−KL(μ‖π)`` per token, the expectation of ``S / L`` under the rollout's
+    sampling: estimated from the sequences' k3 sums ``K`` (``−Σ K / Σ L``, ``drift_from="k3"``)
+    when the fit is given them, else by ``Σ S / Σ L`` (``"k1"``), with its standard error (the
+    same random-walk formula). Both estimate the same drift, k3 with far less noise: a
+    projection many times longer than the measured completions carries the drift's error with
+    it. ``variance`` is ``Σ (S − drift·L)² / L / (n − 1)`` per token with its
+    ``COVERAGE`` chi-square interval (``n − 1`` degrees of freedom). Measured over
+    completions of different lengths, ``variance`` includes whatever correlation the tokens
+    of one sequence have at those lengths; a correlation that grows beyond them makes longer
+    sequences spread faster than the model says. ``tis_clip_fraction`` is the measured
+    per-token share, length-independent under the model, with a Wilson interval.
+    """
+
+    sequences: int
+    tokens: int
+    drift: float
+    drift_stderr: float
+    variance: float
+    variance_low: float
+    variance_high: float
+    tis_clip: Interval
+    drift_from: str = "k1"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        out = asdict(self)
+        out["model"] = "S(L) ~ Normal(drift*L, variance*L)"
+        out["coverage"] = COVERAGE
+        return out
+
+
+@checked(
+    same_length(
+        "seq_log_ratio",
+        "seq_lengths",
+        "seq_kl",
+        fix="pass one value per sequence in each (MismatchMetrics.seq_log_ratio, .seq_lengths)",
+    ),
+    seq_lengths=each(at_least(0)),
+    clipped_tokens=at_least(0),
+)
+def fit_growth(
+    seq_log_ratio: Sequence[float],
+    seq_lengths: Sequence[int],
+    clipped_tokens: int = 0,
+    *,
+    seq_kl: Sequence[float] | None = None,
+) -> GrowthFit:
+    """Fit ``GrowthFit`` to sequences' log-ratios ``S_i`` and lengths ``L_i`` (valid tokens);
+    ``clipped_tokens`` of the ``Σ L_i`` tokens had a ratio above ``TIS_CLIP``. ``seq_kl``: each
+    sequence's sum of k3 terms (``expm1(d) − d``, ``d = log π − log μ``), for the drift."""
+    if seq_kl is not None:
+        kl = [float(k) for k, n in zip(seq_kl, seq_lengths, strict=True) if n > 0]
+    pairs = [(float(s), int(n)) for s, n in zip(seq_log_ratio, seq_lengths, strict=True) if n > 0]
+    n = len(pairs)
+    tokens = sum(length for _, length in pairs)
+    nan = math.nan
+    if not 0 <= clipped_tokens <= tokens:
+        raise PrecisionConfigError(
+            f"fit_growth: clipped_tokens={clipped_tokens} is not between 0 and the "
+            f"{tokens} tokens of the sequences; pass the count of tokens above the clip."
+        )
+    if n == 0:
+        return GrowthFit(0, 0, nan, nan, nan, nan, nan, Interval(nan, nan, nan))
+    lengths = [length for _, length in pairs]
+    drift, stderr, variance = drift_fit(lengths, [s for s, _ in pairs])
+    if seq_kl is not None:
+        drift, stderr, _ = drift_fit(lengths, [-k for k in kl])
+    if n < 2:
+        low = high = nan
+    else:
+        dof = n - 1
+        tail = (1.0 - COVERAGE) / 2.0
+        low = variance * dof / chi2_quantile(1.0 - tail, dof)
+        high = variance * dof / chi2_quantile(tail, dof)
+    return GrowthFit(
+        n,
+        tokens,
+        drift,
+        stderr,
+        variance,
+        low,
+        high,
+        _wilson(clipped_tokens, tokens),
+        "k1" if seq_kl is None else "k3",
+    )
+
+
+def _wilson(k: int, n: int) -> Interval:
+    """Wilson score interval of a share ``k / n`` at ``COVERAGE``."""
+    if n <= 0:
+        return Interval(math.nan, math.nan, math.nan)
+    p, z2 = k / n, _Z * _Z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = _Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def chi2_quantile(p: float, dof: int) -> float:
+    """The ``p`` quantile of the chi-square distribution with ``dof`` degrees of freedom
+    (bisection on ``torch.special.gammainc``, to 1e-12 relative)."""
+    if not 0.0 < p < 1.0 or dof < 1:
+        raise PrecisionConfigError(f"chi2_quantile: need 0 < p < 1 and dof >= 1, got {p}, {dof}")
+    half = torch.tensor(dof / 2.0, dtype=torch.float64)
+
+    def cdf(x: float) -> float:
+        return float(torch.special.gammainc(half, torch.tensor(x / 2.0, dtype=torch.float64)))
+
+    lo, hi = 0.0, float(dof)
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if cdf(mid) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def mask_fraction(mask: SequenceMask, drift: float, variance: float, length: float) -> float:
+    """Share of length-``length`` sequences ``mask`` drops under ``S ~ Normal(drift·L,
+    variance·L)``."""
+    mean, sd = drift * length, math.sqrt(max(variance, 0.0) * length)
+    if not (math.isfinite(mean) and math.isfinite(sd)):
+        return math.nan
+
+    def below(log_bound: float) -> float:  # P(S < bound)
+        if sd == 0.0:
+            return 1.0 if mean < log_bound else 0.0
+        return _normal_cdf((log_bound - mean) / sd)
+
+    out = 0.0
+    if mask.low is not None:
+        out += below(math.log(mask.low))
+    if mask.high is not None:
+        out += 1.0 - below(math.log(mask.high))
+    return min(max(out, 0.0), 1.0)
+
+
+@checked
+@dataclass(frozen=True)
+class Projection:
+    """The consequence metrics the ``GrowthFit`` predicts for completions of ``length`` tokens,
+    each with its ``COVERAGE`` interval (the fit's uncertainty carried through)."""
+
+    length: int
+    ess: Interval
+    seq_mask_fraction_trl: Interval
+    seq_mask_fraction_verl: Interval
+    tis_clip_fraction: Interval
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        out: dict[str, Any] = {"length": self.length}
+        for name in CONSEQUENCE_METRICS:
+            out[name] = getattr(self, name).to_dict()
+        return out
+
+
+#: Points per parameter when searching the fit's uncertainty box for a projection's extremes.
+_GRID = 25
+
+
+def _grid(low: float, high: float, *extra: float) -> list[float]:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [math.nan]
+    points = [low + (high - low) * i / (_GRID - 1) for i in range(_GRID)]
+    return points + [min(max(x, low), high) for x in extra if math.isfinite(x)]
+
+
+@checked(length=at_least(1))
+def project(fit: GrowthFit, length: int) -> Projection:
+    """``fit`` carried to completions of ``length`` tokens.
+
+    ``ess`` is the lognormal weights' ``E[w]² / E[w²] = exp(−variance·L)`` (a drift common to
+    all sequences does not change it); a mask's share is the normal probability of ``S``
+    outside its bounds. The value is the fit's point estimate; the interval is the range over
+    the box of drifts within ±z standard errors and variances within their interval (a grid,
+    plus the drift that centres ``S`` in the mask's bounds: a two-sided share is not monotone
+    in either parameter).
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise PrecisionConfigError(
+            f"project: length={length!r} is not a positive number of tokens; pass e.g. 4096."
+        )
+    nan = Interval(math.nan, math.nan, math.nan)
+    variances = _grid(fit.variance_low, fit.variance_high)
+    if math.isnan(fit.variance) or math.isnan(variances[0]):
+        return Projection(length, nan, nan, nan, fit.tis_clip)
+    ess = Interval(
+        math.exp(-fit.variance * length),
+        math.exp(-fit.variance_high * length),
+        math.exp(-fit.variance_low * length),
+    )
+    half = _Z * fit.drift_stderr
+    masks = {}
+    for m in SEQUENCE_MASKS:
+        centre = [
+            (math.log(m.low) + math.log(m.high)) / 2.0 / length
+            if m.low is not None and m.high is not None
+            else math.nan
+        ]
+        drifts = _grid(fit.drift - half, fit.drift + half, fit.drift, *centre)
+        values = [mask_fraction(m, d, v, length) for d in drifts for v in variances]
+        masks[m.key] = Interval(
+            mask_fraction(m, fit.drift, fit.variance, length), min(values), max(values)
+        )
+    return Projection(
+        length=length,
+        ess=ess,
+        seq_mask_fraction_trl=masks["trl"],
+        seq_mask_fraction_verl=masks["verl"],
+        tis_clip_fraction=fit.tis_clip,
+    )
