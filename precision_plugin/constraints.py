@@ -51,6 +51,7 @@ __all__ = [
     "Probability",
     "Whole",
     "constraints_of",
+    "plain",
     "relations_for",
     "validator_for",
 ]
@@ -150,6 +151,18 @@ def _bound(rule: Any) -> Any:
     return getattr(rule, type(rule).__name__.lower())
 
 
+def plain(hint: Any) -> Any:
+    """``hint`` without its ``Annotated`` metadata (inside ``X | None`` too): the type alone,
+    for the type check."""
+    if typing.get_origin(hint) is Annotated:
+        return plain(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in (typing.Union, _UnionType):
+        arms = tuple(plain(a) for a in typing.get_args(hint))
+        if arms != typing.get_args(hint):
+            return typing.Union[arms]  # noqa: UP007 - built from a tuple
+    return hint
+
+
 def _rule(rule: Any) -> str:
     names = {at.Gt: ">", at.Ge: ">=", at.Lt: "<", at.Le: "<="}
     for kind, op in names.items():
@@ -183,39 +196,34 @@ def _number(value: Any) -> float | None:
 
 
 def _check_one(value: Any, rules: Sequence[Any], where: str = "") -> None:
-    """Raise :class:`Invalid` naming the first rule ``value`` breaks (``where``: an item)."""
-    at_ = f"item {where} = " if where else ""
+    """Raise :class:`Invalid` naming the first rule ``value`` breaks (``where``: an item; the
+    boundary's message already shows a whole value, so only an item's is repeated)."""
+    lead = f"holds item {where} = {value!r}, which" if where else ""
+
+    def broken(what: str) -> Invalid:
+        return Invalid(f"{lead} {what}".strip())
+
     finite = next((r for r in rules if isinstance(r, Finite)), None)
-    say = "holds" if where else "is"
     if any(isinstance(r, Whole) for r in rules):
         if isinstance(value, bool):
-            raise Invalid(
-                f"{say} {at_}{value!r}, a bool, where a whole number belongs (rule: whole number)"
-            )
+            raise broken("is a bool, where a whole number belongs (rule: whole number)")
         if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
-            raise Invalid(f"{say} {at_}{value!r}, not a whole number (rule: whole number)")
+            raise broken("is not a whole number (rule: whole number)")
     number = _number(value)
     if number is None:
         return  # the type check names a value of the wrong kind
     if math.isnan(number):
         if finite is not None and not finite.nan_ok:
-            raise Invalid(
-                f"{'holds' if where else 'is'} {at_}NaN, which is not a number (rule: finite)"
-            )
+            raise broken("is NaN, not a number (rule: finite)")
         return  # not measured: no comparison applies
     if math.isinf(number) and finite is not None:
-        raise Invalid(
-            f"{'holds' if where else 'is'} {at_}{value!r}, not a finite number (rule: finite)"
-        )
+        raise broken("is not a finite number (rule: finite)")
     for rule in rules:
         for kind, op in ((at.Gt, ">"), (at.Ge, ">="), (at.Lt, "<"), (at.Le, "<=")):
             if isinstance(rule, kind):
                 bound = _bound(rule)
                 if not _OPS[op](value, bound):
-                    raise Invalid(
-                        f"{'holds' if where else 'is'} {at_}{value!r}, which breaks the rule "
-                        f"{op} {bound:g}"
-                    )
+                    raise broken(f"breaks the rule {op} {bound:g}")
 
 
 def _check(value: Any, rules: Sequence[Any]) -> Any:
