@@ -198,7 +198,7 @@ def _number(value: Any) -> float | None:
 def _check_one(value: Any, rules: Sequence[Any], where: str = "") -> None:
     """Raise :class:`Invalid` naming the first rule ``value`` breaks (``where``: an item; the
     boundary's message already shows a whole value, so only an item's is repeated)."""
-    lead = f"holds item {where} = {value!r}, which" if where else ""
+    lead = f"holds {value!r} (item {where}), which" if where else ""
 
     def broken(what: str) -> Invalid:
         return Invalid(f"{lead} {what}".strip())

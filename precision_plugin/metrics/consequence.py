@@ -34,11 +34,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import annotated_types as at
 import torch
 
 from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
+from precision_plugin.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.metrics.mismatch import (
     SAME_TOKENS,
@@ -47,6 +49,11 @@ from precision_plugin.metrics.mismatch import (
     mask_arg,
     masked_log_ratio,
 )
+
+#: A share of sequences or tokens (NaN: none measured).
+Share = Annotated[float, Finite(nan_ok=True), at.Ge(0), at.Le(1)]
+#: A standard error or a variance (NaN: fewer than two sequences).
+Spread = Annotated[float, Finite(nan_ok=True), at.Ge(0)]
 
 
 @checked
@@ -58,8 +65,8 @@ class SequenceMask:
     key: str
     system: str
     label: str
-    low: float | None
-    high: float | None
+    low: Annotated[float | None, Finite(), at.Gt(0)]
+    high: Annotated[float | None, Finite(), at.Gt(0), Ordered("low", ">")]
     setting: str
     source: str
 
@@ -137,12 +144,12 @@ COUNT_FIELDS: tuple[str, ...] = (
 class Consequence:
     """The consequence metrics of a batch (see the module docstring); NaN without sequences."""
 
-    ess: float
-    seq_mask_fraction_trl: float
-    seq_mask_fraction_verl: float
-    tis_clip_fraction: float
-    sequences: int
-    tokens: int
+    ess: Annotated[float, Finite(nan_ok=True), at.Ge(0)]
+    seq_mask_fraction_trl: Share
+    seq_mask_fraction_verl: Share
+    tis_clip_fraction: Share
+    sequences: Count
+    tokens: Annotated[int, Whole(), at.Ge(0), Ordered("sequences", ">=")]
 
     def to_dict(self) -> dict[str, float | int]:
         """JSON-ready dict."""
@@ -262,9 +269,9 @@ _Z = 1.6448536269514722  # the standard normal's 95th percentile: a 90 % two-sid
 class Interval:
     """A projected value with its ``COVERAGE`` interval."""
 
-    value: float
-    low: float
-    high: float
+    value: Measured
+    low: Measured
+    high: Annotated[float, Finite(nan_ok=True), Ordered("low", ">=")]
 
     def to_dict(self) -> dict[str, float]:
         """JSON-ready dict."""
@@ -290,13 +297,13 @@ class GrowthFit:
     per-token share, length-independent under the model, with a Wilson interval.
     """
 
-    sequences: int
-    tokens: int
-    drift: float
-    drift_stderr: float
-    variance: float
-    variance_low: float
-    variance_high: float
+    sequences: Count
+    tokens: Annotated[int, Whole(), at.Ge(0), Ordered("sequences", ">=")]
+    drift: Measured
+    drift_stderr: Spread
+    variance: Spread
+    variance_low: Spread
+    variance_high: Annotated[float, Finite(nan_ok=True), at.Ge(0), Ordered("variance_low", ">=")]
     tis_clip: Interval
     drift_from: str = "k1"
 
@@ -319,11 +326,11 @@ class GrowthFit:
     clipped_tokens=at_least(0),
 )
 def fit_growth(
-    seq_log_ratio: Sequence[float],
+    seq_log_ratio: Annotated[Sequence[float], Each(Finite())],
     seq_lengths: Sequence[int],
-    clipped_tokens: int = 0,
+    clipped_tokens: Annotated[int, AtMost("seq_lengths", sum, "the tokens of the sequences")] = 0,
     *,
-    seq_kl: Sequence[float] | None = None,
+    seq_kl: Annotated[Sequence[float] | None, Each(Finite())] = None,
 ) -> GrowthFit:
     """Fit ``GrowthFit`` to sequences' log-ratios ``S_i`` and lengths ``L_i`` (valid tokens);
     ``clipped_tokens`` of the ``Σ L_i`` tokens had a ratio above ``TIS_CLIP``. ``seq_kl``: each

@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import math
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.errors import ServerAnswerError, ServerUnreachableError
@@ -93,6 +96,46 @@ def has_finding(status: str, says: str) -> Callable[[Any, Any], None]:
 
 def no_error_finding(result: Any, caplog: Any) -> None:
     assert not [f for f in result if f.status == "error"], result
+
+
+# -- numbers ------------------------------------------------------------------------------------
+def cons(name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
+    return call("consequence", name, *args, **kw)
+
+
+def mism(name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
+    return call("mismatch", name, *args, **kw)
+
+
+def growth(**changes: Any) -> Callable[[Path], Any]:
+    """A ``GrowthFit`` built by hand with ``changes`` to a valid one."""
+
+    def run(tmp: Path) -> Any:
+        from precision_plugin.consequence import GrowthFit, Interval
+
+        fields = {"sequences": 2, "tokens": 12, "drift": -0.01, "drift_stderr": 0.005,
+                  "variance": 0.02, "variance_low": 0.01, "variance_high": 0.05,
+                  "tis_clip": Interval(0.0, 0.0, 0.1)}  # fmt: skip
+        return GrowthFit(**{**fields, **changes})
+
+    return run
+
+
+def no_sequence(result: Any, caplog: Any) -> None:
+    assert result.sequences == 0 and math.isnan(result.variance), result
+
+
+def project_length(length: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from precision_plugin.consequence import fit_growth, project
+
+        return project(fit_growth([0.1, 0.2], [4, 8]), length)
+
+    return run
+
+
+def raises_not(result: Any, caplog: Any) -> None:
+    """The call returned (the check is the call not raising)."""
 
 
 # -- OpenRLHF ----------------------------------------------------------------------------------
@@ -997,6 +1040,132 @@ def rows(h: Any) -> list[dict[str, Any]]:
         max_tokens_is(5),
     )
     good("trl max_tokens from the length", "generation", sampling(), max_tokens_is(8))
+
+    # -- numbers: meaning declared with the type (precision_plugin.constraints) --------------------
+    num = "numbers"
+    inf, nan = math.inf, math.nan
+    bad(
+        "fit_growth infinite log-ratio",
+        num,
+        cons("fit_growth", [0.1, inf], [4, 8]),
+        "'seq_log_ratio'",
+        "inf",
+        "finite",
+    )
+    bad(
+        "fit_growth NaN log-ratio",
+        num,
+        cons("fit_growth", [nan, 0.1], [4, 8]),
+        "'seq_log_ratio'",
+        "NaN",
+    )
+    bad(
+        "fit_growth bool length",
+        num,
+        cons("fit_growth", [0.1, 0.2], [True, 8]),
+        "'seq_lengths'",
+        "bool True",
+    )
+    bad(
+        "fit_growth fractional length",
+        num,
+        cons("fit_growth", [0.1, 0.2], [4.5, 8]),
+        "'seq_lengths'",
+        "float 4.5",
+    )
+    bad(
+        "fit_growth infinite k3",
+        num,
+        cons("fit_growth", [0.1, 0.2], [4, 8], seq_kl=[0.0, inf]),
+        "'seq_kl'",
+        "finite",
+    )
+    bad(
+        "fit_growth clipped beyond tokens",
+        num,
+        cons("fit_growth", [0.1, 0.2], [4, 8], 13),
+        "'clipped_tokens'",
+        "more than the tokens of the sequences (12)",
+    )
+    bad("GrowthFit negative variance", num, growth(variance=-0.5), "'variance'", "-0.5", ">= 0")
+    bad("GrowthFit infinite drift", num, growth(drift=inf), "'drift'", "finite")
+    bad("GrowthFit negative stderr", num, growth(drift_stderr=-1.0), "'drift_stderr'", ">= 0")
+    bad(
+        "GrowthFit variance interval inverted",
+        num,
+        growth(variance_low=0.3, variance_high=0.1),
+        "'variance_low' and 'variance_high'",
+        "out of order",
+    )
+    bad(
+        "GrowthFit tokens below sequences",
+        num,
+        growth(sequences=10, tokens=3),
+        "'sequences' and 'tokens'",
+        "out of order",
+    )
+    bad("GrowthFit bool sequences", num, growth(sequences=True), "'sequences'")
+    good("GrowthFit of no sequence is NaN", num, cons("fit_growth", [], []), no_sequence)
+    bad(
+        "Interval low above high",
+        num,
+        cons("Interval", 0.5, 0.6, 0.4),
+        "'low' and 'high'",
+        "out of order",
+        "high >= low",
+    )
+    bad("Interval infinite value", num, cons("Interval", inf, 0.0, 1.0), "'value'", "finite")
+    good("Interval of NaNs", num, cons("Interval", nan, nan, nan), raises_not)
+    bad(
+        "drift_per_1k bool lengths",
+        num,
+        mism("drift_per_1k", [True, False], [0.1, 0.2]),
+        "'lengths'",
+        "a bool",
+    )
+    bad(
+        "drift_per_1k bool tensor lengths",
+        num,
+        mism("drift_per_1k", torch.tensor([True, True]), [0.1, 0.2]),
+        "'lengths'",
+        "torch.bool",
+    )
+    bad(
+        "drift_per_1k fractional lengths",
+        num,
+        mism("drift_per_1k", [1.5, 2.0], [0.1, 0.2]),
+        "'lengths'",
+        "not a whole number",
+    )
+    bad(
+        "SequenceMask inverted bounds",
+        num,
+        cons("SequenceMask", "k", "s", "l", 2.0, 0.5, "x", "y"),
+        "'low' and 'high'",
+        "out of order",
+    )
+    bad(
+        "SequenceMask zero low",
+        num,
+        cons("SequenceMask", "k", "s", "l", 0.0, 2.0, "x", "y"),
+        "'low'",
+        "> 0",
+    )
+    bad(
+        "Consequence negative ess",
+        num,
+        cons("Consequence", -0.5, 0.0, 0.0, 0.0, 1, 1),
+        "'ess'",
+        ">= 0",
+    )
+    bad(
+        "Consequence negative fraction",
+        num,
+        cons("Consequence", 0.9, -0.1, 0.0, 0.0, 1, 1),
+        "'seq_mask_fraction_trl'",
+        ">= 0",
+    )
+    bad("project length bool", num, project_length(True), "'length'")
 
     # -- servers -----------------------------------------------------------------------------------
     srv = "servers"

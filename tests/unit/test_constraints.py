@@ -62,8 +62,8 @@ def test_each_item_of_a_sequence_or_tensor():
     assert check([0, 3]) == [0, 3]
     assert torch.equal(check(torch.tensor([1, 2])), torch.tensor([1, 2]))
     check(torch.tensor([4.0, 8.0]))  # integral floats are whole numbers
-    assert "item 0 = True, which is a bool" in refused(check, [True, 2])
-    assert "item 1 = -1, which breaks the rule >= 0" in refused(check, [1, -1])
+    assert "True (item 0), which is a bool" in refused(check, [True, 2])
+    assert "-1 (item 1), which breaks the rule >= 0" in refused(check, [1, -1])
     assert "torch.bool tensor" in refused(check, torch.tensor([True, False]))
     assert "item 1 = 2.5" in refused(check, torch.tensor([1.0, 2.5]))
     finite = validator_for(Annotated[list, Each(Finite())])
