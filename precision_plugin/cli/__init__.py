@@ -619,6 +619,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
         _check_output_path(args.plot, "--plot", image_formats())
     _check_results_kept(args)
+    from precision_plugin.outputs import distinct_paths
+
+    distinct_paths({"--prompts": args.prompts}, {"--json": args.json, "--plot": args.plot})
     if args.prompts is not None and not args.prompts.strip():
         raise _UsageError(
             "--prompts: the path is empty; pass a prompts file, or leave --prompts "
@@ -677,6 +680,9 @@ def _cmd_sanity(args: argparse.Namespace) -> int:
 
         _check_output_path(args.plot, "--plot", image_formats())
     _check_results_kept(args)
+    from precision_plugin.outputs import distinct_paths
+
+    distinct_paths({}, {"--json": args.json, "--plot": args.plot})
     check_engine(args.engine)
     config = preset_config(
         args.preset,
@@ -728,16 +734,18 @@ def _emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) 
         with _writing_stdout():
             sys.stdout.write(text)
         return
-    _write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
+    from precision_plugin.outputs import write_atomic
+
+    _write(args.json, "--json", lambda path: write_atomic(path, text))
     err.print(f"wrote {args.json}")
 
 
 def _console(stderr: bool = False) -> Any:
     """A rich console; 100 columns when writing to a file or pipe (rich would assume 80)."""
-    from rich.console import Console
+    from precision_plugin.outputs import console as plain_console
 
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=100)
+    console = plain_console(stderr=stderr)  # a broken pipe is an OSError: exit 74, one line
+    return console if console.is_terminal else plain_console(stderr=stderr, width=100)
 
 
 def _with_progress(console: Any, work: Callable[[ProgressFn], Any]) -> Any:

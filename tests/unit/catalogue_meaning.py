@@ -1356,6 +1356,40 @@ def rows(h: Any) -> list[dict[str, Any]]:
         }
     )
 
+    # -- output paths: refused before any work ----------------------------------------------------
+    def prompts_path(t: Path) -> str:
+        return str(h.write(t, "p.txt", "hello\n"))
+
+    for cid, args, says in [
+        (
+            "cli probe json is the prompts",
+            ("probe", "--prompts", prompts_path, "--json", prompts_path),
+            ("--json", "the same file as the input --prompts"),
+        ),
+        (
+            "cli probe plot is the json",
+            ("probe", "--json", lambda t: str(t / "o.png"), "--plot", lambda t: str(t / "o.png")),
+            ("--plot", "the same file as the output --json"),
+        ),
+        (
+            "cli probe plot is the json via ..",
+            (
+                "probe",
+                "--json",
+                lambda t: str(t / "o.png"),
+                "--plot",
+                lambda t: str(t / "x" / ".." / "o.png"),
+            ),
+            ("--plot", "the same file as the output --json"),
+        ),
+        (
+            "cli sanity plot is the json",
+            ("sanity", "--json", lambda t: str(t / "s.png"), "--plot", lambda t: str(t / "s.png")),
+            ("--plot", "the same file as the output --json"),
+        ),
+    ]:
+        out.append({"id": cid, "cls": "cli", "run": h.cli(*args), "names": says})
+
     # -- the docs renderer -------------------------------------------------------------------------
     docs = "docs"
     bad(

@@ -58,3 +58,29 @@ def test_a_broken_pipe_is_an_oserror_not_rich_s_silent_exit():
         out.print("x" * 100)
     with pytest.raises(BrokenPipeError):
         stream.close()  # what is still buffered cannot go either
+
+
+def test_a_command_whose_reader_has_gone_says_so_and_exits_74(tmp_path):
+    """``precision-plugin doctor | head -c 0``: one line on stderr, exit code 74 (not rich's
+    silent exit 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "PRECISION_PLUGIN": ""}
+    env.pop("PRECISION_PLUGIN")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "precision_plugin", "doctor"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=240, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 74, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "precision-plugin: error: cannot write the output: Broken pipe (the reader of the output "
+        "has gone)."
+    )
