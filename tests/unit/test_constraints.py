@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precision_plugin.constraints import Invalid
 from precision_plugin.constraints import (
     AtMost,
     Count,
     Each,
     Finite,
+    Invalid,
     Measured,
     Ordered,
     Positive,

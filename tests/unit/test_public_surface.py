@@ -46,7 +46,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "constraints_of",
         "relations_for",
         "validator_for",
-    ],  # fmt: skip
+    ],
     "precision_plugin.conflicts": ["settle_conflict"],
     "precision_plugin.audit": ["audit_run", "contradictions"],
     "precision_plugin.buffers": [
