@@ -69,6 +69,11 @@ LAYERS: dict[str, int] = {
     "scoring": 2,
     "canary": 2,
     "config_lookup": 1,
+    # the meaning constraints (imports nothing of the package: the checker builds on them),
+    # writing outputs, the strict reader of other programs' configs
+    "constraints": 1,
+    "outputs": 1,
+    "configs": 2,
     # 3: learner and engine adapters
     "transformers": 3,
     "accelerate": 3,

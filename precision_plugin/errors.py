@@ -19,7 +19,29 @@ class PrecisionMismatchError(PrecisionPluginError, RuntimeError):
 
 
 class ServerUnreachableError(PrecisionConfigError):
-    """Nothing that answers like the expected rollout server is at the URL that was given."""
+    """Nothing that answers like the expected rollout server is at the URL that was given.
+
+    ``kind`` says which: ``not_listening`` (connection refused, unknown host), ``timeout`` (no
+    answer within the timeout), ``not_ready`` (listening, HTTP 503 while it loads)."""
+
+    kind: str = "not_listening"
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
+
+class ServerAnswerError(PrecisionConfigError):
+    """A server answered, but not with what was asked: ``kind`` is ``server_error`` (HTTP 5xx),
+    ``truncated`` (the body ended early), ``not_json`` or ``other_program``."""
+
+    kind: str = "server_error"
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
 
 
 class AdapterInstallError(PrecisionPluginError, RuntimeError):

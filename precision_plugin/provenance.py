@@ -99,10 +99,9 @@ def with_provenance(data: Mapping[str, Any], command: str | Sequence[str]) -> di
 def write_results(
     path: str | os.PathLike[str], data: Mapping[str, Any], command: str | Sequence[str]
 ) -> Path:
-    """Write ``data`` with its provenance as indented JSON to ``path``; returns the path."""
-    path = Path(path)
-    path.write_text(
-        json.dumps(with_provenance(data, command), indent=2, allow_nan=False) + "\n",
-        encoding="utf-8",
-    )
-    return path
+    """Write ``data`` with its provenance as indented JSON to ``path`` (atomically: a temporary
+    file and a rename); returns the path."""
+    from precision_plugin.outputs import write_atomic
+
+    text = json.dumps(with_provenance(data, command), indent=2, allow_nan=False) + "\n"
+    return write_atomic(path, text)

@@ -7,8 +7,10 @@ URL, and what a finding leads to under the policy's strictness.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,6 +21,7 @@ from precision_plugin.boundary import Invalid, Validator
 from precision_plugin.errors import (
     PrecisionConfigError,
     PrecisionMismatchError,
+    ServerAnswerError,
     ServerUnreachableError,
 )
 from precision_plugin.policy import PrecisionPolicy
@@ -80,14 +83,28 @@ def server_url(engine: str, *, info_keys: tuple[str, ...], also: str = "") -> Va
     )
 
 
-def get_json(base_url: str, path: str, *, engine: str, timeout: float = 10.0) -> Any:
-    """``GET {base_url}{path}`` and its JSON body.
+def _error(
+    kind: str, cls: type[ServerUnreachableError] | type[ServerAnswerError], message: str
+) -> Exception:
+    return cls(message, kind=kind)
 
-    Raises [`ServerUnreachableError`][precision_plugin.errors.ServerUnreachableError] when
-    nothing answers (refused connection, unknown host, timeout), asking whether an ``engine``
-    server runs at that URL; ``PrecisionConfigError`` when the answer is not JSON (another kind
-    of server). An HTTP error status
-    (``urllib.error.HTTPError``, e.g. 404 for a missing endpoint) is left to the caller.
+
+def _is_timeout(exc: BaseException) -> bool:
+    reason = getattr(exc, "reason", exc)
+    return isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason)
+
+
+def get_json(base_url: str, path: str, *, engine: str, timeout: float = 10.0) -> Any:
+    """``GET {base_url}{path}`` and its JSON body, each failure named for what it is.
+
+    Raises [`ServerUnreachableError`][precision_plugin.errors.ServerUnreachableError] when no
+    answer came: ``kind`` ``not_listening`` (refused connection, unknown host), ``timeout`` (the
+    timeout is named) or ``not_ready`` (HTTP 503: listening, still loading);
+    [`ServerAnswerError`][precision_plugin.errors.ServerAnswerError] when an answer came but is
+    unusable: ``server_error`` (HTTP 5xx, with the start of its body), ``truncated`` (the body
+    ended before its announced length) or ``not_json`` (another kind of server). Another HTTP
+    error status (``urllib.error.HTTPError``, e.g. 404 for a missing endpoint) is left to the
+    caller, which knows what the endpoint's absence means.
     """
     base = base_url.strip().rstrip("/")
     url = f"{base}{path}"
@@ -101,22 +118,99 @@ def get_json(base_url: str, path: str, *, engine: str, timeout: float = 10.0) ->
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = response.read()
-    except urllib.error.HTTPError:
-        raise
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            raise
+        detail = _body_start(exc)
+        if exc.code == 503:
+            raise _error(
+                "not_ready",
+                ServerUnreachableError,
+                f"The {engine} server at {base} is listening but not ready (HTTP 503 to GET "
+                f"{path}{detail}): it is still loading the model, or shutting down. Wait until "
+                f"its /health answers 200, then check again.",
+            ) from None
+        raise _error(
+            "server_error",
+            ServerAnswerError,
+            f"The {engine} server at {base} answered GET {path} with HTTP {exc.code}, an error "
+            f"inside the server{detail}; its log says why. Fix the server, then check again.",
+        ) from None
+    except http.client.IncompleteRead as exc:
+        raise _error(
+            "truncated",
+            ServerAnswerError,
+            f"The answer of {url} ended early ({len(exc.partial)} bytes received, "
+            f"{exc.expected} more announced): the connection was cut. Check the server (or "
+            f"a proxy in between) and try again.",
+        ) from None
+    except (http.client.RemoteDisconnected, ConnectionResetError) as exc:
+        raise _error(
+            "truncated",
+            ServerAnswerError,
+            f"{url} closed the connection without a complete answer ({type(exc).__name__}): "
+            f"is {article} {engine} server running there, and not crashing? Check its log.",
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's
         reason = getattr(exc, "reason", exc)
-        raise ServerUnreachableError(
-            f"Could not ask the {engine} server at {base} for its configuration ({reason}). "
-            f"Is {article} {engine} server running at {base}? Start it first, or pass the base "
-            f"URL it listens on (scheme, host and port, e.g. {example})."
+        if _is_timeout(exc):
+            raise _error(
+                "timeout",
+                ServerUnreachableError,
+                f"The {engine} server at {base} did not answer GET {path} within the "
+                f"{timeout:g} s timeout: it is busy or stuck, or a firewall drops the "
+                f"connection. Try again when it is idle, or pass a larger timeout.",
+            ) from None
+        raise _error(
+            "not_listening",
+            ServerUnreachableError,
+            f"Could not ask the {engine} server at {base} for its configuration ({reason}): "
+            f"nothing listens there. Is {article} {engine} server running at {base}? Start it "
+            f"first, or pass the base URL it listens on (scheme, host and port, e.g. "
+            f"{example}).",
         ) from None
     try:
         return json.loads(body.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise PrecisionConfigError(
-            f"{url} answered, but not with JSON ({body[:80]!r}): is this an {engine} server? "
-            f"Pass the base URL of the {engine} server."
+    except RecursionError:
+        raise _error(
+            "not_json",
+            ServerAnswerError,
+            f"{url} answered with JSON nested too deeply to read: is this {article} {engine} "
+            f"server? Pass the base URL of the {engine} server.",
         ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _error(
+            "not_json",
+            ServerAnswerError,
+            f"{url} answered, but not with JSON ({body[:80]!r}): is this {article} {engine} "
+            f"server? Pass the base URL of the {engine} server.",
+        ) from None
+
+
+def _body_start(exc: urllib.error.HTTPError) -> str:
+    try:
+        text = exc.read(200).decode("utf-8", "replace").strip()
+    except (OSError, ValueError, http.client.HTTPException):
+        text = ""
+    return f": {text[:120]!r}" if text else ""
+
+
+def unusable_answer(framework: str, exc: Exception, policy: PrecisionPolicy) -> list[Finding]:
+    """A server that answered with an error or a truncated body: its precision cannot be
+    verified. Under ``strictness="error"`` that is raised as
+    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] (an unverified
+    server is no verified one), else one warning finding. An answer that is not JSON, or JSON
+    of another program, means the URL is not the engine's server: that
+    ``ServerAnswerError`` is raised as it is, whatever the strictness (fix the URL)."""
+    if getattr(exc, "kind", "") in ("not_json", "other_program"):
+        raise exc
+    if policy.strictness == "error":
+        raise PrecisionMismatchError(
+            f"{exc} The server's precision could not be verified (strictness='error')."
+        ) from None
+    finding = Finding(framework, "warning", str(exc), fix="fix the server, then check again")
+    log.warning("%s Fix: %s.", finding.message, finding.fix)
+    return [finding]
 
 
 def settle_findings(findings: list[Finding], policy: PrecisionPolicy) -> list[Finding]:

@@ -18,6 +18,11 @@ section names (``precision_plugin.provenance``); ``VIEW`` says what to show of i
 - ``provenance``: one sentence: the command, the date, the versions and the machine;
 - a name in ``VIEWS``: a renderer of a whole table or block, registered below.
 
+Exit codes: 0 done (or, with ``--check``, every block is current); 1 ``--check`` found blocks
+that differ; 2 a block cannot be rendered (a missing or malformed results file, an unknown
+view, a path or format the results do not have, an opening marker without its closing one):
+one line on stderr naming the file, the line and the block, never a traceback.
+
 ``tests/unit/test_published_figures.py`` fails when a block differs from its rendering, when a
 results file lacks its provenance, or when a results file is published nowhere.
 """
@@ -41,6 +46,15 @@ BLOCK = re.compile(
     r"(?P<body>(?:(?!<!-- results: ).)*?)<!-- /results -->",
     re.S,
 )
+
+#: Any opening or closing marker; one right after a backtick is quoted in prose, not a marker.
+OPENING = re.compile(r"(?<!`)<!-- results: ?(?P<rest>.*?)-->")
+CLOSING = re.compile(r"(?<!`)<!-- /results -->")
+
+
+class RenderError(Exception):
+    """A results block that cannot be rendered; the message names the block and the fix."""
+
 
 #: Renderers of whole blocks: view name -> function(results) -> text.
 VIEWS: dict[str, Callable[[dict[str, Any]], str]] = {}
@@ -444,7 +458,22 @@ def _readme_summary(data: dict[str, Any]) -> str:
 
 
 def render(name: str, view_name: str) -> str:
-    """The text of block ``NAME VIEW``."""
+    """The text of block ``NAME VIEW``; :class:`RenderError` when it cannot be rendered."""
+    try:
+        return _render(name, view_name)
+    except RenderError:
+        raise
+    except RecursionError:
+        raise RenderError(f"docs/results/{name}.json is nested too deeply to render") from None
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise RenderError(
+            f"view {view_name!r} of docs/results/{name}.json cannot be rendered "
+            f"({type(exc).__name__}: {exc}); fix the view, or rerun the command that writes the "
+            f"results file"
+        ) from None
+
+
+def _render(name: str, view_name: str) -> str:
     data = load(name)
     if view_name.startswith("value:"):
         _, path, *spec = view_name.split(":", 2)
@@ -461,14 +490,35 @@ def render(name: str, view_name: str) -> str:
             value = value * float(factor)
         return format(value, fmt)
     if view_name not in VIEWS:
-        raise KeyError(f"unknown view {view_name!r} (known: value:PATH[:FORMAT], {sorted(VIEWS)})")
+        raise RenderError(
+            f"unknown view {view_name!r} (known: value:PATH[:FORMAT], {', '.join(sorted(VIEWS))})"
+        )
     return VIEWS[view_name](data)
 
 
 def load(name: str) -> dict[str, Any]:
     """``docs/results/NAME.json`` (a sanity document with its consequence summaries computed
     from its steps where it predates them: ``precision_plugin.sanity.table.with_consequence``)."""
-    data = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+    path = RESULTS / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RenderError(
+            f"docs/results/{name}.json does not exist; run the command that writes it, or fix "
+            f"the block's NAME"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RenderError(f"docs/results/{name}.json cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise RenderError(
+            f"docs/results/{name}.json is not valid JSON ({exc.msg} at line {exc.lineno}); "
+            f"rerun the command that writes it"
+        ) from None
+    if not isinstance(data, dict):
+        raise RenderError(
+            f"docs/results/{name}.json holds a JSON {type(data).__name__}, not the object a "
+            f"results file is"
+        )
     if data.get("benchmark") == "sanity" and "aggregate" in data:
         from precision_plugin.sanity.table import with_consequence
 
@@ -490,11 +540,41 @@ def blocks(text: str) -> Iterator[re.Match[str]]:
     return BLOCK.finditer(text)
 
 
-def rendered(text: str) -> str:
-    """``text`` with every results block rendered afresh."""
+def _line(text: str, at: int) -> int:
+    return text.count("\n", 0, at) + 1
+
+
+def unmatched(text: str) -> list[str]:
+    """An opening marker that starts no block (no closing marker, or a malformed one) and a
+    closing marker that ends none, each as ``line N: ...``."""
+    starts = {m.start() for m in BLOCK.finditer(text)}
+    ends = {m.end() for m in BLOCK.finditer(text)}
+    out = [
+        f"line {_line(text, m.start())}: the opening marker {m[0]!r} has no closing "
+        f"<!-- /results --> (or is not '<!-- results: NAME VIEW -->')"
+        for m in OPENING.finditer(text)
+        if m.start() not in starts
+    ]
+    out += [
+        f"line {_line(text, m.start())}: a closing <!-- /results --> without its opening marker"
+        for m in CLOSING.finditer(text)
+        if m.end() not in ends
+    ]
+    return out
+
+
+def rendered(text: str, where: str = "the text") -> str:
+    """``text`` with every results block rendered afresh; :class:`RenderError` (naming
+    ``where`` and the line) for a block that cannot be, or a marker without its pair."""
+    problems = unmatched(text)
+    if problems:
+        raise RenderError(f"{where}: {problems[0]}")
 
     def one(match: re.Match[str]) -> str:
-        body = render(match["name"], match["view"])
+        try:
+            body = render(match["name"], match["view"])
+        except RenderError as exc:
+            raise RenderError(f"{where}: line {_line(text, match.start())}: {exc}") from None
         # A block on several lines keeps its rendering on lines of its own.
         if "\n" in match["body"] or "\n" in body:
             body = f"\n{body.strip(chr(10))}\n"
@@ -503,19 +583,38 @@ def rendered(text: str) -> str:
     return BLOCK.sub(one, text)
 
 
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` atomically (a temporary file beside it, then a rename)."""
+    temporary = path.with_name(f".{path.name}.render-tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise RenderError(f"{path.relative_to(ROOT)} cannot be written ({exc})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite (or ``--check``) every results block."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report blocks that differ")
     args = parser.parse_args(argv)
     stale = []
-    for path in published_files():
-        text = path.read_text(encoding="utf-8")
-        new = rendered(text)
-        if new != text:
-            stale.append(path.relative_to(ROOT))
-            if not args.check:
-                path.write_text(new, encoding="utf-8")
+    try:
+        for path in published_files():
+            where = str(path.relative_to(ROOT))
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise RenderError(f"{where} cannot be read ({exc})") from None
+            new = rendered(text, where)
+            if new != text:
+                stale.append(path.relative_to(ROOT))
+                if not args.check:
+                    _write(path, new)
+    except RenderError as exc:
+        print(f"render_docs: error: {exc}", file=sys.stderr)
+        return 2
     verb = "differ from their results files" if args.check else "re-rendered"
     for path in stale:
         print(f"{path}: results blocks {verb}")

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 
 class Answer:
@@ -53,3 +54,45 @@ def loopback(answer: Answer) -> Iterator[Answer]:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@contextmanager
+def serve(status: int = 200, body: bytes = b"{}", *, delay: float = 0.0, length: int | None = None,
+          ) -> Iterator[str]:  # fmt: skip
+    """A server on 127.0.0.1 answering every GET with ``status`` and ``body`` after ``delay``
+    seconds; ``length`` announces another Content-Length (a body cut short)."""
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if delay:
+                stop.wait(delay)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if length is None else length))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            if length is not None:
+                self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}"
+    finally:
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import precision_plugin.constraints as _declared
 from precision_plugin.boundary.typecheck import (  # noqa: F401 (the checker's public names)
     _SHOWN,
     COERCIONS,
@@ -111,6 +112,33 @@ class Validator:
 
     def __call__(self, value: Any) -> Any:
         return self.check(value)
+
+
+def _as_invalid(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` with a broken declared rule raised as :class:`Invalid`."""
+
+    def run(value: Any) -> Any:
+        try:
+            return check(value)
+        except _declared.Invalid as exc:
+            raise Invalid(str(exc)) from None
+
+    return run
+
+
+def _chain(first: Validator, then: Validator | None) -> Validator:
+    """``first``'s check, then ``then``'s on what it returned (one validator, both rules)."""
+    if then is None:
+        return first
+    import dataclasses
+
+    return dataclasses.replace(
+        then,
+        allowed=f"{first.allowed}; {then.allowed}" if then.allowed else first.allowed,
+        check=lambda value: then.check(first.check(value)),
+        bad=first.bad + then.bad,
+        bounds=first.bounds or then.bounds,
+    )
 
 
 def fix_hint(fix: str) -> Validator:
@@ -507,6 +535,8 @@ class Boundary:
     _signature: inspect.Signature | None = field(default=None, repr=False)
     _hints: dict[str, Any] | None = field(default=None, repr=False)
     _plans: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Relations the annotations declare (``Ordered``, ``AtMost``: precision_plugin.constraints).
+    _across: tuple[Relation, ...] = field(default=(), repr=False)
 
     @property
     def signature(self) -> inspect.Signature:
@@ -533,9 +563,21 @@ class Boundary:
                 namespace.setdefault(self.owner.__name__, self.owner)
             hints: dict[str, Any] = {}
             for param in self.parameters:
-                hints[param.name] = _resolve(param.annotation, namespace)
+                resolved = _resolve(param.annotation, namespace)
+                self._declare(param.name, resolved)
+                hints[param.name] = _declared.plain(resolved)
             self._hints = hints
         return self._hints
+
+    def _declare(self, name: str, hint: Any) -> None:
+        """Add what ``hint`` declares (``Annotated[float, Finite(), Gt(0)]``) to the parameter's
+        validator (the declared rules first, on the value as passed) and to the relations."""
+        rule = _declared.validator_for(hint)
+        if rule is not None:
+            own = Validator(rule.allowed, _as_invalid(rule.check), rule.bad, rule.bounds)
+            self.validators[name] = _chain(own, self.validators.get(name))
+        for across in _declared.relations_for(name, hint):
+            self._across += (Relation(across.params, across.allowed, _as_invalid(across.check)),)
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Bind and check a call's arguments; return them with validators' conversions."""
@@ -564,7 +606,7 @@ class Boundary:
             if new is not value:
                 bound.arguments[name] = new
                 changed = True
-        for relation in self.relations:
+        for relation in (*self.relations, *self._across):
             self._relate(relation, bound.arguments)
         return (bound.args, bound.kwargs) if changed else (args, kwargs)
 

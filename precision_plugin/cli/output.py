@@ -76,6 +76,13 @@ def check_outputs(args: argparse.Namespace) -> None:
             "stdout is closed and no --json FILE was given, so the results would be lost; "
             "pass --json FILE, or run with stdout open"
         )
+    from precision_plugin.outputs import distinct_paths
+
+    prompts = getattr(args, "prompts", None)
+    distinct_paths(
+        {"--prompts": prompts} if prompts is not None else {},
+        {"--json": args.json, "--plot": args.plot},
+    )
 
 
 def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -> None:
@@ -92,16 +99,18 @@ def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -
         with writing_stdout():
             sys.stdout.write(text)
         return
-    write(args.json, "--json", lambda path: path.write_text(text, encoding="utf-8"))
+    from precision_plugin.outputs import write_atomic
+
+    write(args.json, "--json", lambda path: write_atomic(path, text))
     err.print(f"wrote {args.json}")
 
 
 def console(stderr: bool = False) -> Any:
     """A rich console; 100 columns when writing to a file or pipe (rich would assume 80)."""
-    from rich.console import Console
+    from precision_plugin.outputs import console as plain_console
 
-    out = Console(stderr=stderr)
-    return out if out.is_terminal else Console(stderr=stderr, width=100)
+    out = plain_console(stderr=stderr)  # a broken pipe is an OSError: exit 74, one line
+    return out if out.is_terminal else plain_console(stderr=stderr, width=100)
 
 
 def with_progress(err: Any, work: Callable[[ProgressFn], Any]) -> Any:

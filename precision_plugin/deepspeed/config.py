@@ -36,7 +36,7 @@ from precision_plugin.frameworks import (
     deepspeed_flag,
 )
 from precision_plugin.manager import requested_policy, resolve_policy
-from precision_plugin.policy import DuplicateKeyError, PrecisionPolicy, normalize_dtype, parse_json
+from precision_plugin.policy import PrecisionPolicy, UserJSONError, normalize_dtype, parse_json
 
 log = logging.getLogger("precision_plugin")
 
@@ -63,7 +63,7 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
     else:
         try:
             data = parse_json(text)
-        except DuplicateKeyError as exc:
+        except UserJSONError as exc:
             raise PrecisionConfigError(
                 f"DeepSpeed config (JSON string): {exc} (DeepSpeed refuses such a config)."
             ) from None
@@ -89,7 +89,7 @@ def _read_json_file(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             return parse_json(fh.read())
-    except DuplicateKeyError as exc:
+    except UserJSONError as exc:
         raise PrecisionConfigError(
             f"DeepSpeed config {path!r}: {exc} (DeepSpeed refuses such a config)."
         ) from None

@@ -34,11 +34,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import annotated_types as at
 import torch
 
 from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
+from precision_plugin.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.intervals import (
     chi2_ppf,
@@ -56,6 +58,11 @@ from precision_plugin.metrics.mismatch import (
     masked_log_ratio,
 )
 
+#: A share of sequences or tokens (NaN: none measured).
+Share = Annotated[float, Finite(nan_ok=True), at.Ge(0), at.Le(1)]
+#: A standard error or a variance (NaN: fewer than two sequences).
+Spread = Annotated[float, Finite(nan_ok=True), at.Ge(0)]
+
 
 @checked
 @dataclass(frozen=True)
@@ -66,8 +73,8 @@ class SequenceMask:
     key: str
     system: str
     label: str
-    low: float | None
-    high: float | None
+    low: Annotated[float | None, Finite(), at.Gt(0)]
+    high: Annotated[float | None, Finite(), at.Gt(0), Ordered("low", ">")]
     setting: str
     source: str
 
@@ -145,12 +152,12 @@ COUNT_FIELDS: tuple[str, ...] = (
 class Consequence:
     """The consequence metrics of a batch (see the module docstring); NaN without sequences."""
 
-    ess: float
-    seq_mask_fraction_trl: float
-    seq_mask_fraction_verl: float
-    tis_clip_fraction: float
-    sequences: int
-    tokens: int
+    ess: Annotated[float, Finite(nan_ok=True), at.Ge(0)]
+    seq_mask_fraction_trl: Share
+    seq_mask_fraction_verl: Share
+    tis_clip_fraction: Share
+    sequences: Count
+    tokens: Annotated[int, Whole(), at.Ge(0), Ordered("sequences", ">=")]
 
     def to_dict(self) -> dict[str, float | int]:
         """JSON-ready dict."""
@@ -270,9 +277,9 @@ _Z = z_value(COVERAGE)  # 1.645: a 90 % two-sided interval
 class Interval:
     """A projected value with its ``COVERAGE`` interval."""
 
-    value: float
-    low: float
-    high: float
+    value: Measured
+    low: Measured
+    high: Annotated[float, Finite(nan_ok=True), Ordered("low", ">=")]
 
     def to_dict(self) -> dict[str, float]:
         """JSON-ready dict."""
@@ -302,13 +309,13 @@ class GrowthFit:
     excess kurtosis it was sized with.
     """
 
-    sequences: int
-    tokens: int
-    drift: float
-    drift_stderr: float
-    variance: float
-    variance_low: float
-    variance_high: float
+    sequences: Count
+    tokens: Annotated[int, Whole(), at.Ge(0), Ordered("sequences", ">=")]
+    drift: Measured
+    drift_stderr: Spread
+    variance: Spread
+    variance_low: Spread
+    variance_high: Annotated[float, Finite(nan_ok=True), at.Ge(0), Ordered("variance_low", ">=")]
     tis_clip: Interval
     drift_from: str = "k1"
     variance_robust_low: float = math.nan
@@ -334,11 +341,11 @@ class GrowthFit:
     clipped_tokens=at_least(0),
 )
 def fit_growth(
-    seq_log_ratio: Sequence[float],
+    seq_log_ratio: Annotated[Sequence[float], Each(Finite())],
     seq_lengths: Sequence[int],
-    clipped_tokens: int = 0,
+    clipped_tokens: Annotated[int, AtMost("seq_lengths", sum, "the tokens of the sequences")] = 0,
     *,
-    seq_kl: Sequence[float] | None = None,
+    seq_kl: Annotated[Sequence[float] | None, Each(Finite())] = None,
 ) -> GrowthFit:
     """Fit ``GrowthFit`` to sequences' log-ratios ``S_i`` and lengths ``L_i`` (valid tokens);
     ``clipped_tokens`` of the ``Σ L_i`` tokens had a ratio above ``TIS_CLIP``. ``seq_kl``: each

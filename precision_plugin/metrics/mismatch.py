@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import annotated_types as at
 import torch
 
 from precision_plugin.boundary import (
@@ -51,6 +52,7 @@ from precision_plugin.boundary import (
     same_length,
     same_shape,
 )
+from precision_plugin.constraints import Each, Whole
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
@@ -373,6 +375,8 @@ def _as_2d(x: Any) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 1 else t
 
 
+#: One token count per sequence: whole numbers >= 0 (``True`` is no length).
+TokenCounts = Annotated[Any, Each(Whole(), at.Ge(0))]
 #: The drift's inputs: one token count and one log-ratio sum per sequence.
 _LENGTHS = numbers_1d("a sequence's token count", low=0)
 _SUMS = numbers_1d("a sequence's sum of log π − log μ")
@@ -382,7 +386,7 @@ _PER_SEQUENCE = same_length(
 
 
 @checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
-def drift_fit(lengths: Any, sums: Any) -> tuple[float, float, float]:
+def drift_fit(lengths: TokenCounts, sums: Any) -> tuple[float, float, float]:
     """``(drift, stderr, variance)`` per token of sequences' log-ratios ``S_i`` (sums of
     log π − log μ) and lengths ``L_i``, under the random walk ``S ~ Normal(drift·L, variance·L)``.
 
@@ -420,7 +424,7 @@ def fit_drift(
 
 
 @checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
-def drift_per_1k(lengths: Any, sums: Any) -> tuple[float, float]:
+def drift_per_1k(lengths: TokenCounts, sums: Any) -> tuple[float, float]:
     """The drift per 1,000 tokens (``1000 · Σ S / Σ L``, that is −1000·k1) and its standard
     error, from [`drift_fit`][precision_plugin.metrics.mismatch.drift_fit]."""
     drift, stderr, _ = drift_fit(lengths, sums)
@@ -445,6 +449,8 @@ log_probs_arg = Validator(
     _log_probs,
     ([[0.5, 0.25]], [[-0.1], [-0.2, -0.3]], [[[-0.1]]], "x", None),
 )
+
+
 def _mask(x: Any) -> torch.Tensor:
     t = _as_2d(x)
     if t.numel() and not bool(((t == 0) | (t == 1)).all()):

@@ -328,6 +328,24 @@ def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
     return check_model_config(path, policy, raise_on_refusal=False)
 
 
+def typed_args(args: Any) -> dict[str, Any]:
+    """The arguments the check reads, each as OpenRLHF's parser gives it
+    ([`OPENRLHF`][precision_plugin.configs.OPENRLHF]): ``vllm.num_engines "0"`` is 0 engines,
+    ``is_correction_level "false"`` is refused (off, token or seq), a string for a switch is
+    refused, a typo of a known key names the key it is close to."""
+    from precision_plugin.configs import OPENRLHF
+
+    source = "the parsed arguments"
+    if isinstance(args, Mapping) or type(args).__module__ == "argparse":
+        OPENRLHF.read_mapping(args, source)  # typos of known keys, as the parser would refuse
+    out: dict[str, Any] = {}
+    for key in OPENRLHF.by_path:
+        raw = arg(args, key, _MISSING)
+        if raw is not _MISSING:
+            out[key] = OPENRLHF.value(key, raw, source)
+    return out
+
+
 def _parsed_args(args: Any) -> Any:
     """The boundary check of OpenRLHF's parsed arguments: a namespace or a dict."""
     if not isinstance(args, Mapping) and (
@@ -368,6 +386,7 @@ def find_problems(
     policy = resolve_policy(policy)
     lay = layout(openrlhf_version)
     env = os.environ if environ is None else environ
+    args = typed_args(args)
     learner, findings = _learner(args, policy, lay)
     findings += _bf16_only(args, policy)
     findings += _engines(args, policy, learner, env)

@@ -13,7 +13,7 @@ from typing import Any
 
 from precision_plugin.boundary import at_least, checked, duck, non_empty
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.policy import DuplicateKeyError, parse_json
+from precision_plugin.policy import UserJSONError, parse_json
 
 #: What the prompt builders tokenize with.
 _TOKENIZER = duck("__call__", "decode", what="a transformers tokenizer (AutoTokenizer)")
@@ -213,7 +213,7 @@ def _json_array(path: str, text: str) -> list[Prompt] | None:
         return None  # "[INST] ..." is text
     try:
         data = parse_json(text)
-    except DuplicateKeyError as exc:
+    except UserJSONError as exc:
         raise PrecisionConfigError(f"prompts: {path!r}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(
@@ -235,7 +235,7 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
     where = f"prompts: {path!r} line {number}"
     try:
         record = parse_json(line)
-    except DuplicateKeyError as exc:
+    except UserJSONError as exc:
         raise PrecisionConfigError(f"{where}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(

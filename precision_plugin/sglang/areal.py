@@ -80,7 +80,10 @@ def check_areal_config(
     backend is SGLang, the ``sglang`` section as the launch
     [`check_server_args`][precision_plugin.sglang.check_server_args] checks. ``error`` findings
     raise together under ``strictness="error"``; the findings are returned."""
+    from precision_plugin.configs import AREAL
+
     pol = resolve_policy(policy)
+    AREAL.read_mapping(cfg, "the AReaL config")  # typos of known keys, values OmegaConf refuses
     findings: list[Finding] = []
     for role in LEARNERS:
         section = lookup(cfg, role)

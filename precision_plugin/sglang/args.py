@@ -140,7 +140,13 @@ def read_yaml(path: str, flag: str) -> Any:
             f"the framework would read."
         ) from None
     except yaml.YAMLError as exc:
-        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({exc}).") from None
+        text = " ".join(str(exc).split())
+        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({text}).") from None
+    except RecursionError:
+        raise PrecisionConfigError(
+            f"{flag} {path!r} nests too deeply to read (no server config nests more than a few "
+            f"levels); write it flat."
+        ) from None
 
 
 def _config_args(path: str) -> list[str]:
@@ -167,11 +173,27 @@ def _config_args(path: str) -> list[str]:
 def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
     """What SGLang's parser makes of ``argv`` for :data:`FIELDS`: command line over ``--config``
     over defaults (``prepare_server_args`` puts the file's arguments first)."""
+    from precision_plugin.configs import SGLANG
+
     argv = list(argv)
-    if "--config" in argv[:-1]:
-        at = argv.index("--config")
+    configs = [i for i, a in enumerate(argv) if a == "--config"]
+    if len(configs) > 1:
+        raise PrecisionConfigError(
+            "SGLang: --config in the command line is given more than once, which SGLang "
+            "refuses ('Multiple config files specified! Only one allowed.', "
+            "server_args_config_parser.py); merge them into one YAML file."
+        )
+    if configs and configs[0] == len(argv) - 1:
+        raise PrecisionConfigError(
+            "SGLang: --config in the command line has no value: it is the last argument, which "
+            "SGLang refuses ('No config file specified after --config flag!', "
+            "server_args_config_parser.py); write --config FILE.yaml."
+        )
+    if configs:
+        at = configs[0]
         argv = [*_config_args(argv[at + 1]), *argv[:at], *argv[at + 2 :]]
     given = vars(field_parser().parse_known_args(argv)[0])
+    SGLANG.read_argv(argv)  # typos of known flags, a switch given a value
     return {**FIELDS, **given}
 
 
@@ -208,11 +230,16 @@ def read_server_args(args: Any) -> dict[str, Any]:
     FILE`` included).
     """
     if isinstance(args, Mapping):
+        from precision_plugin.configs import SGLANG
+
+        kwargs = SGLANG.with_style("python")
+        given = {str(key).replace("-", "_"): value for key, value in args.items()}
+        if "version" not in given:  # keyword arguments, not a server's /server_info answer
+            kwargs.read_mapping(given, "the keyword arguments")
         values = dict(FIELDS)
-        for key, value in args.items():
-            name = str(key).replace("-", "_")
+        for name, value in given.items():
             if name in FIELDS:
-                values[name] = value
+                values[name] = kwargs.value(name, value, "the keyword arguments")
         return values
     if isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
         return _from_argv(args)

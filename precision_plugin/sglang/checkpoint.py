@@ -81,11 +81,25 @@ def auto_dtype(config: Mapping[str, Any]) -> str:
             f"name (config.json holds one such as 'bfloat16'); pass the checkpoint's config.json "
             f"contents, or launch SGLang with an explicit --dtype."
         )
+    if isinstance(declared, str) and not _torch_names_dtype(declared):
+        raise PrecisionConfigError(
+            f"the checkpoint's config.json declares dtype {declared!r}, which is no torch dtype "
+            f"name: transformers reads it with getattr(torch, {declared!r}) and fails, so SGLang "
+            f"cannot load this config (names are case-sensitive: 'bfloat16', 'float16', "
+            f"'float32'); write the torch name in config.json, or launch with an explicit --dtype."
+        )
     stored = _STORED.get(key, "float32")
     if stored != "float32":
         return stored
     model_type = str(text.get("model_type") or "")
     return "bfloat16" if model_type.startswith("gemma") else "float16"
+
+
+def _torch_names_dtype(name: str) -> bool:
+    """True when ``getattr(torch, name)`` is a dtype, as transformers reads a config's dtype."""
+    import torch
+
+    return isinstance(getattr(torch, name.removeprefix("torch."), None), torch.dtype)
 
 
 def bf16_architectures() -> frozenset[str]:

@@ -15,11 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.boundary import checked
-from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
+from precision_plugin.errors import (
+    PrecisionConfigError,
+    ServerAnswerError,
+    ServerUnreachableError,
+)
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
-from precision_plugin.serving import get_json, server_url, settle_findings
+from precision_plugin.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 
@@ -34,6 +38,12 @@ def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     try:
         info = get_json(base_url, SERVER_INFO, engine="SGLang", timeout=timeout)
     except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise PrecisionConfigError(
+                f"{base_url} refused GET {SERVER_INFO} with HTTP {exc.code} ({exc.reason}): a "
+                f"proxy or an authentication layer stands in front of the server. Pass the "
+                f"SGLang server's own base URL, or the /server_info JSON."
+            ) from None
         raise PrecisionConfigError(
             f"{base_url} answered GET {SERVER_INFO} with HTTP {exc.code}: it is not an SGLang "
             f"server (SGLang >= 0.4 serves {SERVER_INFO}). Pass the base URL of the SGLang "
@@ -41,9 +51,10 @@ def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
             f"precision_plugin.vllm.verify_server."
         ) from None
     if not isinstance(info, Mapping) or "dtype" not in info:
-        raise PrecisionConfigError(
+        raise ServerAnswerError(
             f"{base_url}{SERVER_INFO} answered without a 'dtype' field, which SGLang's "
-            f"/server_info always has: it is not an SGLang server."
+            f"/server_info always has: it is not an SGLang server.",
+            kind="other_program",
         )
     return dict(info)
 
@@ -78,6 +89,8 @@ def verify_server(
             )
             log.warning("%s Fix: %s.", finding.message, finding.fix)
             return [finding]
+        except ServerAnswerError as exc:  # it answered, wrongly: an error under "error"
+            return unusable_answer(FRAMEWORK, exc, pol)
         where = f"SGLang server at {url.rstrip('/')}"
     if info.get("version"):
         where = f"{where} (SGLang {info['version']})"

@@ -102,6 +102,9 @@ def slime_engine_args(argv: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         },
     )
     given = vars(parser.parse_known_args(list(argv))[0])
+    from precision_plugin.configs import SLIME
+
+    SLIME.read_argv(argv)  # --fp16 with --bf16 (Megatron refuses the pair), typos of known flags
     base = dict(FIELDS)
     base.update({k: v for k, v in given.items() if k in FIELDS})
     base["model_path"] = given.get("hf_checkpoint")

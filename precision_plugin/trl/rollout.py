@@ -9,7 +9,6 @@ and on GPUs too small for vLLM.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import zlib
 from collections.abc import Mapping
@@ -216,10 +215,27 @@ def sampling_settings(trainer: Any) -> tuple[SamplingSettings, int]:
     values: dict[str, Any] = {
         name: getattr(trainer, name, getattr(args, name, None)) for name in TRAINER_SETTINGS
     }
-    values["max_tokens"] = int(args.max_completion_length)
-    extra = getattr(args, "generation_kwargs", None) or {}
-    if isinstance(extra, str):
-        extra = json.loads(extra)
+    from precision_plugin.configs import TRL
+
+    source = type(args).__name__
+    length = TRL.value(
+        "max_completion_length", getattr(args, "max_completion_length", None), source
+    )
+    if length is None or length < 1:
+        raise PrecisionConfigError(
+            f"TRL: max_completion_length in {source} is {length!r}: every completion is sampled "
+            f"for at most that many tokens, so it must be an integer >= 1; set it, e.g. 256."
+        )
+    values["max_tokens"] = length
+    extra = TRL.value("generation_kwargs", getattr(args, "generation_kwargs", None) or {}, source)
+    if "max_tokens" in extra:
+        tokens = TRL.value("max_completion_length", extra["max_tokens"], source)
+        if tokens is None or tokens < 1:
+            raise PrecisionConfigError(
+                f"TRL: generation_kwargs['max_tokens'] in {source} is {extra['max_tokens']!r}, "
+                f"which vLLM's SamplingParams refuses (max_tokens must be at least 1); drop it "
+                f"(max_completion_length sets it) or set an integer >= 1."
+            )
     unknown = sorted(set(extra) - set(GENERATION_KWARGS))
     if unknown:
         raise PrecisionConfigError(

@@ -238,6 +238,9 @@ def find_contradictions(
     strategy: str | None = None,
 ) -> list[Contradiction]:
     """Every contradiction between the composed verl config ``cfg`` and ``policy`` (pure)."""
+    from precision_plugin.configs import VERL
+
+    VERL.read_mapping(cfg, "the verl config")  # typos of known keys, quoted booleans, counts
     strategy = strategy or lookup(cfg, "actor_rollout_ref.actor.strategy", "fsdp")
     lay = layout(verl_version, "fsdp" if strategy == "fsdp2" else strategy)
     if lay.legacy and lookup(cfg, "trainer.use_legacy_worker_impl", "auto") == "disable":

@@ -15,11 +15,15 @@ from typing import Any
 
 from precision_plugin import versions
 from precision_plugin.boundary import Invalid, Validator, checked
-from precision_plugin.errors import PrecisionConfigError, ServerUnreachableError
+from precision_plugin.errors import (
+    PrecisionConfigError,
+    ServerAnswerError,
+    ServerUnreachableError,
+)
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
-from precision_plugin.serving import get_json, server_url, settle_findings
+from precision_plugin.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.vllm.cascade import cascade_decision
 
 log = logging.getLogger("precision_plugin")
@@ -34,7 +38,7 @@ _FIX = (
 def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
     """``GET {base_url}/server_info?config_format=json``; returns the whole response."""
     try:
-        return get_json(base_url, "/server_info?config_format=json", engine="vLLM", timeout=timeout)
+        info = get_json(base_url, "/server_info?config_format=json", engine="vLLM", timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise PrecisionConfigError(
@@ -43,6 +47,15 @@ def fetch_server_info(base_url: str, timeout: float = 10.0) -> dict[str, Any]:
                 f"vllm-serve does), or set policy vllm.verify_server=false."
             ) from None
         raise
+    if not isinstance(info, Mapping) or not isinstance(info.get("vllm_config"), Mapping):
+        raise ServerAnswerError(
+            f"{base_url.rstrip('/')}/server_info answered without a 'vllm_config' object, which "
+            f"vLLM's /server_info always has: another program answers there (an SGLang server "
+            f"answers /server_info with its ServerArgs; check it with "
+            f"precision_plugin.sglang.verify_server).",
+            kind="other_program",
+        )
+    return dict(info)
 
 
 def _server_config(server: Any) -> tuple[dict[str, Any], str | None, str]:
@@ -165,6 +178,8 @@ def verify_server(
         finding = Finding("vllm", "warning", str(exc), fix="start the server, or fix its URL")
         log.warning("%s Fix: %s.", finding.message, finding.fix)
         return [finding]
+    except ServerAnswerError as exc:  # it answered, wrongly: an error under strictness="error"
+        return unusable_answer("vllm", exc, policy)
     except PrecisionConfigError:
         raise
     except Exception as exc:

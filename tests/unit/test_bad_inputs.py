@@ -30,6 +30,7 @@ import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.cli import main
 from precision_plugin.mismatch import SUM_FIELDS
+from tests.unit.catalogue_meaning import rows as _meaning_rows
 from tests.unit.state import assert_unchanged as _assert_unchanged
 from tests.unit.state import snapshot as _snapshot
 
@@ -707,7 +708,9 @@ NEW_SURFACES: list[Case] = [
         "verdict bad settings",
         "metrics",
         lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).verdict(
-            __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch([-0.1], [-0.1]),
+            __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+                [-0.1], [-0.1]
+            ),
             {"prob_diff_ok": -1},
         ),
         names=("'settings'", "prob_diff_ok"),
@@ -805,7 +808,7 @@ NEW_SURFACES: list[Case] = [
         lambda t: __import__("precision_plugin.openrlhf", fromlist=["x"]).check_args(
             {"ds.param_dtype": "fp16", "ds.tensor_parallel_size": "two"}, STRICT
         ),
-        names=("--ds.tensor_parallel_size is 'two'", "integer"),
+        names=("(--ds.tensor_parallel_size)", "is 'two'", "integer"),
     ),
     # the wrong kind of object anywhere: one line naming the parameter, no raw TypeError
     Case(
@@ -857,9 +860,11 @@ NEW_SURFACES: list[Case] = [
     Case(
         "Patcher setenv value",
         "types",
-        lambda t: __import__("precision_plugin.patching", fromlist=["x"])
-        .Patcher()
-        .setenv("PP_X", 5, reason="test"),
+        lambda t: (
+            __import__("precision_plugin.patching", fromlist=["x"])
+            .Patcher()
+            .setenv("PP_X", 5, reason="test")
+        ),
         names=("'value'", "int 5"),
     ),
 ]
@@ -1120,6 +1125,10 @@ AUDIT_SURFACES: list[Case] = [
 
 
 # -- the catalogue -----------------------------------------------------------------------------
+
+#: Issue 30: meaning, not type (other programs' configs by their own rules, server answers,
+#: files and streams, deep structures, generation settings, progress): tests/unit/catalogue_meaning.py
+MEANING_SURFACES: list[Case] = [Case(**row) for row in _meaning_rows(sys.modules[__name__])]
 
 CASES: list[Case] = [
     # 1. numbers that validate but cannot work; wrong types and values of the policy
@@ -1877,6 +1886,7 @@ CASES: list[Case] = [
     ),
     *NEW_SURFACES,
     *AUDIT_SURFACES,
+    *MEANING_SURFACES,
 ]
 
 
@@ -1934,7 +1944,7 @@ def test_bad_input(
 
 
 def test_the_catalogue_is_large_and_its_count_is_documented() -> None:
-    assert len(CASES) >= 80
+    assert len(CASES) >= 400
     text = (DOCS / "troubleshooting.md").read_text()
     assert f"{len(CASES)} bad inputs tried, each a clear error" in text
     for cls in sorted({c.cls for c in CASES}):

@@ -67,14 +67,16 @@ def test_allow_list_is_lazy_and_used(graph: _layers.ImportGraph) -> None:
 
 
 def test_core_leaves(graph: _layers.ImportGraph) -> None:
-    """errors imports nothing of the package at import time; dtypes only errors; the checker
-    only errors and dtypes; the policy is above the checker."""
+    """errors imports nothing of the package at import time; dtypes only errors; the meaning
+    constraints nothing; the checker only errors, dtypes and the constraints; the policy is
+    above the checker."""
     assert set(graph.edges["errors"]) - graph.lazy["errors"] == set()
     assert set(graph.edges["dtypes"]) == {"errors"}
     checker = [m for m in graph.paths if unit_of(m) == "boundary"]
     assert len(checker) >= 2  # the boundary package: decorator and type engine
     outside = {t for m in checker for t in graph.edges[m] if unit_of(t) != "boundary"}
-    assert outside == {"errors", "dtypes"}
+    assert set(graph.edges["constraints"]) == set()
+    assert outside == {"errors", "dtypes", "constraints"}
     assert layer_of("policy") > layer_of("boundary")
 
 

@@ -231,8 +231,50 @@ def test_block_views_keep_their_own_lines(results_dir):
 
 
 def test_an_unknown_view_names_the_known_ones(results_dir):
-    with pytest.raises(KeyError, match="value:PATH"):
+    with pytest.raises(render_docs.RenderError, match="value:PATH"):
         render_docs.rendered("<!-- results: demo nosuchview -->x<!-- /results -->")
+
+
+RENDER_ERRORS = [
+    ("<!-- results: demo value:ratio:.0f -->9\n", "line 1: the opening marker"),
+    ("a\n<!-- results: demo value:ratio -->9<!-- /result -->", "line 2: the opening marker"),
+    ("x <!-- /results -->", "closing <!-- /results --> without its opening marker"),
+    ("<!-- results: demo -->9<!-- /results -->", "is not '<!-- results: NAME VIEW -->'"),
+    ("<!-- results: nosuch value:x -->9<!-- /results -->", "nosuch.json does not exist"),
+    ("<!-- results: broken value:x -->9<!-- /results -->", "broken.json is not valid JSON"),
+    ("<!-- results: alist value:x -->9<!-- /results -->", "holds a JSON list, not the object"),
+    ("<!-- results: demo value:nosuch -->9<!-- /results -->", "KeyError: 'nosuch'"),
+    ("<!-- results: demo value:rows.5.n -->9<!-- /results -->", "IndexError"),
+    ("<!-- results: demo value:rows.x -->9<!-- /results -->", "ValueError"),
+    ("<!-- results: demo value:ratio:.q -->9<!-- /results -->", "Format specifier missing"),
+    ("<!-- results: demo value:ratio:*k:.1f -->9<!-- /results -->", "could not convert"),
+    ("<!-- results: demo value:rows:.2f -->9<!-- /results -->", "TypeError"),
+    ("<!-- results: demo sanity-table -->9<!-- /results -->", "cannot be rendered"),
+    ("<!-- results: deep value:x -->9<!-- /results -->", "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), RENDER_ERRORS)
+def test_each_render_error_is_one_clear_message(results_dir, text, says):
+    (results_dir / "broken.json").write_text("{oops")
+    (results_dir / "alist.json").write_text("[1, 2]")
+    (results_dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(render_docs.RenderError) as err:
+        render_docs.rendered(text, "page.md")
+    message = str(err.value)
+    assert message.startswith("page.md: line ") and says in message, message
+    assert "\n" not in message
+
+
+def test_check_fails_on_an_unclosed_marker_with_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("ok\n<!-- results: demo value:ratio -->47\n")
+    monkeypatch.setattr(render_docs, "ROOT", tmp_path)
+    monkeypatch.setattr(render_docs, "published_files", lambda: [page])
+    assert render_docs.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("render_docs: error: page.md: line 2: the opening marker")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_a_marker_quoted_in_prose_does_not_swallow_the_next_block(results_dir):

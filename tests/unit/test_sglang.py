@@ -154,12 +154,21 @@ def test_a_topk_sglang_would_refuse_is_named():
     fields = {"dtype": "float16", "speculative_algorithm": "EAGLE", "speculative_eagle_topk": "x"}
     with pytest.raises(PrecisionConfigError) as err:
         check_server_args(fields, STRICT)
-    assert str(err.value) == (
-        "speculative_eagle_topk is 'x', which SGLang refuses (it takes an integer); pass an "
-        "integer such as 1, or leave it unset."
+    assert str(err.value).startswith(
+        "SGLang: speculative_eagle_topk in the keyword arguments is the string 'x', where an "
+        "integer belongs"
     )
-    fields["speculative_eagle_topk"] = "4"  # a string of digits, as a YAML or env might give it
+    # ServerArgs(**kwargs) converts nothing: a string of digits is compared with ints later.
+    fields["speculative_eagle_topk"] = "4"
+    with pytest.raises(PrecisionConfigError, match="the string '4'"):
+        check_server_args(fields, STRICT)
+    fields["speculative_eagle_topk"] = 4
     assert [f.status for f in check_server_args(fields)] == ["ok", "warning"]
+    # on the command line argparse's int() reads the text
+    argv = ["--dtype", "float16", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk"]
+    assert [f.status for f in check_server_args([*argv, "4"])] == ["ok", "warning"]
+    with pytest.raises(PrecisionConfigError, match="invalid int value: 'x'"):
+        check_server_args([*argv, "x"], STRICT)
 
 
 # -- what SGLang makes of a checkpoint -----------------------------------------------------------
@@ -172,7 +181,7 @@ def test_a_topk_sglang_would_refuse_is_named():
         ({"torch_dtype": "float32", "model_type": "llama"}, "float16"),
         ({"model_type": "llama"}, "float16"),
         ({"torch_dtype": "float32", "model_type": "gemma3_text"}, "bfloat16"),
-        ({"torch_dtype": "fp8", "model_type": "gemma"}, "bfloat16"),
+        ({"torch_dtype": "float8_e4m3fn", "model_type": "gemma"}, "bfloat16"),
         ({"text_config": {"model_type": "qwen2", "torch_dtype": "bfloat16"}}, "bfloat16"),
         ({"torch_dtype": "bfloat16", "text_config": {"model_type": "gemma3_text"}}, "bfloat16"),
         ({"torch_dtype": "float32", "text_config": {"model_type": "llama"}}, "float16"),
@@ -180,6 +189,14 @@ def test_a_topk_sglang_would_refuse_is_named():
 )
 def test_auto_dtype(config, want):
     assert auto_dtype(config) == want
+
+
+@pytest.mark.parametrize("name", ["BF16", "Float16", "fp16", "bf16"])
+def test_a_dtype_name_transformers_cannot_read_is_named_not_guessed(name):
+    # transformers reads config.json's dtype with getattr(torch, name): these fail there, so
+    # SGLang cannot load the checkpoint; neither float16 nor bfloat16 would be the truth.
+    with pytest.raises(PrecisionConfigError, match=f"declares dtype '{name}', which is no torch"):
+        auto_dtype({"torch_dtype": name, "model_type": "llama"})
 
 
 def test_dsa_needs_the_architecture_and_index_topk():

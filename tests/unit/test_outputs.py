@@ -1,0 +1,86 @@
+"""Writing outputs: atomically, to paths of their own, and a lost pipe that is named."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.outputs import console, distinct_paths, write_atomic
+
+
+def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    write_atomic(target, '{"new": 1}\n')
+    assert target.read_text() == '{"new": 1}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(target, "\ud800")  # no UTF-8 for a lone surrogate
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hi\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(prompts)
+    cases = [
+        (
+            {"--prompts": str(prompts)},
+            {"--json": str(prompts)},
+            "the same file as the input --prompts",
+        ),
+        ({"--prompts": str(prompts)}, {"--json": str(tmp_path / "x" / ".." / "p.txt")}, "input"),
+        ({"--prompts": str(prompts)}, {"--plot": str(link)}, "destroy the input"),
+        ({}, {"--json": "out.json", "--plot": "./out.json"}, "the same file as the output --json"),
+    ]
+    for inputs, outputs, says in cases:
+        with pytest.raises(PrecisionConfigError, match=says):
+            distinct_paths(inputs, outputs)
+    distinct_paths({"--prompts": None}, {"--json": "-", "--plot": None, "--x": "-"})
+    distinct_paths({"--prompts": str(prompts)}, {"--json": "a.json", "--plot": "a.png"})
+
+
+def test_a_broken_pipe_is_an_oserror_not_rich_s_silent_exit():
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone, as `| head -c 10` after its bytes
+    stream = os.fdopen(write, "w")
+    out = console(file=stream)
+    with pytest.raises(BrokenPipeError, match="reader of the output has gone"):
+        out.print("x" * 100)
+    with pytest.raises(BrokenPipeError):
+        stream.close()  # what is still buffered cannot go either
+
+
+def test_a_command_whose_reader_has_gone_says_so_and_exits_74(tmp_path):
+    """``precision-plugin doctor | head -c 0``: one line on stderr, exit code 74 (not rich's
+    silent exit 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "PRECISION_PLUGIN": ""}
+    env.pop("PRECISION_PLUGIN")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "precision_plugin", "doctor"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=240, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 74, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "precision-plugin: error: cannot write the output: Broken pipe (the reader of the output "
+        "has gone)."
+    )
