@@ -28,6 +28,8 @@ log = logging.getLogger("precision_plugin")
 #: Built-in adapters, by short name -> module. Each module imports its framework lazily.
 BUILTIN_ADAPTERS: dict[str, str] = {
     "transformers": "precision_plugin.transformers",
+    # The Trainer wraps binding the callback (layer 4, beside it); skipped with "transformers".
+    "transformers.trainer": "precision_plugin.trainer_hooks",
     "accelerate": "precision_plugin.accelerate",
     "deepspeed": "precision_plugin.deepspeed.adapter",
     "trl": "precision_plugin.trl.adapter",
@@ -260,7 +262,7 @@ def _install(policy: PrecisionPolicy, skip: frozenset[str]) -> _ActiveState:
             "policy this process enabled",
         )
         for name, install in hook_impls("precision_install"):
-            if name in skip:
+            if name in skip or name.partition(".")[0] in skip:
                 continue
             patcher = Patcher(owner=f"precision_plugin[{name}]", strict=strict)
             state.patchers.append((name, patcher))

@@ -109,35 +109,11 @@ def _args_post_init(policy: PrecisionPolicy, original: Callable[..., Any], self:
     original(self)
 
 
-def _trainer_init(
-    policy: PrecisionPolicy, original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
-) -> None:
-    original(self, *args, **kwargs)
-    from precision_plugin.master_weights import prepare_model_once
-
-    if getattr(self, "model", None) is not None and not _uses_deepspeed(self.args, self):
-        prepare_model_once(self.model, policy)
-    from precision_plugin.callback import bind_callback
-
-    bind_callback(self, policy)
-
-
-def _trainer_train(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return original(self, *args, **kwargs)
-    finally:  # also on an exception or KeyboardInterrupt: nothing of the run stays on the model
-        from precision_plugin.callback import PrecisionCallback
-
-        handler = getattr(self, "callback_handler", None)
-        for callback in getattr(handler, "callbacks", ()):
-            if isinstance(callback, PrecisionCallback):
-                callback.release()
-
-
 @hookimpl
 def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
-    """Wrap ``TrainingArguments.__post_init__``, ``Trainer.__init__`` and ``Trainer.train``
-    (see the module doc)."""
+    """Wrap ``TrainingArguments.__post_init__`` (see the module doc; ``Trainer.__init__`` and
+    ``Trainer.train`` are wrapped by ``precision_plugin.trainer_hooks``, beside
+    the callback they bind)."""
     if installed_version("transformers") is None:
         return
     patcher.wrap_on_import(
@@ -146,20 +122,6 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
         functools.partial(_args_post_init, policy),
         reason="fp16/bf16 are read in __post_init__ (mixed_precision, DeepSpeed 'auto' "
         "fill); no hook runs before it",
-    )
-    patcher.wrap_on_import(
-        "transformers.trainer",
-        "Trainer.__init__",
-        functools.partial(_trainer_init, policy),
-        reason="callbacks never receive the trainer; binding it and fixing the model's "
-        "dtypes before the first step needs the constructed trainer",
-    )
-    patcher.wrap_on_import(
-        "transformers.trainer",
-        "Trainer.train",
-        _trainer_train,
-        reason="no callback runs when train() raises; what the run changed on the model (fp32 "
-        "wrappers, detector hooks, telemetry) is undone here",
     )
 
 
