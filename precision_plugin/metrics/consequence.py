@@ -50,13 +50,9 @@ from precision_plugin.intervals import (
     variance_robust,
     z_value,
 )
-from precision_plugin.metrics.mismatch import (
-    SAME_TOKENS,
-    drift_fit,
-    log_probs_arg,
-    mask_arg,
-    masked_log_ratio,
-)
+from precision_plugin.metrics.drift import drift_fit
+from precision_plugin.metrics.inputs import SAME_TOKENS, log_probs_arg, mask_arg
+from precision_plugin.metrics.shard_sums import masked_log_ratio
 
 #: A share of sequences or tokens (NaN: none measured).
 Share = Annotated[float, Finite(nan_ok=True), at.Ge(0), at.Le(1)]
