@@ -9,7 +9,14 @@ The evidence is weighed in a fixed order, and the first that decides wins:
 3. **consequence**, with its interval: the share of a batch that still counts at the target
    length; one dtype is preferred only when its interval lies wholly above the other's;
 4. **the mismatch itself**: the k3 KL, with its interval, when the consequences cannot be told
-   apart.
+   apart;
+5. **the attribution** (``probe --attribute``), when it ran: the rollout setting to change
+   first (an fp8 KV cache, top-p with processed log-probs, ...). When that setting's share of
+   the mismatch is at least the compute dtype's own, the line starts with it ("change
+   kv_cache_dtype first") and the dtype advice of 3-4 follows as "then ..."; a dtype that
+   cannot run (1) or is ruled out by headroom (2) still leads, with the setting after it. When
+   the dtype's rounding dominates, the dtype advice stands alone (the attribution agrees with
+   it when it splits bfloat16 and float16 is chosen).
 
 A line changes only on a difference its interval supports; otherwise it says "not enough
 sequences to decide" and how many prompts would decide it (interval widths shrink about as
@@ -72,12 +79,44 @@ class Headroom:
 
 @checked
 @dataclass(frozen=True)
+class Attribution:
+    """The attribution's evidence, as data built by the probe: in ``dtype``'s mismatch, the
+    largest ``cause`` a user setting removes, its ``share``, the compute dtype's own share
+    ``dtype_share`` in the same total, the ``setting`` to change (``kv_cache_dtype``) and the
+    ``keys`` that change it, by framework (the probe's ``--rollout`` first)."""
+
+    dtype: str
+    cause: str
+    share: float
+    setting: str
+    keys: dict[str, str] = field(default_factory=dict)
+    dtype_share: float = 0.0
+
+    @property
+    def dominates(self) -> bool:
+        """A rollout setting (not the dtype) whose share is at least the dtype's own."""
+        own = self.dtype_share if math.isfinite(self.dtype_share) else 0.0
+        return self.cause != "dtype" and math.isfinite(self.share) and self.share >= own
+
+    def clause(self) -> str:
+        """``change <setting> first (<share> of the <dtype> mismatch, ...): <keys>``."""
+        keys = " · ".join(f"{k} {v}" for k, v in self.keys.items())
+        return (
+            f"change {self.setting} first ({percent(self.share)} of the {self.dtype} mismatch "
+            f"in this rollout, the dtype's own rounding {percent(max(self.dtype_share, 0.0))})"
+            + (f": {keys}" if keys else "")
+        )
+
+
+@checked
+@dataclass(frozen=True)
 class Decision:
     """What to do: ``action`` (``train``, ``either``, ``undecided``, ``fix_setup``,
     ``fix_model``, ``nothing``), the ``dtype`` and ``keep_fp32_modules`` to train with, which
-    evidence ``decided_by`` (``self-check``, ``overflow``, ``headroom``, ``consequence``,
-    ``mismatch``, ``none``), ``num_prompts`` that would decide an undecided comparison, and the
-    one ``line`` the probe prints."""
+    evidence ``decided_by`` (``self-check``, ``overflow``, ``headroom``, ``attribution``,
+    ``consequence``, ``mismatch``, ``none``), the attribution's ``change_first`` setting (empty
+    without one or when it does not dominate), ``num_prompts`` that would decide an undecided
+    comparison, and the one ``line`` the probe prints."""
 
     action: str
     dtype: str | None
@@ -86,6 +125,7 @@ class Decision:
     keep_fp32_modules: tuple[str, ...] = ()
     num_prompts: int | None = None
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    change_first: str = ""
 
     @property
     def forms(self) -> dict[str, str]:
@@ -101,6 +141,7 @@ class Decision:
             "decided_by": self.decided_by,
             "num_prompts": self.num_prompts,
             "reasons": list(self.reasons),
+            "change_first": self.change_first,
             "forms": self.forms,
             "line": self.line,
         }
@@ -166,7 +207,7 @@ def _how(d: Decision) -> str:
     return f"apply: {f['python']} · DeepSpeed {f['deepspeed']} · {f['env']}"
 
 
-def _finish(
+def _compose(
     action: str,
     dtype: str | None,
     by: str,
@@ -175,7 +216,11 @@ def _finish(
     reasons: list[str],
     num_prompts: int | None = None,
     chosen: Evidence | None = None,
+    change: Attribution | None = None,
 ) -> Decision:
+    first = ""
+    if change is not None and action not in ("fix_setup", "fix_model", "nothing"):
+        text, by, first = _with_change(text, by, dtype, change, reasons)
     keep = headroom.modules if dtype == "float16" and headroom.action == "keep_fp32_modules" else ()
     if keep:
         reasons.append(
@@ -187,11 +232,28 @@ def _finish(
             f"{chosen.dtype} still loses more than half: generate shorter, or train with a "
             f"correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked share"
         )
-    d = Decision(action, dtype, by, "", tuple(keep), num_prompts, tuple(reasons))
+    d = Decision(action, dtype, by, "", tuple(keep), num_prompts, tuple(reasons), first)
     line = text + ("; " + "; ".join(reasons) if reasons else "")
     if dtype:
         line += f". {_how(d)}"
-    return Decision(action, dtype, by, line + ".", tuple(keep), num_prompts, tuple(reasons))
+    return Decision(action, dtype, by, line + ".", tuple(keep), num_prompts, tuple(reasons), first)
+
+
+def _with_change(
+    text: str, by: str, dtype: str | None, change: Attribution, reasons: list[str]
+) -> tuple[str, str, str]:
+    """Fold the attribution into a dtype decision: (text, decided_by, change_first)."""
+    if not change.dominates:
+        if change.cause == "dtype" and change.dtype == "bfloat16" and dtype == "float16":
+            reasons.append(
+                f"the attribution agrees: the compute dtype's rounding is "
+                f"{percent(change.share)} of the bfloat16 mismatch"
+            )
+        return text, by, ""
+    if by in ("overflow", "headroom"):  # a dtype that cannot run leads; the setting follows
+        reasons.append("then " + change.clause())
+        return text, by, change.setting
+    return f"do: {change.clause()}; then {text.removeprefix('do: ')}", "attribution", change.setting
 
 
 @checked
@@ -203,11 +265,17 @@ def decide(
     valid: bool = True,
     headroom: Headroom | None = None,
     refused: str | None = None,
+    attribution: Attribution | None = None,
 ) -> Decision:
     """The decision (see the module docstring). ``evidence``: the low-precision dtypes by name;
     ``target``/``batch``: the length and batch size the ``kept`` figures are for; ``valid``:
-    the float32 self-check passed; ``refused``: why a rollout engine will not run float16."""
+    the float32 self-check passed; ``refused``: why a rollout engine will not run float16;
+    ``attribution``: the attribution's change-first (``probe --attribute``), when it ran."""
     headroom = headroom or Headroom()
+
+    def _finish(*args: Any, **kwargs: Any) -> Decision:
+        return _compose(*args, change=attribution, **kwargs)
+
     if not valid:
         return _finish(
             "fix_setup",

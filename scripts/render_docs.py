@@ -315,7 +315,8 @@ def _attribution_table(data: dict[str, Any]) -> str:
     """``probe --attribute``: the mismatch by cause, as the probe prints it."""
     from precision_plugin.probe.attribution.render import render_attribution_table
 
-    return _rich_text(render_attribution_table(data["attribution"]))
+    decision = (data.get("consequence") or {}).get("decision")
+    return _rich_text(render_attribution_table(data["attribution"], decision))
 
 
 @view("attribution-seeds")

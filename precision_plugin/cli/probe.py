@@ -156,7 +156,10 @@ def _tables(result: Any) -> Iterable[Any]:
     if result.attribution is not None:
         from precision_plugin.probe.attribution.render import render_attribution_table
 
-        yield render_attribution_table(result.attribution.to_dict())
+        decision = result.consequence.decision if result.consequence is not None else None
+        yield render_attribution_table(
+            result.attribution.to_dict(), decision.to_dict() if decision is not None else None
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,8 @@ a batch of ``batch_size`` sequences (``--batch-size``; the infinite-batch value 
 only labelled as such), and the share of the batch that still counts uses the batch's ESS. A
 misfit check ([`precision_plugin.misfit`][precision_plugin.misfit]) widens the projection when
 the longest sequences spread more than the fit predicts. The what-to-do line is one
-[`decision`][precision_plugin.decision.decide] over overflow, headroom, consequence and mismatch.
+[`decision`][precision_plugin.decision.decide] over overflow, headroom, consequence, mismatch
+and, with ``--attribute``, the setting to change first.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from precision_plugin.consequence import (
     fit_growth,
     project,
 )
-from precision_plugin.decision import Decision, Evidence, Headroom, decide, percent
+from precision_plugin.decision import Attribution, Decision, Evidence, Headroom, decide, percent
 from precision_plugin.intervals import (
     batch_ess as expected_ess,
 )
@@ -444,12 +445,14 @@ def assess(
     float16_refused: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overflow: Any = None,
+    attribution: Attribution | None = None,
 ) -> ConsequenceReport:
     """The ``consequence`` section for a probe's per-dtype results (``DtypeResult`` by name).
 
     ``valid`` is the float32 self-check: when it failed, every verdict is ``invalid``.
     ``float16_refused``: why a rollout engine refuses this model in float16; ``overflow``: the
-    probe's headroom check (``OverflowCheck``); both feed the one decision
+    probe's headroom check (``OverflowCheck``); ``attribution``: ``probe --attribute``'s
+    change-first (``AttributionReport.evidence()``); all feed the one decision
     ([`decide`][precision_plugin.decision.decide]) whose line is ``advice``. ``batch_size``:
     the sequences per batch the ESS is given for.
     """
@@ -480,6 +483,7 @@ def assess(
         valid=valid,
         headroom=_headroom(overflow),
         refused=float16_refused,
+        attribution=attribution,
     )
     report.advice = report.decision.line
     report.seconds = time.perf_counter() - started

@@ -368,6 +368,7 @@ def run_probe(
         float16_refused=_float16_refusal(overflow),
         batch_size=config.batch_size,
         overflow=overflow,
+        attribution=attribution.evidence() if attribution is not None else None,
     )
     for r in results.values():
         if r.dtype != SELF_CHECK_DTYPE and r.verdict != "invalid":

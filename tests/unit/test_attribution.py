@@ -15,6 +15,7 @@ from precision_plugin.probe.attribution import (
     first_change,
     parse_rollout,
 )
+from precision_plugin.probe.attribution.fixes import change_evidence, setting_name
 from tests.attribution_cases import CASES, llama, ranking, run, run_case
 
 # Each run: 3 prompts x 24 tokens (decode: 1 prompt), seed 0. The injected cause's k3 over the
@@ -144,9 +145,45 @@ def test_probe_attribute_with_rollout_settings_writes_the_section(
     assert shares == pytest.approx(1.0, abs=1e-9)
     assert block["causes"]["stale_weights"]["in_total"] is False
     assert "VLLM_BATCH_INVARIANT=1" in block["causes"]["batch"]["fixes"]["vLLM"]
-    assert section["first_change"]["cause"] in ("kv_cache", "sampling")
-    printed = capsys.readouterr().out
+    first = section["first_change"]
+    assert first["cause"] in ("kv_cache", "sampling")
+    # One decision: the advice line and the table's caption name the same setting.
+    decision = data["consequence"]["decision"]
+    own = section["dtypes"][first["dtype"]]["causes"]["dtype"]["share"]
+    if first["share"] >= own:
+        setting = setting_name(first["cause"])
+        assert (decision["decided_by"], decision["change_first"]) == ("attribution", setting)
+        assert data["consequence"]["advice"].startswith(f"do: change {setting} first")
+    else:
+        assert decision["change_first"] == "" and decision["decided_by"] != "attribution"
+    printed = " ".join(capsys.readouterr().out.split())
     assert "why it is still off" in printed and "change first" in printed
+    assert f"(decided by {decision['decided_by']})" in printed
+    assert printed.count("do: ") == 1
+
+
+def test_the_change_first_reaches_the_decision_as_data() -> None:
+    """The embedded model's rollout file: fp8 KV cache 80 % of float16's mismatch, the dtype
+    0.07 %; the decision's evidence carries both and the keys, the probe's --rollout first."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(Path("docs/results/attribution-embedded-rollout.json").read_text())
+    rows = {
+        d: {c: {"share": r["share"], "k3": r["k3"], "in_total": r["in_total"]}
+            for c, r in block["causes"].items()}
+        for d, block in data["attribution"]["dtypes"].items()
+    }  # fmt: skip
+    first = first_change(rows)
+    got = change_evidence(first, rows)
+    assert got is not None and (got.dtype, got.cause, got.setting) == (
+        "float16", "kv_cache", "kv_cache_dtype"
+    )  # fmt: skip
+    assert got.share == rows["float16"]["kv_cache"]["share"]
+    assert got.dtype_share == rows["float16"]["dtype"]["share"] and got.dominates
+    assert list(got.keys) == ["--rollout", "vLLM", "SGLang", "verl"]
+    assert setting_name("sampling") == "top_p, top_k, logprobs_mode"
+    assert change_evidence(None, rows) is None
 
 
 def test_probe_bad_rollout_is_one_usage_error(capsys: Any) -> None:

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from precision_plugin.decision import Evidence, Headroom, apply_forms, decide, prompts_to_decide
+from precision_plugin.decision import (
+    Attribution,
+    Evidence,
+    Headroom,
+    apply_forms,
+    decide,
+    prompts_to_decide,
+)
 from precision_plugin.deepspeed import config_policy
 from precision_plugin.manager import coerce_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -111,3 +118,96 @@ def test_a_single_dtype_is_advised_with_its_figures(dtype):
     e = _ev(dtype, (0.78, 0.6, 0.9))
     d = decide({dtype: e}, target=4096, batch=64)
     assert d.dtype == dtype and "a batch of 64 keeps 78% (60%–90%, 16 sequences)" in d.line
+
+
+#: The embedded model's rollout attribution (docs/results/attribution-embedded-rollout.json):
+#: an fp8 KV cache is 80 % of float16's mismatch, the dtype's own rounding 0.07 %.
+KV = Attribution(
+    "float16",
+    "kv_cache",
+    0.80,
+    "kv_cache_dtype",
+    {"--rollout": "kv_cache_dtype=auto", "vLLM": "--kv-cache-dtype auto"},
+    0.0007,
+)
+#: The default rollout: bfloat16's rounding is all of its mismatch.
+ROUNDING = Attribution("bfloat16", "dtype", 0.9996, "dtype", {"vLLM": "--dtype float16"}, 0.9996)
+
+
+def test_without_an_attribution_the_decision_is_unchanged():
+    both = {"float16": FP16, "bfloat16": BF16}
+    plain = decide(both, target=4096, batch=256, headroom=SMOLLM2)
+    assert decide(both, target=4096, batch=256, headroom=SMOLLM2, attribution=None) == plain
+    assert plain.change_first == "" and "change" not in plain.line
+
+
+def test_a_kv_cache_dominated_attribution_says_change_kv_cache_dtype_first():
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, attribution=KV)
+    assert (d.action, d.dtype, d.decided_by, d.change_first) == (
+        "train",
+        "float16",
+        "attribution",
+        "kv_cache_dtype",
+    )
+    assert d.line.startswith(
+        "do: change kv_cache_dtype first (80% of the float16 mismatch in this rollout, the "
+        "dtype's own rounding <0.1%): --rollout kv_cache_dtype=auto · vLLM --kv-cache-dtype "
+        "auto; then train in float16: at 4,096 tokens, a batch of 256 keeps 78% (60%–90%, 16 "
+        "sequences)"
+    )
+    assert d.line.count("do: ") == 1 and d.to_dict()["change_first"] == "kv_cache_dtype"
+    # Undecided on the dtype: the setting still comes first, the dtype stays open.
+    a, same = _ev("float16", (0.6, 0.4, 0.8)), _ev("bfloat16", (0.5, 0.3, 0.7))
+    d = decide({"float16": a, "bfloat16": same}, target=4096, batch=256, attribution=KV)
+    assert (d.action, d.dtype, d.decided_by) == ("undecided", None, "attribution")
+    assert d.line.startswith("do: change kv_cache_dtype first") and "; then not enough" in d.line
+
+
+def test_a_dtype_dominated_attribution_keeps_the_dtype_advice():
+    both = {"float16": FP16, "bfloat16": BF16}
+    plain = decide(both, target=4096, batch=256)
+    d = decide(both, target=4096, batch=256, attribution=ROUNDING)
+    assert (d.action, d.dtype, d.decided_by, d.change_first) == (
+        "train",
+        "float16",
+        "consequence",
+        "",
+    )
+    assert d.line.startswith(plain.line.split(". apply:")[0])
+    assert "the attribution agrees: the compute dtype's rounding is >99.9% of the bfloat16" in (
+        d.line
+    )
+    # A setting smaller than the dtype's own rounding does not lead either.
+    small = Attribution("float16", "kv_cache", 0.2, "kv_cache_dtype", {}, 0.7)
+    d = decide(both, target=4096, batch=256, attribution=small)
+    assert d == plain
+
+
+def test_overflow_and_headroom_still_come_before_the_attribution():
+    negligible = (0.999, 0.995, 1.0)
+    gone = _ev("float16", negligible, blocked="'model.layers.0.mlp' reaches 7e+04")
+    bf16 = _ev("bfloat16", negligible, verdict="negligible")
+    d = decide({"float16": gone, "bfloat16": bf16}, target=512, batch=256, attribution=KV)
+    assert (d.action, d.dtype, d.decided_by, d.change_first) == (
+        "train",
+        "bfloat16",
+        "overflow",
+        "kv_cache_dtype",
+    )
+    assert d.line.startswith("do: train in bfloat16: at 512 tokens")
+    assert "float16 is out: 'model.layers.0.mlp'" in d.line
+    assert "; then change kv_cache_dtype first" in d.line
+    assert d.line.index("float16 is out") < d.line.index("then change kv_cache_dtype")
+    # A dtype-dominated attribution never brings an overflowing float16 back.
+    d = decide({"float16": gone, "bfloat16": bf16}, target=512, batch=256, attribution=ROUNDING)
+    assert (d.dtype, d.decided_by) == ("bfloat16", "overflow") and "agrees" not in d.line
+    beyond = Headroom("bfloat16", ("model.layers.0.mlp",), 3, 3.0, "beyond float16's 65504")
+    fp16 = _ev("float16", negligible, verdict="negligible")
+    d = decide(
+        {"float16": fp16, "bfloat16": bf16}, target=512, batch=256, headroom=beyond, attribution=KV
+    )
+    assert (d.dtype, d.decided_by) == ("bfloat16", "headroom")
+    assert d.line.startswith("do: train in bfloat16") and "then change kv_cache_dtype" in d.line
+    # The self-check and a broken model come before everything, attribution included.
+    d = decide({"float16": FP16}, target=4096, batch=256, valid=False, attribution=KV)
+    assert (d.action, d.decided_by, d.change_first) == ("fix_setup", "self-check", "")

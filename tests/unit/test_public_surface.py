@@ -59,7 +59,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "certify_batch_invariance", "Invariance", "precision_level",
     ],
     "precision_plugin.decision": [
-        "decide", "Decision", "Evidence", "Headroom", "apply_forms", "prompts_to_decide",
+        "decide", "Decision", "Evidence", "Headroom", "Attribution", "apply_forms",
+        "prompts_to_decide",
     ],
     "precision_plugin.audit": ["audit_run", "contradictions"],
     "precision_plugin.buffers": [

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.decision import Attribution
 
 #: The cause ids of the ``attribution`` section, in the order the table lists them.
 CAUSES: tuple[str, ...] = (
@@ -209,3 +210,50 @@ def first_change(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> FirstCh
             if best is None or share > best.share:
                 best = FirstChange(dtype, cause, float(share), float(row["k3"]), spec.fixes)
     return best
+
+
+#: Which framework's key comes first where a cause lists several (the probe's own first).
+FIX_ORDER = ("--rollout", "precision_plugin", "vLLM", "TRL", "SGLang", "verl", "any")
+#: The setting's name where a cause has no ``--rollout`` key to take it from.
+_SETTING = {
+    "dtype": "dtype",
+    "batch": "batch invariance",
+    "rope": "RoPE frequencies (float32)",
+    "router": "router dtype",
+}
+
+
+def setting_name(cause: str) -> str:
+    """The setting a cause's fix changes: the ``--rollout`` keys (``kv_cache_dtype``; ``top_p,
+    top_k, logprobs_mode``), else a short name."""
+    rollout = CAUSE_TABLE[cause].fixes.get("--rollout")
+    if rollout:
+        return ", ".join(part.split("=")[0] for part in rollout.split(","))
+    return _SETTING.get(cause, cause)
+
+
+def ordered_keys(fixes: Mapping[str, str]) -> dict[str, str]:
+    """A cause's fixes with the probe's ``--rollout`` and the best-known frameworks first."""
+    known = {k: fixes[k] for k in FIX_ORDER if k in fixes}
+    return {**known, **{k: v for k, v in fixes.items() if k not in known}}
+
+
+@checked
+def change_evidence(
+    first: FirstChange | None, rows: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> Attribution | None:
+    """The attribution's evidence for the one decision
+    ([`decide`][precision_plugin.decision.decide]): the first change, with the compute dtype's
+    own share in the same dtype's total (``rows`` as for ``first_change``)."""
+    if first is None:
+        return None
+    own = rows.get(first.dtype, {}).get("dtype", {})
+    share = own.get("share") if own.get("in_total") else None
+    return Attribution(
+        first.dtype,
+        first.cause,
+        first.share,
+        setting_name(first.cause),
+        ordered_keys(first.settings),
+        float(share) if share is not None and share == share else 0.0,
+    )

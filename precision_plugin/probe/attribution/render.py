@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-#: Which framework's key the table's "fix" column shows first (the rest are in the JSON).
+from precision_plugin.probe.attribution.fixes import FIX_ORDER
+
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-FIX_ORDER = ("--rollout", "precision_plugin", "vLLM", "TRL", "SGLang", "verl", "any")
 
 
 def _k3(value: Any, digits: int = 2) -> str:
@@ -34,9 +34,13 @@ def _fix(fixes: Mapping[str, str]) -> str:
     return next((f"{k}: {v}" for k, v in fixes.items()), "")
 
 
-def render_attribution_table(section: Mapping[str, Any]) -> Any:
+def render_attribution_table(
+    section: Mapping[str, Any], decision: Mapping[str, Any] | None = None
+) -> Any:
     """A rich ``Table`` of the JSON ``attribution`` section: per dtype a row per cause (k3 with
-    its interval, share, bit-identical share, the fix), then interaction, residual and total."""
+    its interval, share, bit-identical share, the fix), then interaction, residual and total.
+    ``decision``: the probe's one decision (``consequence.decision``) the caption points at for
+    what to change first (the table makes no decision of its own)."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -46,7 +50,7 @@ def render_attribution_table(section: Mapping[str, Any]) -> Any:
                                                                   "raw_logprobs")}  # fmt: skip
     table = Table(
         title="why it is still off: the mismatch by cause (--attribute)",
-        caption=escape(_caption(section, changed)),
+        caption=escape(_caption(section, changed, decision)),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
     )
@@ -88,7 +92,9 @@ def render_attribution_table(section: Mapping[str, Any]) -> Any:
     return table
 
 
-def _caption(section: Mapping[str, Any], changed: Mapping[str, Any]) -> str:
+def _caption(
+    section: Mapping[str, Any], changed: Mapping[str, Any], decision: Mapping[str, Any] | None
+) -> str:
     rollout = ", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"
     lines = [
         f"rollout settings: {rollout}; stale weights at lr {section.get('learning_rate'):g}.",
@@ -96,14 +102,26 @@ def _caption(section: Mapping[str, Any], changed: Mapping[str, Any]) -> str:
         "E[d^2]/2; interaction = covariances between causes, residual = what they do together "
         "beyond their sum; the shares add up to 100%.",
     ]
-    first = section.get("first_change")
-    if first:
-        lines.append(
-            f"change first: {first['cause']} ({first['share']:.0%} of the {first['dtype']} "
-            f"mismatch): {_fix(first['settings'])}"
-        )
+    if section.get("first_change"):
+        lines.append(_pointer(decision))
     for dtype, block in section.get("dtypes", {}).items():
         if block.get("layerwise"):
             lines.append(f"layerwise ({dtype}): {block['layerwise']}")
     lines.extend(section.get("notes", []))
     return "\n".join(lines)
+
+
+def _pointer(decision: Mapping[str, Any] | None) -> str:
+    """Where what to change first is decided: the probe's one advice line."""
+    if not decision:
+        return "change first: the probe's advice line (consequence.decision) decides it."
+    setting = decision.get("change_first")
+    if setting:
+        return (
+            f"change first: {setting}, as the advice line says (decided by "
+            f"{decision['decided_by']})."
+        )
+    return (
+        f"change first: the advice line's {decision.get('dtype') or 'decision'} (decided by "
+        f"{decision['decided_by']}); no rollout setting outweighs the dtype's own rounding."
+    )

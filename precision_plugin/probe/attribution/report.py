@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.decision import Attribution
 from precision_plugin.probe.attribution.decompose import K3
-from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange, change_evidence
 from precision_plugin.probe.attribution.settings import RolloutSettings
 
 
@@ -118,6 +119,15 @@ class AttributionReport:
     first: FirstChange | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    def evidence(self) -> Attribution | None:
+        """The change-first as the one decision's evidence
+        ([`decide`][precision_plugin.decision.decide]); ``None`` without one."""
+        rows = {
+            d: {r.cause: {"share": r.share, "in_total": r.in_total} for r in a.rows}
+            for d, a in self.dtypes.items()
+        }
+        return change_evidence(self.first, rows)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON ``attribution`` section."""
