@@ -420,6 +420,13 @@ def aligned_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
+def _batch_label(consequence: dict[str, Any]) -> str:
+    """The batch a run's kept share is for: ``N=256``, or the infinite-batch limit for results
+    files from before batch-size projections (issue 32: never shown unlabelled)."""
+    batch = consequence.get("batch_size")
+    return f"N={batch:,}" if batch else "infinite batch"
+
+
 @view("readme-summary")
 def _readme_summary(data: dict[str, Any]) -> str:
     """The README's short table: each probe run of ``SUMMARY_RUNS`` (k3 KL per dtype,
@@ -433,7 +440,7 @@ def _readme_summary(data: dict[str, Any]) -> str:
         "fp16",
         "bf16",
         "bf16/fp16",
-        "kept at 4K fp16/bf16",
+        "kept at 4K fp16/bf16 (batch)",
         "time",
     ]
     rows = []
@@ -449,7 +456,8 @@ def _readme_summary(data: dict[str, Any]) -> str:
                 f"{res['bfloat16']['k3_kl']:.1e}",
                 f"{run['bf16_over_fp16_k3']:.0f}x",
                 f"{percent(dtypes['float16']['kept_at_target'])} / "
-                f"{percent(dtypes['bfloat16']['kept_at_target'])}",
+                f"{percent(dtypes['bfloat16']['kept_at_target'])} "
+                f"({_batch_label(run['consequence'])})",
                 f"{run['seconds'] / 60:.1f} min"
                 if run["seconds"] >= 120
                 else f"{run['seconds']:.0f} s",

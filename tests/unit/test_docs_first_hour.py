@@ -34,6 +34,14 @@ def test_readme_opens_with_the_probe_figure_and_a_plain_text_table():
     assert len(lines) >= 3 and len({len(line) for line in lines}) == 1  # columns line up raw
     assert "<!--" not in block.group(1)  # no markers inside the table
     assert "Figures vary by CPU" in first_screen
+    # Each kept share names the batch it is for (issue 32): a batch of N from the results file's
+    # consequence.batch_size, the infinite-batch limit only labelled as such.
+    import json
+
+    for line, name in zip(lines[2:], ("probe-embedded", "smollm2-1024"), strict=True):
+        run = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())
+        batch = run["consequence"].get("batch_size")
+        assert (f"(N={batch:,})" if batch else "(infinite batch)") in line, line
 
 
 def test_no_install_names_a_package_index_the_project_is_not_on():
