@@ -189,7 +189,7 @@ def test_subpackages_are_reachable_as_attributes_without_enable():
 # -- the layout: imports run downward ------------------------------------------------------------
 #: Subpackages that may import the probe: the probe itself, the sanity benchmark built on it,
 #: and TRL's HFRollout, which runs the probe's one HF rollout engine (lazily, inside a method).
-PROBE_USERS = {"probe", "sanity", "trl"}
+PROBE_USERS = {"probe", "sanity", "trl", "cli"}  # cli: the tools layer, a package since issue 29
 
 
 def test_no_engine_or_framework_package_imports_the_probe():

@@ -41,14 +41,17 @@ def test_the_stated_coverage_is_ninety_percent():
 def test_the_drift_interval_is_z_standard_errors_of_the_stated_coverage():
     """TRL's mask (w <= 3) is one-sided: its share is monotone in the drift and, for a given
     drift, in the variance, so the interval's ends are corners of the box: drift -/+ z standard
-    errors, the variance interval's ends."""
+    errors, the ends of the variance interval the projection uses (the heavy-tail one, issue
+    32, where it is finite)."""
     fit = fit_growth([0.2, -0.3, 0.1, 0.4, -0.1], [100, 200, 300, 400, 500])
+    assert math.isfinite(fit.variance_robust_low) and math.isfinite(fit.variance_robust_high)
+    assert fit.variance_robust_high > fit.variance_high  # the heavy-tail interval is the wider
 
     def ends(z: float) -> tuple[float, float]:
         corners = [
             mask_fraction(TRL_SEQUENCE_MASK, fit.drift + sign * z * fit.drift_stderr, v, 4096)
             for sign in (-1, 1)
-            for v in (fit.variance_low, fit.variance_high)
+            for v in (fit.variance_robust_low, fit.variance_robust_high)
         ]
         return min(corners), max(corners)
 
@@ -60,15 +63,16 @@ def test_the_drift_interval_is_z_standard_errors_of_the_stated_coverage():
     assert ends(1.96)[0] != pytest.approx(low, rel=1e-3)
 
 
-def test_the_share_interval_is_wilson_at_the_stated_coverage():
+def test_the_share_interval_is_clopper_pearson_at_the_stated_coverage():
+    """The clip share's interval is the exact binomial one (issue 32), from the beta quantiles
+    computed here: a Wilson or normal interval, or another coverage, fails."""
+    from scipy.stats import beta
+
     fit = fit_growth([0.1, -0.2, 0.3, 0.0], [250, 250, 250, 250], clipped_tokens=3)
-    z, n, k = _z(), 1000, 3
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    n, k, tail = 1000, 3, (1 - COVERAGE) / 2
     assert fit.tis_clip.value == 0.003
-    assert fit.tis_clip.low == pytest.approx(centre - half, rel=1e-12)
-    assert fit.tis_clip.high == pytest.approx(centre + half, rel=1e-12)
+    assert fit.tis_clip.low == pytest.approx(beta.ppf(tail, k, n - k + 1), rel=1e-9)
+    assert fit.tis_clip.high == pytest.approx(beta.ppf(1 - tail, k + 1, n - k), rel=1e-9)
 
 
 # -- the boundary's integer validators against float-typed parameters --------------------------
