@@ -77,6 +77,12 @@ def test_two_processes_equal_one_process(tmp_path):
     whole = (
         compute_mismatch(*fixed_batch()).to_dict() | compute_consequence(*fixed_batch()).to_dict()
     )
+    # Bit-equal share (issue 35): the fixed batch's sides differ by 0.4·randn on every token,
+    # so none is equal, over every masked token (the NaN one counts in the total, not as equal).
+    train, rollout, mask = fixed_batch()
+    same = (train.float().view(torch.int32) == rollout.float().view(torch.int32)) & mask
+    whole["bitwise_equal_frac"] = float(same.sum()) / float(mask.sum())
+    assert whole["bitwise_equal_frac"] == 0.0
     assert set(CONSEQUENCE_METRICS) <= set(one["fixed"])
     assert 0 < whole["seq_mask_fraction_verl"] < 1 and 0 < whole["ess"] < 1
     for name, value in one["fixed"].items():
