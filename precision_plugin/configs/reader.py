@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, one_of
@@ -173,7 +173,13 @@ class Dialect:
         if self.style == "argparse":  # a YAML of flags (SGLang's --config): --kv-cache-dtype
             flat = {path.replace("-", "_"): value for path, value in flat.items()}
         known = list(self.by_path)
+        # A dataclass instance is the program's own config object: its fields are settings the
+        # program has by definition (verl's RolloutConfig.moe_tensor_parallel_size is no typo of
+        # tensor_model_parallel_size), so only what users write in mappings is checked for typos.
+        defined = program_defined(data)
         for path in flat:
+            if path in defined:
+                continue
             near = self.typo(path, known)
             if near is not None:
                 raise self.error(
@@ -294,6 +300,24 @@ def flatten(data: Any) -> dict[str, Any]:
             continue
         for key, value in reversed(items):
             stack.append((f"{prefix}.{key}" if prefix else str(key), value))
+    return out
+
+
+def program_defined(data: Any) -> set[str]:
+    """The dotted paths of :func:`flatten` that lie inside a dataclass instance (the program's
+    own config objects, whose fields exist by definition); walked without recursion."""
+    out: set[str] = set()
+    stack: list[tuple[str, Any, bool]] = [("", data, False)]
+    while stack:
+        prefix, node, typed = stack.pop()
+        typed = typed or (is_dataclass(node) and not isinstance(node, type))
+        items = _items(node)
+        if items is None or (prefix and not items):
+            if prefix and typed:
+                out.add(prefix)
+            continue
+        for key, value in items:
+            stack.append((f"{prefix}.{key}" if prefix else str(key), value, typed))
     return out
 
 

@@ -165,3 +165,23 @@ def test_a_text_value_that_is_no_config_is_refused_at_the_boundary():
 
     said = message_of(lambda: VERL.read_mapping("ppo.yaml", SOURCE))
     assert "argument 'data'" in said and "load the file first" in said
+
+
+def test_a_field_of_the_programs_own_config_object_is_never_a_typo():
+    """verl builds its rollout section as a dataclass with a real ``moe_tensor_parallel_size``
+    field, a near-spelling of the known ``tensor_model_parallel_size``: a dataclass's fields
+    exist by definition and pass; the same key written in a mapping is still refused."""
+    import dataclasses
+
+    from precision_plugin.configs import VERL
+
+    @dataclasses.dataclass
+    class RolloutConfig:  # the shape of verl's (verl/workers/config/rollout.py)
+        tensor_model_parallel_size: int = 2
+        moe_tensor_parallel_size: int = 1
+
+    read = VERL.read_mapping({"actor_rollout_ref": {"rollout": RolloutConfig()}}, "a section")
+    assert read == {"actor_rollout_ref.rollout.tensor_model_parallel_size": 2}
+    written = {"actor_rollout_ref": {"rollout": {"moe_tensor_parallel_size": 1}}}
+    with pytest.raises(PrecisionConfigError, match=r"did you mean 'actor_rollout_ref\.rollout\.tensor_model"):
+        VERL.read_mapping(written, "ppo.yaml")
