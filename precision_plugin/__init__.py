@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from precision_plugin import conflicts as _conflicts  # noqa: F401 (errors.settle_conflict)
 from precision_plugin.errors import (
     AdapterInstallError,
     ForwardOverflowError,

@@ -120,8 +120,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 ALLOWED: dict[tuple[str, str], str] = {
     ("transformers", "callback"): "precision_plugin.transformers.PrecisionCallback/bind_callback "
     "(public path; the callback imports transformers and reads both sides of a run)",
-    ("errors", "conflicts"): "precision_plugin.errors.settle_conflict (public path; it uses the "
-    "checker, which imports errors)",
     ("sglang", "sglang.slime"): "precision_plugin.sglang.slime_args/check_slime_args "
     "(public path; slime is an orchestrator)",
     ("sglang", "sglang.areal"): "precision_plugin.sglang.areal_overrides/check_areal_config "

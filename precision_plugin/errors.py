@@ -104,13 +104,3 @@ class ForwardOverflowError(PrecisionPluginError, RuntimeError):
         self.step = step
         self.input_max = input_max
         self.kind = kind
-
-
-def __getattr__(name: str) -> object:
-    """``precision_plugin.errors.settle_conflict`` (its public path) lives in
-    :mod:`precision_plugin.conflicts` now: errors imports nothing of the package at import time."""
-    if name == "settle_conflict":
-        from precision_plugin.conflicts import settle_conflict
-
-        return settle_conflict
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
