@@ -10,8 +10,13 @@ install_self() {
   src=$(find precision_plugin -name '*.py' -o -name 'py.typed' | LC_ALL=C sort | xargs cat pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src" ]; then
     echo ">> installing precision_plugin (non-editable) into $venv"
-    rm -rf build  # setuptools reuses build/lib: modules moved or deleted since would ship again
-    "$venv/bin/python" -m pip install -q --no-deps --force-reinstall .
+    # One build at a time (scripts/dev.sh sets environments up side by side): setuptools builds
+    # in ./build, and reuses build/lib, so modules moved or deleted since would ship again.
+    (
+      flock 9
+      rm -rf build
+      "$venv/bin/python" -m pip install -q --no-deps --force-reinstall .
+    ) 9>.build.lock
     echo "$src" > "$src_stamp"
   fi
 }

@@ -93,6 +93,30 @@ setup_sglang() {
   bash "$root/scripts/setup_sglang_env.sh" "$sglang_venv"
 }
 
+# setup_contracts: the six contract environments, side by side (each is mostly downloads and
+# unpacking, one process on one core): a cold set-up takes about half the time it takes one after
+# another. Each writes to its own log; a failed one prints its log and fails the set-up.
+setup_contracts() {
+  local logs name failed=0
+  logs=$(mktemp -d)
+  local -A pids=()
+  for name in vllm verl openrlhf sglang; do
+    "setup_$name" > "$logs/$name.log" 2>&1 &
+    pids[$name]=$!
+  done
+  for name in vllm verl openrlhf sglang; do
+    if wait "${pids[$name]}"; then
+      grep '^>>' "$logs/$name.log" || true
+    else
+      echo ">> setting up the $name contract environment(s) failed:" >&2
+      cat "$logs/$name.log" >&2
+      failed=1
+    fi
+  done
+  rm -rf "$logs"
+  return "$failed"
+}
+
 # pytest runs in the repository (its config and test paths live there): an argument naming a
 # file or folder that exists relative to the caller's directory becomes an absolute path.
 caller_paths() {
@@ -142,10 +166,7 @@ shift || true
 case "$cmd" in
   setup)
     setup_main test
-    setup_vllm
-    setup_verl
-    setup_openrlhf
-    setup_sglang
+    setup_contracts
     ;;
   recipes)
     # The TRL, Accelerate and DeepSpeed recipes (integrations/*/README.md) without the contract
@@ -160,10 +181,7 @@ case "$cmd" in
     ;;
   test)
     setup_main test
-    setup_vllm
-    setup_verl
-    setup_openrlhf
-    setup_sglang
+    setup_contracts
     mapfile -t args < <(caller_paths "$@")
     cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
@@ -179,12 +197,21 @@ case "$cmd" in
       -- ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
     run_pytest kernels-floor "$venv" -m kernel_sensitive -p no:cacheprovider \
       -- ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
-    run_pytest contract-vllm "$vllm_venv" tests/contract -p no:cacheprovider
-    run_pytest contract-vllm-0.10.1 "$vllm_old_venv" tests/contract -p no:cacheprovider
-    run_pytest contract-verl "$verl_venv" tests/contract_verl -p no:cacheprovider
-    run_pytest contract-verl-0.7.1 "$verl_old_venv" tests/contract_verl -p no:cacheprovider
-    run_pytest contract-openrlhf "$openrlhf_venv" tests/contract_openrlhf -p no:cacheprovider
-    run_pytest contract-sglang "$sglang_venv" tests/contract_sglang -p no:cacheprovider
+    # The contract suites in two lanes side by side (mostly imports, one core each); each lane's
+    # output is printed when it ends.
+    (
+      run_pytest contract-vllm "$vllm_venv" tests/contract -p no:cacheprovider
+      run_pytest contract-vllm-0.10.1 "$vllm_old_venv" tests/contract -p no:cacheprovider
+      run_pytest contract-verl "$verl_venv" tests/contract_verl -p no:cacheprovider
+    ) > "$reports/lane-1.log" 2>&1 &
+    lane=$!
+    (
+      run_pytest contract-openrlhf "$openrlhf_venv" tests/contract_openrlhf -p no:cacheprovider
+      run_pytest contract-verl-0.7.1 "$verl_old_venv" tests/contract_verl -p no:cacheprovider
+      run_pytest contract-sglang "$sglang_venv" tests/contract_sglang -p no:cacheprovider
+    ) > "$reports/lane-2.log" 2>&1 || true
+    wait "$lane" || true
+    cat "$reports/lane-1.log" "$reports/lane-2.log"
     NO_MKDOCS_2_WARNING=1 run_suite mkdocs "$venv/bin/mkdocs" build --strict --quiet \
       --site-dir "$root/.site"
     "$venv/bin/python" "$root/scripts/test_summary.py" "$reports"

@@ -10,12 +10,16 @@ elsewhere (CI, a GPU machine), with the reason. A command added to or changed in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -50,7 +54,7 @@ def documented_commands() -> dict[str, list[str]]:
 class Run:
     """Run as written here; ``expect`` checks the last JSON line the command prints (if any)."""
 
-    timeout: int = 300
+    timeout: int = 900
     expect: dict | None = None
     ok_codes: tuple[int, ...] = (0,)
     needs: str | None = None  # "fp16-deepspeed", "dev-venv", "accelerate", "deepspeed", "trl"
@@ -110,21 +114,21 @@ DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "
 
 COMMANDS: dict[str, Run | Elsewhere] = {
     # README.md
-    "bash scripts/dev.sh probe": Run(timeout=600, needs="dev-venv", progress=True),
+    "bash scripts/dev.sh probe": Run(timeout=900, needs="dev-venv", progress=True),
     "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command"),
     # docs/benchmarks.md
-    ".venv/bin/python -m tests.benchmarks.bench_scaler_overhead --steps 400": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_scaler_overhead --steps 400": Run(timeout=900),
     ".venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry": Run(
         timeout=600, needs="deepspeed"
     ),
-    ".venv/bin/python -m tests.benchmarks.bench_overflow_detection": Run(timeout=600),
+    ".venv/bin/python -m tests.benchmarks.bench_overflow_detection": Run(timeout=900),
     ".venv/bin/python -m tests.benchmarks.bench_overflow_detection --layers 1 --hidden 32 "
-    "--seq 16 --pairs 300": Run(timeout=600),
+    "--seq 16 --pairs 300": Run(timeout=900),
     ".venv/bin/python -m tests.benchmarks.bench_trl_telemetry --runs 4 --steps 6": Run(
         timeout=900, needs="trl"
     ),
     ".venv/bin/python -m tests.benchmarks.bench_hf_rollout --runs 5 --new-tokens 32 "
-    "--dtype float32": Run(timeout=600),
+    "--dtype float32": Run(timeout=900),
     ".venv/bin/python -m tests.benchmarks.bench_probe_scale --tokens 256,1024,4096 --vocabs "
     "32000,151936 --num-prompts 8 --dtypes float32 --rss-cap-gb 8": Elsewhere(
         "six probe runs up to 4,096 tokens on a 59 M-parameter model: about half an hour on 2 "
@@ -221,7 +225,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "DTYPE=bfloat16 MODEL=... REWARD_MODEL=... DATA=... bash integrations/openrlhf/"
     "train_ppo_ray.sh --train.max_epochs 2": Elsewhere(OPENRLHF),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
-    ".venv/bin/precision-plugin probe": Run(timeout=600, progress=True),
+    ".venv/bin/precision-plugin probe": Run(timeout=900, progress=True),
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
         timeout=600, progress=True
     ),
@@ -276,7 +280,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ".venv/bin/precision-plugin doctor --frameworks trl,vllm": Run(),
     # docs/quickstart.md: installs (test_install_commands_name_real_extras checks the extras)
     # docs/quickstart.md, CPU/offline path: the repository's own set-up, and the same by hand
-    "bash scripts/dev.sh recipes": Run(timeout=600, needs="dev-venv-recipes"),
+    "bash scripts/dev.sh recipes": Run(timeout=900, needs="dev-venv-recipes"),
     "python3 -m venv .venv": Elsewhere(
         "CI: scripts/dev.sh creates .venv the same way (here it would replace the test's .venv)"
     ),
@@ -346,7 +350,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "launch arguments reach SGLang's parser in tests/contract_sglang/"
     ),
     # docs/trl.md
-    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=600, needs="trl"),
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=900, needs="trl"),
     ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3 --dtype bfloat16": Run(
         timeout=600, needs="trl"
     ),
@@ -473,17 +477,19 @@ def _setup_stamp_matches(venv: Path, need: str = "probe") -> bool:
     return stamp.is_file() and stamp.read_text().strip() == want
 
 
-def _skip_unless_possible(how: Run) -> None:
-    if how.needs in ("accelerate", "deepspeed", "trl"):
-        pytest.importorskip(how.needs)
-    if how.needs == "fp16-deepspeed":
-        pytest.importorskip("deepspeed")
+def _why_not_here(how: Run) -> str | None:
+    """Why ``how`` cannot run on this machine (``None``: it can)."""
+    import importlib.util
+
+    if how.needs in ("accelerate", "deepspeed", "trl", "fp16-deepspeed"):
+        module = "deepspeed" if how.needs == "fp16-deepspeed" else how.needs
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed"
     if how.needs == "dev-venv-recipes" and not _setup_stamp_matches(ROOT / ".venv", "recipes"):
-        pytest.skip("runs where scripts/dev.sh set up ROOT/.venv for the recipes (CI)")
+        return "runs where scripts/dev.sh set up ROOT/.venv for the recipes (CI)"
     if how.needs == "dev-venv" and not _setup_stamp_matches(ROOT / ".venv"):
-        pytest.skip(
-            "runs where scripts/dev.sh set up ROOT/.venv (CI); here it would install packages"
-        )
+        return "runs where scripts/dev.sh set up ROOT/.venv (CI); here it would install packages"
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -529,29 +535,85 @@ def _environment() -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", list(RUNS), ids=[re.sub(r"[^\w.]+", "-", c)[:90] for c in RUNS])
-def test_documented_command_runs_as_written(command, sandbox, record_property):
+#: Commands run two at a time (each is one process on one thread; most of their time is start-up,
+#: imports and model building): on 2 cores the documented commands take about half the time.
+PARALLEL_COMMANDS = 2
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A documented command's run: its exit code, output and how its DeepSpeed fp16 branch ran."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    cwd: Path
+    deepspeed_fp16: str | None
+
+
+def _run_as_written(command: str, sandbox: Path, accelerate_lock: threading.Lock) -> Finished:
     how = RUNS[command]
-    _skip_unless_possible(how)
     env = _environment()
+    deepspeed_fp16 = None
     if how.needs == "fp16-deepspeed":
         # The fp16 branch on every CPU: where DeepSpeed's CPU accelerator has no fp16 (no oneDNN
         # fp16 kernels), the test overrides that one capability query in the command's processes.
-        record_property("deepspeed_fp16", "native" if _deepspeed_runs_fp16() else "forced on")
+        deepspeed_fp16 = "native" if _deepspeed_runs_fp16() else "forced on"
         if not _deepspeed_runs_fp16():
             env.update(fp16_override_env(True))
     # dev.sh runs in the real repository: it finds its .venv next to itself
     cwd = ROOT if "dev.sh" in command else sandbox
-    proc = subprocess.run(
-        ["bash", "-c", command],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=how.timeout,
-        check=False,
-    )
+    # `accelerate launch` may take its default rendezvous port: one such command at a time.
+    lock = accelerate_lock if "accelerate launch" in command else contextlib.nullcontext()
+    with lock:
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", command],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=how.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as timed_out:
+            out = timed_out.stdout or ""
+            out = out.decode(errors="replace") if isinstance(out, bytes) else out
+            return Finished(-9, out, f"timed out after {how.timeout} s", cwd, deepspeed_fp16)
+    return Finished(proc.returncode, proc.stdout, proc.stderr, cwd, deepspeed_fp16)
+
+
+@pytest.fixture(scope="module")
+def launched(sandbox, request) -> Iterator[dict[str, Future[Finished]]]:
+    """The selected documented commands that can run here, started in the background at most
+    :data:`PARALLEL_COMMANDS` at a time, the longest-running kinds first; each test waits for
+    its own."""
+    selected = {
+        item.callspec.params["command"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_documented_command_runs_as_written"
+    }
+    runnable = [c for c, how in RUNS.items() if c in selected and _why_not_here(how) is None]
+    heavy = ("deepspeed", "accelerate", "trl", "dev.sh", "probe")
+    runnable.sort(key=lambda c: not any(word in c for word in heavy))
+    lock = threading.Lock()
+    pool = ThreadPoolExecutor(max_workers=PARALLEL_COMMANDS, thread_name_prefix="as-written")
+    futures = {c: pool.submit(_run_as_written, c, sandbox, lock) for c in runnable}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(RUNS), ids=[re.sub(r"[^\w.]+", "-", c)[:90] for c in RUNS])
+def test_documented_command_runs_as_written(command, launched, record_property):
+    how = RUNS[command]
+    why_not = _why_not_here(how)
+    if why_not is not None:
+        pytest.skip(why_not)
+    proc = launched[command].result()
+    cwd = proc.cwd
+    if proc.deepspeed_fp16 is not None:
+        record_property("deepspeed_fp16", proc.deepspeed_fp16)
     output = proc.stdout + proc.stderr
     assert proc.returncode in how.ok_codes, f"{command}\nrc={proc.returncode}\n{output[-4000:]}"
     # The Accelerate DeepSpeed YAMLs leave mixed_precision out on purpose: no warning about it.
