@@ -2,6 +2,11 @@
 
     .venv/bin/python scripts/kernel_margins.py                      # 5 seeds x 3 settings
     .venv/bin/python scripts/kernel_margins.py --seeds 0 --settings floor --json /tmp/m.json
+    .venv/bin/python scripts/kernel_margins.py --merge --configs embedded --seeds 2 3 4
+
+``--merge`` keeps the runs already in the ``--json`` file and adds (or replaces) the cells
+(configuration, setting, seed) run now; every run records its own provenance (the command that
+measured it, when and where), so a grid completed over several invocations says which did what.
 
 A test on a statistic that depends on the CPU's kernels (which instructions torch, oneDNN and
 MKL use decide the rounding, hence the sampled tokens and the measured mismatch) asserts a
@@ -37,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the repository's package, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-from precision_plugin.provenance import write_results  # noqa: E402
+from precision_plugin.provenance import KEY, provenance, write_results  # noqa: E402
 from tests.kernels import SETTINGS, THRESHOLDS  # noqa: E402
 
 #: The probe configurations the tests run (their names are the tests' files).
@@ -57,6 +62,45 @@ def ratios(data: dict[str, Any]) -> dict[str, float]:
         "logp_abs_diff": r["bfloat16"]["logp_abs_diff_mean"] / r["float16"]["logp_abs_diff_mean"],
         "variance": c["bfloat16"]["fit"]["variance"] / c["float16"]["fit"]["variance"],
     }
+
+
+def cell(run: dict[str, Any]) -> tuple[str, str, int]:
+    """A run's place in the grid: ``(config, setting, seed)``."""
+    return run["config"], run["setting"], run["seed"]
+
+
+def kept_runs(old: dict[str, Any] | None, todo: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    """The runs of an earlier results file ``old`` that a merge keeps: every one whose cell is
+    not run again (``todo``), each with its own provenance (a run written before runs carried
+    one gets the provenance of the file it came from)."""
+    if old is None:
+        return []
+    kept = []
+    for run in old.get("runs", []):
+        if cell(run) in todo:
+            continue
+        run = dict(run)
+        if KEY not in run and KEY in old:
+            run[KEY] = old[KEY]
+        kept.append(run)
+    return kept
+
+
+def merged(
+    kept: list[dict[str, Any]], new: list[dict[str, Any]], old_planned: int, planned: int
+) -> dict[str, Any]:
+    """The results file's data: ``kept`` and ``new`` runs in grid order (configuration, seed,
+    setting) and the number of runs planned (the earlier plan, or the cells now held or asked
+    for, whichever is larger)."""
+    runs = sorted(
+        [*kept, *new],
+        key=lambda r: (
+            list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS),
+            r["seed"],
+            list(SETTINGS).index(r["setting"]) if r["setting"] in SETTINGS else len(SETTINGS),
+        ),
+    )
+    return {"settings": SETTINGS, "planned": max(old_planned, planned), "runs": runs}
 
 
 def kernels_here() -> dict[str, Any]:
@@ -97,7 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default: 1)")
     parser.add_argument("--smollm2", help="SmolLM2 checkpoint folder (default: convert now)")
     parser.add_argument("--json", default=str(ROOT / "docs" / "results" / "kernel-margins.json"))
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the runs already in --json and add (or replace) the cells run now "
+        "(default: write the file anew with only these runs)",
+    )
     args = parser.parse_args(argv)
+    old = None
+    if args.merge and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
     with tempfile.TemporaryDirectory() as tmp:
         smollm2 = args.smollm2
         if "smollm2" in args.configs and smollm2 is None:
@@ -114,23 +167,27 @@ def main(argv: list[str] | None = None) -> int:
             "scripts/kernel_margins.py",
             *(argv if argv is not None else sys.argv[1:]),
         ]
-        runs: list[dict[str, Any]] = []
+        kept = kept_runs(old, {(c, s, seed) for c, _, seed, s, _ in todo})
+        old_planned = old.get("planned", 0) if old is not None else 0
+        new: list[dict[str, Any]] = []
         lock = threading.Lock()
 
         def one(job: tuple[Any, ...]) -> None:
-            run = run_one(*job)
+            run = {**run_one(*job), KEY: provenance(command)}
             shown = " ".join(f"{k}={v:.1f}" for k, v in run["ratios"].items())
             print(f"{run['config']} {run['setting']} seed {run['seed']}: {shown}", flush=True)
             with lock:  # the file after every run: a run cut short keeps what it measured
-                runs.append(run)
-                data = {"settings": SETTINGS, "planned": len(todo), "runs": runs}
+                new.append(run)
+                data = merged(kept, new, old_planned, len(kept) + len(todo))
                 write_results(args.json, data, command)
 
         with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own one-thread process
             list(pool.map(one, todo))
     worst = {
         config: {
-            stat: min(r["ratios"][stat] / THRESHOLDS[stat] for r in runs if r["config"] == config)
+            stat: min(
+                r["ratios"][stat] / THRESHOLDS[stat] for r in [*kept, *new] if r["config"] == config
+            )
             for stat in THRESHOLDS
         }
         for config in args.configs

@@ -207,6 +207,14 @@ def _kernel_margins(data: dict[str, Any]) -> str:
     planned = data.get("planned", len(runs))
     if planned > len(runs):  # a run cut short: the file holds what it measured
         out.append(f"{len(runs)} of the {planned} planned runs measured (-: not measured).")
+    made = {}  # runs merged from several commands (--merge): each says which measured it
+    for r in runs:
+        if "provenance" in r:
+            key = (r["provenance"]["command"], r["provenance"]["date"][:10])
+            made[key] = made.get(key, 0) + 1
+    if len(made) > 1:
+        parts = [f"{n} by `{command}` ({date})" for (command, date), n in made.items()]
+        out.append(f"The {len(runs)} runs were measured in parts: " + "; ".join(parts) + ".")
     return "\n\n".join(out)
 
 

@@ -211,3 +211,80 @@ def test_overflow_and_headroom_still_come_before_the_attribution():
     # The self-check and a broken model come before everything, attribution included.
     d = decide({"float16": FP16}, target=4096, batch=256, valid=False, attribution=KV)
     assert (d.action, d.decided_by, d.change_first) == ("fix_setup", "self-check", "")
+
+
+#: k3 intervals for the boundary cases: LOW's upper end is exactly TOUCH's lower end.
+LOW, TOUCH, HIGH = (1e-5, 0.9e-5, 1.1e-5), (2e-5, 1.1e-5, 3e-5), (4e-5, 3.5e-5, 4.5e-5)
+
+
+def test_either_dtype_works_names_the_lower_k3_and_its_factor_only_when_apart():
+    """Both keep over 99 %: either works, by the consequence; the lower-k3 dtype is named, and
+    its factor only when the k3 intervals are apart (touching ends are not apart)."""
+    negligible = (0.995, 0.99, 1.0)
+    fp16 = _ev("float16", negligible, k3=HIGH, verdict="negligible")
+    bf16 = _ev("bfloat16", negligible, k3=LOW, verdict="negligible")
+    d = decide({"float16": fp16, "bfloat16": bf16}, target=512, batch=64)
+    assert (d.action, d.dtype, d.decided_by, d.num_prompts) == (
+        "either",
+        "bfloat16",
+        "consequence",
+        None,
+    )
+    assert d.line.startswith(
+        "do: either dtype works: at 512 tokens, a batch of 64 keeps float16 100% (99%–100%, 16 "
+        "sequences), bfloat16 100% (99%–100%, 16 sequences) (every consequence under 1 %); "
+        "bfloat16's k3 is 4x lower. apply: "
+    )
+    touching = _ev("float16", negligible, k3=TOUCH, verdict="negligible")
+    d = decide({"float16": touching, "bfloat16": bf16}, target=512, batch=64)
+    assert (d.action, d.dtype) == ("either", "bfloat16")
+    assert "k3 is" not in d.line and "(every consequence under 1 %). apply: " in d.line
+
+
+def test_the_consequence_decides_for_either_dtype_but_not_on_touching_intervals():
+    """Apart consequence intervals decide for the better dtype whichever is named first;
+    intervals whose ends touch do not (the equal k3 then leaves it undecided)."""
+    worse, better = (0.3, 0.2, 0.4), (0.7, 0.6, 0.8)
+    for fp16, bf16, best in ((better, worse, "float16"), (worse, better, "bfloat16")):
+        d = decide(
+            {"float16": _ev("float16", fp16), "bfloat16": _ev("bfloat16", bf16)},
+            target=4096,
+            batch=256,
+        )
+        assert (d.action, d.dtype, d.decided_by) == ("train", best, "consequence")
+        other = "bfloat16" if best == "float16" else "float16"
+        assert d.line.startswith(
+            f"do: train in {best}: at 4,096 tokens, a batch of 256 keeps 70% (60%–80%, 16 "
+            f"sequences), {other} 30% (20%–40%, 16 sequences)"
+        )
+    touch = (0.5, 0.4, 0.6)  # its upper end is better's lower end
+    for fp16, bf16 in ((better, touch), (touch, better)):
+        d = decide(
+            {"float16": _ev("float16", fp16), "bfloat16": _ev("bfloat16", bf16)},
+            target=4096,
+            batch=256,
+        )
+        assert (d.action, d.dtype, d.decided_by) == ("undecided", None, "none")
+
+
+def test_the_mismatch_decides_for_either_dtype_but_not_on_touching_k3_intervals():
+    """Overlapping consequences: apart k3 intervals decide for the lower one whichever dtype it
+    is; touching ones do not."""
+    kept = (0.6, 0.4, 0.8)
+    for fp16_k3, bf16_k3, lower in ((LOW, HIGH, "float16"), (HIGH, LOW, "bfloat16")):
+        d = decide(
+            {"float16": _ev("float16", kept, fp16_k3), "bfloat16": _ev("bfloat16", kept, bf16_k3)},
+            target=4096,
+            batch=256,
+        )
+        assert (d.action, d.dtype, d.decided_by) == ("train", lower, "mismatch")
+        assert d.line.startswith(
+            f"do: train in {lower}: its mismatch is 4x lower (k3 1.0e-05 vs 4.0e-05); "
+        )
+    for fp16_k3, bf16_k3 in ((LOW, TOUCH), (TOUCH, LOW)):
+        d = decide(
+            {"float16": _ev("float16", kept, fp16_k3), "bfloat16": _ev("bfloat16", kept, bf16_k3)},
+            target=4096,
+            batch=256,
+        )
+        assert (d.action, d.dtype, d.decided_by) == ("undecided", None, "none")

@@ -239,3 +239,71 @@ def test_a_broken_json_file_is_one_clear_error(tmp_path):
     with pytest.raises(pp.PrecisionConfigError, match=r"not valid JSON .* line 1") as info:
         apply_config(path)
     assert str(path) in str(info.value) and info.value.__cause__ is None
+
+
+FP16_SECTION = {
+    "enabled": True,
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 400,
+    "hysteresis": 2,
+    "min_loss_scale": 1.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "written"),
+    [
+        ("float16", {"fp16": FP16_SECTION, "bf16": {"enabled": False}}),
+        ("bfloat16", {"bf16": {"enabled": True}, "fp16": {"enabled": False}}),
+    ],
+)
+def test_the_written_config_is_exact_and_names_the_enabled_section_first(dtype, written):
+    """The whole written config, key order included (the written JSON keeps it): the section the
+    policy runs comes first, whatever the dtype's place in DeepSpeed's own order."""
+    out = apply_config({}, PrecisionPolicy(dtype=dtype))
+    assert out == written and list(out) == list(written)
+
+
+def test_the_enabled_sections_contradiction_is_the_one_refused():
+    """Both sections contradict a bfloat16 policy: the refusal names the enabled one (bf16),
+    settled first."""
+    cfg = {"fp16": {"enabled": True}, "bf16": {"enabled": False}}
+    with pytest.raises(
+        pp.PrecisionMismatchError, match=r"^precision_plugin: DeepSpeed config bf16\.enabled=false"
+    ):
+        apply_config(cfg, PrecisionPolicy(dtype="bfloat16", strictness="error"))
+
+
+def test_the_legacy_bfloat16_section_alone_is_turned_off_without_adding_bf16():
+    """DeepSpeed reads "bfloat16" only when "bf16" is absent: the legacy section is turned off
+    and no "bf16" section is added; with both, both are turned off."""
+    out = apply_config({"bfloat16": {"enabled": False}}, STRICT)
+    assert out == {"bfloat16": {"enabled": False}, "fp16": FP16_SECTION}
+    both = apply_config({"bfloat16": {"enabled": False}, "bf16": {"enabled": False}}, STRICT)
+    assert both == {
+        "bfloat16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "fp16": FP16_SECTION,
+    }
+
+
+def test_torch_autocast_without_a_dtype_is_deepspeeds_default_bfloat16(caplog):
+    """``torch_autocast`` enabled without a dtype computes in bfloat16 (DeepSpeed's default): a
+    bfloat16 policy replaces it without refusing, a float16 policy refuses naming bfloat16."""
+    bf16 = PrecisionPolicy(dtype="bfloat16", strictness="error")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config({"torch_autocast": {"enabled": True}}, bf16)
+    assert out == {
+        "torch_autocast": {"enabled": False},
+        "bf16": {"enabled": True},
+        "fp16": {"enabled": False},
+    }
+    assert "torch_autocast (dtype bfloat16) replaced by DeepSpeed's bf16 section" in caplog.text
+    with pytest.raises(pp.PrecisionMismatchError) as info:
+        apply_config({"torch_autocast": {"enabled": True}}, STRICT)
+    assert str(info.value).startswith(
+        "precision_plugin: DeepSpeed config torch_autocast.enabled=true contradicts the precision policy "
+        "(dtype='float16'): torch_autocast would compute in bfloat16 (DeepSpeed's documented "
+        "default)"
+    )

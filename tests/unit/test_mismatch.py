@@ -214,3 +214,18 @@ def test_values_above_zero_are_no_log_probs(bad):
         mismatch_sums(bad, [[-0.1, -0.1]])
     # Rounding noise of a log-softmax (a few ulps above 0) is a log-prob.
     assert compute_mismatch([[1e-7, -0.1]], [[0.0, -0.1]]).tokens == 2
+
+
+def test_the_drift_fit_at_its_edges_one_token_two_sequences_no_token():
+    """``drift_fit`` exactly (float64 arithmetic): a single one-token sequence gives its drift
+    and NaN spread; two sequences (the fewest with a variance) give all three; no token gives
+    NaN, and a residual rounded below zero gives a zero variance."""
+    from precision_plugin.metrics.mismatch import drift_fit, fit_drift
+
+    drift, stderr, variance = drift_fit([1], [0.25])
+    assert drift == 0.25 and math.isnan(stderr) and math.isnan(variance)
+    # drift = 2 / 4; residual = (1 - 0.5)² / 1 + (1 - 1.5)² / 3 = 1/3 over n - 1 = 1.
+    assert drift_fit([1, 3], [1.0, 1.0]) == (0.5, math.sqrt((1 / 3) / 4), 1 / 3)
+    assert all(math.isnan(v) for v in drift_fit([0, 0], [0.0, 0.0]))
+    assert all(math.isnan(v) for v in fit_drift(0, 0.0, 0.0, lambda d: 0.0))
+    assert fit_drift(3, 2.0, 1.0, lambda d: -1e-18) == (0.5, 0.0, 0.0)

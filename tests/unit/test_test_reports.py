@@ -109,3 +109,48 @@ def test_the_kernel_sensitive_runs_in_dev_sh_use_the_settings():
 def test_the_caps_are_what_the_docs_say(setting):
     env = " ".join(f"{k}={v}" for k, v in SETTINGS[setting].items())
     assert env in (ROOT / "docs/testing.md").read_text()
+
+
+def _margins():
+    spec = importlib.util.spec_from_file_location(
+        "kernel_margins", ROOT / "scripts/kernel_margins.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_merge_keeps_the_other_cells_and_each_run_says_who_measured_it():
+    """``kernel_margins.py --merge``: the earlier file's runs stay (with that file's provenance
+    when they carry none), a cell run again is replaced, and the grid keeps its plan."""
+    margins = _margins()
+    earlier = {"command": "python scripts/kernel_margins.py --jobs 2", "date": "d0"}
+    old = {
+        "planned": 30,
+        "runs": [
+            {"config": "embedded", "setting": "floor", "seed": 1, "ratios": {"k3": 1.0}},
+            {"config": "smollm2", "setting": "native", "seed": 0, "ratios": {"k3": 2.0}},
+            {"config": "embedded", "setting": "native", "seed": 2, "ratios": {"k3": 3.0}},
+        ],
+        "provenance": earlier,
+    }
+    kept = margins.kept_runs(old, {("embedded", "native", 2), ("embedded", "avx2", 2)})
+    assert [margins.cell(r) for r in kept] == [("embedded", "floor", 1), ("smollm2", "native", 0)]
+    assert all(r["provenance"] == earlier for r in kept)
+    assert "provenance" not in old["runs"][0]  # the earlier file's data is not changed
+    mine = {"command": "python scripts/kernel_margins.py --merge", "date": "d1"}
+    new = [
+        {"config": "embedded", "setting": s, "seed": 2, "ratios": {"k3": 4.0}, "provenance": mine}
+        for s in ("avx2", "native")
+    ]
+    data = margins.merged(kept, new, old["planned"], len(kept) + 2)
+    assert data["planned"] == 30 and data["settings"] == SETTINGS
+    assert [margins.cell(r) for r in data["runs"]] == [
+        ("smollm2", "native", 0),
+        ("embedded", "floor", 1),
+        ("embedded", "native", 2),
+        ("embedded", "avx2", 2),
+    ]
+    assert [r["provenance"]["date"] for r in data["runs"]] == ["d0", "d0", "d1", "d1"]
+    assert margins.merged([], new, 0, 2)["planned"] == 2
+    assert margins.kept_runs(None, set()) == []
