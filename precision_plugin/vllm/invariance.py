@@ -56,6 +56,14 @@ def _module_file(root: Path, dotted: str) -> Path:
     return root.joinpath(*parts).with_suffix(".py")
 
 
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` in ``module`` reads (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = module.rsplit(".", node.level)[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
 def _says(root: Path, module: str, name: str, depth: int = 0) -> bool:
     """Whether class ``name`` of vLLM module ``module`` returns True from METHOD (its own
     definition, else its bases', else the interface's False)."""
@@ -72,9 +80,9 @@ def _says(root: Path, module: str, name: str, depth: int = 0) -> bool:
                 isinstance(v, ast.Constant) and v.value is True for v in returns
             )
     imported = {
-        alias.asname or alias.name: node.module
+        alias.asname or alias.name: (_absolute(module, node), alias.name)
         for node in tree.body
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm")
+        if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
     for base in cls.bases:
@@ -83,8 +91,10 @@ def _says(root: Path, module: str, name: str, depth: int = 0) -> bool:
         if any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
             if _says(root, module, base.id, depth + 1):
                 return True
-        elif base.id in imported and _says(root, imported[base.id], base.id, depth + 1):
-            return True
+        elif base.id in imported:
+            source, original = imported[base.id]
+            if source.startswith("vllm.") and _says(root, source, original, depth + 1):
+                return True
     return False
 
 

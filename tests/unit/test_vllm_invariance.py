@@ -23,6 +23,7 @@ class AttentionBackendEnum(Enum):
     A = "vllm.v1.attention.backends.a.ABackend"
     B = "vllm.v1.attention.backends.b.BBackend"
     SUB = "vllm.v1.attention.backends.b.SubOfA"
+    REL = "vllm.v1.attention.backends.c.RelOfA"
     NO = ""
 '''
 FILES = {
@@ -31,6 +32,7 @@ FILES = {
     "v1/attention/backends/registry.py": REGISTRY,
     "v1/attention/backends/a.py": "class ABackend(AttentionBackend):\n    @classmethod\n"
     "    def supports_batch_invariance(cls):\n        return True\n",
+    "v1/attention/backends/c.py": "from .a import ABackend as Base\nclass RelOfA(Base):\n    pass\n",
     "v1/attention/backends/b.py": "from vllm.v1.attention.backends.a import ABackend\n"
     "class BBackend(AttentionBackend):\n    pass\nclass SubOfA(ABackend):\n    pass\n",
 }
@@ -54,7 +56,7 @@ def on(strictness: str = "warn") -> PrecisionPolicy:
 
 
 def test_the_list_is_what_the_backend_classes_declare(fake_vllm: Path) -> None:
-    assert invariant_backends() == frozenset({"A", "SUB"})  # SUB inherits A's True
+    assert invariant_backends() == frozenset({"A", "SUB", "REL"})  # SUB, REL inherit A's True
 
 
 def test_a_vllm_whose_backends_declare_nothing_gives_none(fake_vllm: Path) -> None:
@@ -86,4 +88,4 @@ def test_an_unsupported_backend_is_a_warning_or_refused_under_strict() -> None:
 def test_check_reads_the_installed_list(fake_vllm: Path) -> None:
     assert check_attention_backend(on(), {"attention_backend": "A"}) == []
     (finding,) = check_attention_backend(on(), environ={"VLLM_ATTENTION_BACKEND": "B"})
-    assert "supports only A, SUB" in finding.message
+    assert "supports only A, REL, SUB" in finding.message
