@@ -23,10 +23,33 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.canary.band import token_k3
 from precision_plugin.canary.monitor import CanaryCheck, CanaryMonitor
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.bitwise import bitwise_equal
+
+
+def _table(value: Any) -> Any:
+    if value is None:
+        return value
+    rows = value.tolist() if hasattr(value, "tolist") else value
+    if (
+        isinstance(rows, (str, bytes))
+        or not isinstance(rows, Sequence)
+        or not all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in rows)
+    ):
+        raise Invalid(
+            "is not per-token log-probs per sequence; pass a (B, T) tensor or one list of "
+            "floats per sequence"
+        )
+    return value
+
+
+#: Per-token values per sequence: a ``(B, T)`` tensor (anything with ``tolist()``) or lists.
+TABLE = Validator("a (B, T) tensor or one list per sequence", _table, ("x", [1.0, 2.0], 3))
+#: The same, or ``None``.
+OPTIONAL_TABLE = Validator("a (B, T) tensor, one list per sequence, or None", _table, ("x", 3))
 
 
 def _nested(value: Any) -> list[Any]:
@@ -35,6 +58,7 @@ def _nested(value: Any) -> list[Any]:
     return value.tolist() if hasattr(value, "tolist") else [list(row) for row in value]
 
 
+@checked(logprobs=TABLE, mask=OPTIONAL_TABLE)
 def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     """One list of log-probs per sequence: the ``(B, T)`` ``logprobs`` where ``mask`` is true
     (``mask`` ``None``: ``logprobs`` are already one list per sequence, kept as they are)."""
@@ -55,6 +79,7 @@ def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     ]
 
 
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE)
 def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, float]:
     """The per-batch ``bitwise_equal_frac`` (the share of masked tokens whose learner and
     rollout log-probs have the same float32 bits) and ``k3_kl`` (the canary's k3 over them):
@@ -68,6 +93,7 @@ def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, flo
     }
 
 
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE, reference=OPTIONAL_TABLE)
 def check_canary(
     monitor: CanaryMonitor,
     step: int,

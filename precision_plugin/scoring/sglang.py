@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.interface import TokenSequence
 
@@ -26,6 +27,7 @@ from precision_plugin.scoring.interface import TokenSequence
 SAMPLING_PARAMS: dict[str, Any] = {"max_new_tokens": 1, "temperature": 1.0}
 
 
+@checked
 def logprob_start(sequence: TokenSequence) -> int:
     """``logprob_start_len`` for ``sequence``: its prompt's last token (whose entry SGLang
     returns with logprob ``None``), so the entries after it are the completion's."""
@@ -38,6 +40,7 @@ def logprob_start(sequence: TokenSequence) -> int:
     return len(sequence.prompt_ids) - 1
 
 
+@checked
 def generate_request(sequences: Sequence[TokenSequence]) -> dict[str, Any]:
     """The keyword arguments of ``Engine.generate`` (the JSON body of ``/generate``) that score
     ``sequences`` in one batch (field names of SGLang's ``GenerateReqInput``)."""
@@ -49,6 +52,7 @@ def generate_request(sequences: Sequence[TokenSequence]) -> dict[str, Any]:
     }
 
 
+@checked
 def completion_logprobs(
     input_token_logprobs: Sequence[Sequence[Any]], sequence: TokenSequence
 ) -> list[float]:
@@ -77,6 +81,19 @@ def completion_logprobs(
     return out
 
 
+def _engine(value: Any) -> Any:
+    if not callable(getattr(value, "generate", value)):
+        raise Invalid(
+            "has no generate() and is not callable; pass an sglang.Engine or a function that "
+            "sends a /generate request dict and returns SGLang's answer list"
+        )
+    return value
+
+
+ENGINE = Validator("an sglang.Engine or a function that sends a request", _engine, (42, "x"))
+
+
+@checked(engine=ENGINE)
 class SGLangScorer:
     """[`Scorer`][precision_plugin.scoring.Scorer] over SGLang: an ``sglang.Engine`` (its
     ``generate``) or a callable that sends a request dict and returns SGLang's answers."""
@@ -85,12 +102,6 @@ class SGLangScorer:
 
     def __init__(self, engine: Any) -> None:
         send = getattr(engine, "generate", engine)
-        if not callable(send):
-            raise PrecisionConfigError(
-                f"SGLangScorer was given {type(engine).__name__}, which has no generate() and "
-                f"is not callable; pass an sglang.Engine or a function that sends a /generate "
-                f"request dict and returns SGLang's answer list."
-            )
         self._send: Callable[..., Any] = send
         self._keywords = send is not engine  # Engine.generate takes the fields as keywords
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -98,6 +99,7 @@ def _says(root: Path, module: str, name: str, depth: int = 0) -> bool:
     return False
 
 
+@checked
 def invariant_backends() -> frozenset[str] | None:
     """Names of the installed vLLM's attention backends whose class declares
     ``supports_batch_invariance() -> True``; ``None`` without vLLM or when its backends declare
@@ -126,6 +128,7 @@ def invariant_backends() -> frozenset[str] | None:
     return frozenset(out)
 
 
+@checked
 def selected_backend(
     engine_kwargs: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
 ) -> str | None:
@@ -149,6 +152,7 @@ def selected_backend(
     return None if name in ("", "AUTO") else name
 
 
+@checked
 def attention_backend_findings(
     policy: PrecisionPolicy, backend: str | None, supported: frozenset[str] | None
 ) -> list[Finding]:
@@ -170,6 +174,7 @@ def attention_backend_findings(
     return [Finding("vllm", "warning", message, fix=fix)]
 
 
+@checked
 def check_attention_backend(
     policy: PrecisionPolicy,
     engine_kwargs: Mapping[str, Any] | None = None,

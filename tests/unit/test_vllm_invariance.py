@@ -18,14 +18,14 @@ from precision_plugin.vllm.invariance import (
     selected_backend,
 )
 
-REGISTRY = '''
+REGISTRY = """
 class AttentionBackendEnum(Enum):
     A = "vllm.v1.attention.backends.a.ABackend"
     B = "vllm.v1.attention.backends.b.BBackend"
     SUB = "vllm.v1.attention.backends.b.SubOfA"
     REL = "vllm.v1.attention.backends.c.RelOfA"
     NO = ""
-'''
+"""
 FILES = {
     "v1/attention/backend.py": "class AttentionBackend:\n    @classmethod\n"
     "    def supports_batch_invariance(cls):\n        return False\n",
