@@ -73,5 +73,9 @@ def test_batch_invariant_reaches_the_ray_workers_env_through_verls_merge(vllm, c
     merged = OmegaConf.to_container(OmegaConf.merge(default, cfg.ray_kwargs.ray_init.runtime_env))
     env = merged["env_vars"]
     assert all(isinstance(v, str) for v in env.values())  # Ray takes strings only
-    assert env.get("VLLM_BATCH_INVARIANT") == ("1" if carried else None)
+    # verl 0.9.1's own defaults pin VLLM_BATCH_INVARIANT="0" for its workers: the override
+    # must win the merge; without it (an older vLLM) verl's own value stands
+    own = OmegaConf.to_container(OmegaConf.create(default)).get("env_vars", {})
+    want = "1" if carried else own.get("VLLM_BATCH_INVARIANT")
+    assert env.get("VLLM_BATCH_INVARIANT") == want
     assert PrecisionPolicy.from_env({"PRECISION_PLUGIN": env["PRECISION_PLUGIN"]}) == policy
