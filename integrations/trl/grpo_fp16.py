@@ -15,7 +15,10 @@ learner then runs float32 (Accelerate has no fp16 there), which the callback rep
 Fire drills for the drift canary (docs/canary.md): ``--drill stale-weights@STEP`` freezes
 the rollout copy's weights from STEP on (a weight sync that silently fails), ``--drill
 engine-drift@STEP`` perturbs the rollout copy a little more at each step from STEP on (run it
-with ``--learning-rate 0``, so the learner stands still); ``--canary-every K`` checks the canary
+with ``--learning-rate 0``, so the learner stands still), ``--drill batch-drift@STEP`` adds
+growing noise to the rollout log-probs the batch reports while the engine itself is untouched
+(the per-batch mismatch grows, the canary holds: the ``policy_moving`` note, no alarm);
+``--canary-every K`` checks the canary
 every K steps and ``--rollout-batch 1`` makes HFRollout sample and score one sequence at a time
 (batch-invariant: precision level 2).
 ``--model PATH`` trains a local checkpoint (loaded in float32: the plugin keeps master weights
@@ -70,6 +73,8 @@ def build_model_and_tokenizer(seed: int = 0) -> tuple[Any, Any]:
 
 #: Relative size of the engine-drift drill's perturbation, per step since it started.
 DRIFT_PER_STEP = 5e-4
+#: Standard deviation (nats) of the batch-drift drill's noise, per step since it started.
+BATCH_DRIFT_PER_STEP = 1e-3
 
 
 class DrillRollout:
@@ -79,12 +84,27 @@ class DrillRollout:
     skipped). ``engine-drift``: after each refresh, every floating weight of the rollout copy is
     multiplied by ``1 + DRIFT_PER_STEP * k * z`` (``z`` standard normal, seeded by the step,
     ``k`` the steps since ``at``, counting from 1): a little more drift at each step.
+    ``batch-drift``: the log-probs a rollout batch reports get ``BATCH_DRIFT_PER_STEP * k * z``
+    added (the engine and its scoring path untouched): the per-batch mismatch grows while the
+    canary holds, as when the policy moves into tokens the engines disagree on more.
     """
 
     def __new__(cls, kind: str, at: int, **kwargs: Any) -> Any:
         from precision_plugin.trl import HFRollout
 
         class _Drill(HFRollout):
+            def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+                out = super().__call__(prompts, trainer)
+                step = trainer.state.global_step + 1  # the step this batch is logged at
+                if kind == "batch-drift" and step >= at:
+                    generator = torch.Generator().manual_seed(10_000 + step)
+                    scale = BATCH_DRIFT_PER_STEP * (step - at + 1)
+                    out["logprobs"] = [
+                        [lp + scale * float(torch.randn((), generator=generator)) for lp in row]
+                        for row in out["logprobs"]
+                    ]
+                return out
+
             def _sync(self, trainer: Any) -> None:
                 step = trainer.state.global_step
                 if kind == "stale-weights" and self.engine is not None and step >= at:
@@ -102,12 +122,17 @@ class DrillRollout:
         return _Drill(**kwargs)
 
 
+#: The fire drills: a silently failed weight sync, engine drift, a growing batch mismatch.
+KINDS = ("stale-weights", "engine-drift", "batch-drift")
+
+
 def parse_drill(text: str) -> tuple[str, int]:
-    """``KIND@STEP`` -> (kind, step); kinds: stale-weights, engine-drift."""
+    """``KIND@STEP`` -> (kind, step); kinds: stale-weights, engine-drift, batch-drift."""
     kind, _, step = text.partition("@")
-    if kind not in ("stale-weights", "engine-drift") or not step.isdigit() or int(step) < 1:
+    if kind not in KINDS or not step.isdigit() or int(step) < 1:
         raise argparse.ArgumentTypeError(
-            f"--drill {text!r}: expected stale-weights@STEP or engine-drift@STEP with STEP an "
+            f"--drill {text!r}: expected stale-weights@STEP, engine-drift@STEP or "
+            f"batch-drift@STEP with STEP an "
             f"integer >= 1, e.g. stale-weights@20"
         )
     return kind, int(step)
@@ -307,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--drill", type=parse_drill, default=None, metavar="KIND@STEP",
-        help="fire drill: stale-weights@STEP or engine-drift@STEP (HF rollout only)",
+        help="fire drill: stale-weights@STEP, engine-drift@STEP or batch-drift@STEP (HF rollout "
+        "only)",
     )  # fmt: skip
     parser.add_argument(
         "--rollout-batch", type=int, default=None, help="HFRollout: sequences per forward"

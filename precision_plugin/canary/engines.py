@@ -96,3 +96,18 @@ def apply_batch_invariant(policy: PrecisionPolicy, patcher: Patcher, vllm: str |
         return False
     patcher.setenv(ENV, "1", reason="policy batch_invariant='on' (vLLM reads it at engine start)")
     return True
+
+
+@checked
+def batch_invariant_env(policy: PrecisionPolicy, vllm: str | None) -> dict[str, str]:
+    """``{"VLLM_BATCH_INVARIANT": "1"}`` for the environment of engine processes started
+    elsewhere (verl's and OpenRLHF's Ray actors, through ``runtime_env``'s ``env_vars``) with
+    ``batch_invariant='on'``, unless the vLLM seen here (``None``: not installed here, as on a
+    driver without vLLM) is older than 0.11.1 and has no such mode."""
+    from packaging.version import Version
+
+    if policy.batch_invariant != "on":
+        return {}
+    if vllm is not None and Version(vllm) < Version(VLLM_MIN):
+        return {}
+    return {ENV: "1"}

@@ -82,9 +82,16 @@ def runtime_env(
     defaults), so that ``ray.init(runtime_env=runtime_env())`` before ``train()`` (OpenRLHF then
     skips its own) or ``ray job submit --runtime-env-json`` loses none of them. In each vLLM
     engine, the plugin's ``vllm.general_plugins`` entry point then replaces OpenRLHF's
-    hard-coded ``dtype="bfloat16"`` with the policy dtype.
+    hard-coded ``dtype="bfloat16"`` with the policy dtype. With ``batch_invariant='on'`` it also
+    carries ``VLLM_BATCH_INVARIANT=1``, which each vLLM engine actor reads at engine start
+    (not for an installed vLLM older than 0.11.1, which has no such mode).
     """
+    from precision_plugin.canary.engines import batch_invariant_env
+    from precision_plugin.versions import installed_version
+
     pol = resolve_policy(policy, what="precision_plugin.openrlhf.runtime_env()")
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
     env_vars[ENV_VAR] = env_value(pol)
+    vllm = installed_version("vllm")
+    env_vars.update(batch_invariant_env(pol, None if vllm is None else str(vllm)))
     return {"env_vars": env_vars}

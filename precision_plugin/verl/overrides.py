@@ -116,6 +116,22 @@ def cascade_overrides(
     return []
 
 
+@checked(vllm_version=version_text("vLLM"))
+def ray_invariance_overrides(policy: PrecisionPolicy, *, vllm_version: Any = _AUTO) -> list[str]:
+    """``VLLM_BATCH_INVARIANT=1`` in the Ray workers' environment with ``batch_invariant='on'``
+    (verl starts its vLLM engines in Ray actors, which read it at engine start): nothing for a
+    vLLM older than 0.11.1 (no such mode); a vLLM not installed here is assumed to have it."""
+    from precision_plugin.canary.engines import batch_invariant_env
+
+    if vllm_version is _AUTO:
+        from precision_plugin.versions import installed_version
+
+        vllm_version = installed_version("vllm")
+    env = batch_invariant_env(policy, None if vllm_version is None else str(vllm_version))
+    # Quoted: Hydra reads a bare 1 as an int, and Ray's env_vars take strings only.
+    return [f"++{RAY_ENV_VARS}.{name}='{value}'" for name, value in env.items()]
+
+
 @checked(
     verl_version=version_text("verl"),
     strategy=one_of(*STRATEGIES),
@@ -159,6 +175,7 @@ def overrides(
         engine = sglang_overrides(pol)
     else:  # "vllm" (the boundary refused anything else)
         engine = cascade_overrides(pol, vllm_version=vllm_version, capability=gpu_capability)
+        engine += ray_invariance_overrides(pol, vllm_version=vllm_version)
     return [
         f"{ROLLOUT}.dtype={vllm_dtype(pol)}",
         *learner_overrides(pol, lay),

@@ -3,6 +3,7 @@ findings, and the probe engine. vLLM is imported lazily; without it every hook d
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -25,6 +26,9 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
 
     info = vllm_version()
     apply_batch_invariant(policy, patcher, str(info.version) if info else None)  # before engines
+    from precision_plugin.vllm.invariance import check_attention_backend
+
+    check_attention_backend(policy, environ=os.environ)  # strict: refused at enable()
     with patch_lock:
         if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)):
             install_vllm_patches(policy, patcher)
@@ -62,11 +66,20 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     from precision_plugin.canary.engines import batch_invariant_findings
     from precision_plugin.versions import installed_version
     from precision_plugin.vllm.doctor import doctor_findings
+    from precision_plugin.vllm.invariance import (
+        attention_backend_findings,
+        invariant_backends,
+        selected_backend,
+    )
 
     info, sglang = vllm_version(), installed_version("sglang")
     invariance = batch_invariant_findings(
         policy, str(info.version) if info else None, str(sglang) if sglang else None
     )
+    backend = selected_backend(environ=os.environ)
+    if policy.batch_invariant == "on" and backend is not None:  # a finding, never raised here
+        lenient = policy.replace(strictness="warn")
+        invariance += attention_backend_findings(lenient, backend, invariant_backends())
     return [*doctor_findings(policy), *invariance]
 
 

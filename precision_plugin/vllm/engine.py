@@ -265,4 +265,7 @@ def engine_kwargs(
         dtype=canonical_dtype(out.get("dtype")),
         revision=out.get("revision"),
     )
+    from precision_plugin.vllm.invariance import check_attention_backend
+
+    check_attention_backend(policy, out)  # batch_invariant='on': a backend its mode supports
     return out

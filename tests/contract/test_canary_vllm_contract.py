@@ -61,3 +61,40 @@ def test_the_scorer_reads_vllm_logprob_entries() -> None:
     seq = TokenSequence((5, 6), (7, 8))
     entries = [None, {6: Logprob(-0.5)}, {7: Logprob(-1.25), 3: Logprob(-0.1)}, {8: Logprob(-2.0)}]
     assert completion_logprobs(entries, seq) == [-1.25, -2.0]
+
+
+def test_the_invariant_backends_are_those_vllms_classes_declare() -> None:
+    from precision_plugin.vllm.invariance import invariant_backends
+
+    found = invariant_backends()
+    try:
+        from vllm.v1.attention.backend import AttentionBackend
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ModuleNotFoundError:  # vLLM 0.10.1: no per-backend declaration to read
+        assert found is None
+        return
+    assert hasattr(AttentionBackend, "supports_batch_invariance")
+    assert found is not None and "FLASH_ATTN" in found and "FLASHINFER" not in found
+    checked = 0
+    for member in AttentionBackendEnum:
+        try:
+            cls = member.get_class()  # some backends import CUDA kernels: not on CPU
+        except Exception:
+            continue
+        checked += 1
+        assert cls.supports_batch_invariance() is (member.name in found), member.name
+    assert checked >= 1
+
+
+def test_engine_kwargs_refuse_an_unsupported_backend_under_strict(monkeypatch) -> None:
+    from precision_plugin.errors import PrecisionConfigError
+    from precision_plugin.vllm import engine_kwargs
+
+    if not HAS_MODE:
+        pytest.skip("no batch-invariant mode before vLLM 0.11.1")
+    monkeypatch.delenv(ENV, raising=False)
+    strict = pp.PrecisionPolicy.from_dict({"batch_invariant": "on", "strictness": "error"})
+    with pytest.raises(PrecisionConfigError, match=r"attention backend FLASHINFER"):
+        engine_kwargs({"model": "m", "attention_backend": "FLASHINFER"}, strict, capability=None)
+    out = engine_kwargs({"model": "m", "attention_backend": "FLASH_ATTN"}, strict, capability=None)
+    assert out["attention_backend"] == "FLASH_ATTN"

@@ -64,3 +64,17 @@ def test_clean_runs_raise_nothing(tmp_path: Path, learning_rate: str) -> None:
     report = _run(tmp_path, "--learning-rate", learning_rate, "--strict")
     assert report["canary_alarm"] is None
     assert report["level"] == 1.0  # fp16 on both sides, the HF engine padding into batches
+
+
+def test_a_growing_batch_mismatch_with_a_steady_canary_is_the_policy_moving(
+    tmp_path: Path,
+) -> None:
+    """batch-drift: the batch's reported rollout log-probs drift from STEP on, the engine does
+    not; the canary holds its band, the note comes within 2 checks, nothing is raised."""
+    report = _run(tmp_path, "--drill", f"batch-drift@{AT}", "--strict", "--max-steps", "15")
+    assert report["canary_alarm"] is None
+    checks = report["canary_checks"]
+    assert all(c["canary_in_band"] == 1.0 for c in checks)
+    noted = [c["step"] for c in checks if c["canary_verdict"] == 3.0]  # policy_moving
+    assert noted and AT <= noted[0] <= _within_two_checks(AT)
+    assert all(c["canary_verdict"] == 0.0 for c in checks if c["step"] < AT)

@@ -369,6 +369,10 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "engine-drift@10 --learning-rate 0": Elsewhere(
         "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
     ),
+    "python integrations/trl/grpo_fp16.py --max-steps 15 --canary-every 5 --drill "
+    "batch-drift@10 --strict": Elsewhere(
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+    ),
     # integrations/accelerate/README.md
     ".venv/bin/accelerate launch --config_file integrations/accelerate/fp16.yaml "
     "integrations/accelerate/train_fp16.py --steps 20": Run(

@@ -10,6 +10,7 @@ import pytest
 from precision_plugin.canary.engines import (
     ENV,
     apply_batch_invariant,
+    batch_invariant_env,
     batch_invariant_findings,
 )
 from precision_plugin.patching import Patcher
@@ -61,3 +62,35 @@ def test_on_sets_the_variable_and_restore_takes_it_back(monkeypatch: pytest.Monk
     assert os.environ[ENV] == "1"
     patcher.restore()
     assert ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("mode", "vllm", "env"),
+    [
+        ("on", "0.11.1", {ENV: "1"}),
+        ("on", None, {ENV: "1"}),  # no vLLM on this driver: the workers may have one
+        ("on", "0.10.1", {}),  # no such mode: nothing it would ignore
+        ("auto", "0.33.0", {}),
+        ("off", "0.33.0", {}),
+    ],
+)
+def test_the_variable_for_engine_processes_started_elsewhere(
+    mode: str, vllm: str | None, env: dict[str, str]
+) -> None:
+    assert batch_invariant_env(_policy(mode), vllm) == env
+
+
+def test_verl_and_openrlhf_carry_it_into_rays_runtime_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_plugin import openrlhf
+    from precision_plugin.verl.overrides import overrides, ray_invariance_overrides
+
+    on = _policy("on")
+    key = "++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_BATCH_INVARIANT='1'"
+    assert ray_invariance_overrides(on, vllm_version="0.33.0") == [key]
+    assert ray_invariance_overrides(on, vllm_version="0.10.1") == []
+    assert ray_invariance_overrides(_policy("auto"), vllm_version="0.33.0") == []
+    assert key in overrides(on, vllm_version="0.33.0", gpu_capability=None)
+    assert not any(ENV in o for o in overrides(on, vllm_version="0.33.0", rollout="sglang"))
+    monkeypatch.setattr("precision_plugin.versions.installed_version", lambda name: None)
+    assert openrlhf.runtime_env(on)["env_vars"][ENV] == "1"
+    assert ENV not in openrlhf.runtime_env(_policy("off"))["env_vars"]

@@ -401,6 +401,7 @@ def candidates(tmp: Path) -> list[Any]:
     passes its boundary check is used while another parameter gets a wrong one."""
     from packaging.version import Version
 
+    from precision_plugin.canary import CanaryMonitor
     from precision_plugin.consequence import Interval, compute_consequence, fit_growth, project
     from precision_plugin.mismatch import compute_mismatch
     from precision_plugin.overflow import headroom
@@ -483,6 +484,9 @@ def candidates(tmp: Path) -> list[Any]:
         types.SimpleNamespace(name="test", score=lambda sequences: []),  # a Scorer
         types.SimpleNamespace(equal=None, batch_size=2),  # a BatchRescore, as duck-typed
         2,  # a batch size of at least 2 (the batch-invariance check)
+        TokenSequence((1,), (2,)),  # one canary sequence
+        CanaryMonitor(),  # the canary's state (precision_plugin.canary.workers)
+        frozenset({"FLASH_ATTN"}),  # attention backends (precision_plugin.vllm.invariance)
     ]
 
 

@@ -54,6 +54,14 @@ DOCUMENTED: dict[str, list[str]] = {
         "LAPLACE_EXCESS_KURTOSIS",
     ],
     "precision_plugin.misfit": ["check_growth", "GrowthCheck"],
+    "precision_plugin.canary.workers": ["batch_metrics", "check_canary", "masked_rows"],
+    "precision_plugin.scoring.sglang": [
+        "SGLangScorer", "generate_request", "completion_logprobs", "logprob_start"
+    ],
+    "precision_plugin.vllm.invariance": [
+        "invariant_backends", "selected_backend", "attention_backend_findings",
+        "check_attention_backend"
+    ],
     "precision_plugin.canary": [
         "CanaryMonitor", "CanaryCheck", "canary_band", "CanaryBand", "token_k3", "VERDICT_CODES",
         "certify_batch_invariance", "Invariance", "precision_level",

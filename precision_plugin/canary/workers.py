@@ -1,0 +1,118 @@
+"""Hook points for workers that hold log-probs as padded tensors (verl, OpenRLHF).
+
+verl and OpenRLHF keep both sides' per-token log-probs of a batch as ``(B, T)`` tensors with a
+response mask: verl's ``DataProto`` batch keys ``old_log_probs`` (the actor's
+``compute_log_prob``), ``rollout_log_probs`` (the rollout engine's, with
+``rollout.calculate_log_probs=True``) and ``response_mask``; OpenRLHF's ``Experience`` fields
+``action_log_probs``, ``rollout_log_probs`` and ``action_mask``. These functions read them:
+
+- [`batch_metrics`][precision_plugin.canary.workers.batch_metrics]: the per-batch
+  ``bitwise_equal_frac`` and ``k3_kl`` of the masked tokens (log as ``precision/*``);
+- [`check_canary`][precision_plugin.canary.workers.check_canary]: one canary check of a
+  [`CanaryMonitor`][precision_plugin.canary.CanaryMonitor] from tensors (the actor's
+  ``compute_log_prob`` of the canary) or from a [`Scorer`][precision_plugin.scoring.Scorer]'s
+  lists (the rollout engine's scoring path), with the batch's k3 for the ``policy_moving`` note.
+
+Duck-typed (anything with ``tolist()``, or nested lists): nothing here imports torch or a
+framework.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.canary.band import token_k3
+from precision_plugin.canary.monitor import CanaryCheck, CanaryMonitor
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.scoring.bitwise import bitwise_equal
+
+
+def _table(value: Any) -> Any:
+    if value is None:
+        return value
+    rows = value.tolist() if hasattr(value, "tolist") else value
+    if (
+        isinstance(rows, (str, bytes))
+        or not isinstance(rows, Sequence)
+        or not all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in rows)
+    ):
+        raise Invalid(
+            "is not per-token log-probs per sequence; pass a (B, T) tensor or one list of "
+            "floats per sequence"
+        )
+    return value
+
+
+#: Per-token values per sequence: a ``(B, T)`` tensor (anything with ``tolist()``) or lists.
+TABLE = Validator("a (B, T) tensor or one list per sequence", _table, ("x", [1.0, 2.0], 3))
+#: The same, or ``None``.
+OPTIONAL_TABLE = Validator("a (B, T) tensor, one list per sequence, or None", _table, ("x", 3))
+
+
+def _nested(value: Any) -> list[Any]:
+    if hasattr(value, "detach"):  # a torch tensor: float32 values, exactly as Python floats
+        value = value.detach().float().cpu()
+    return value.tolist() if hasattr(value, "tolist") else [list(row) for row in value]
+
+
+@checked(logprobs=TABLE, mask=OPTIONAL_TABLE)
+def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
+    """One list of log-probs per sequence: the ``(B, T)`` ``logprobs`` where ``mask`` is true
+    (``mask`` ``None``: ``logprobs`` are already one list per sequence, kept as they are)."""
+    rows = _nested(logprobs)
+    if mask is None:
+        return [[float(x) for x in row] for row in rows]
+    keep = _nested(mask)
+    if len(keep) != len(rows) or any(len(m) != len(r) for m, r in zip(keep, rows, strict=True)):
+        raise PrecisionConfigError(
+            f"masked_rows(): the log-probs have shape ({len(rows)}, "
+            f"{len(rows[0]) if rows else 0}) and the mask ({len(keep)}, "
+            f"{len(keep[0]) if keep else 0}); pass the response mask of the same batch "
+            f"(verl: response_mask, OpenRLHF: action_mask)."
+        )
+    return [
+        [float(x) for x, m in zip(row, mrow, strict=True) if m]
+        for row, mrow in zip(rows, keep, strict=True)
+    ]
+
+
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE)
+def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, float]:
+    """The per-batch ``bitwise_equal_frac`` (the share of masked tokens whose learner and
+    rollout log-probs have the same float32 bits) and ``k3_kl`` (the canary's k3 over them):
+    verl ``(old_log_probs, rollout_log_probs, response_mask)``, OpenRLHF
+    ``(action_log_probs, rollout_log_probs, action_mask)``."""
+    a, b = masked_rows(learner, mask), masked_rows(rollout, mask)
+    k3 = token_k3(a, b)
+    return {
+        "bitwise_equal_frac": bitwise_equal(a, b).fraction,
+        "k3_kl": math.fsum(k3) / len(k3) if k3 else math.nan,
+    }
+
+
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE, reference=OPTIONAL_TABLE)
+def check_canary(
+    monitor: CanaryMonitor,
+    step: int,
+    learner: Any,
+    rollout: Any,
+    mask: Any = None,
+    *,
+    reference: Any = None,
+    batch_k3: float | None = None,
+) -> CanaryCheck:
+    """One canary check at ``step``: ``learner``, ``rollout`` and ``reference`` (the learner in
+    float32, optional) are the canary's per-token log-probs, each ``(B, T)`` tensors under
+    ``mask`` or (``mask`` ``None``, or a side already given as lists of lists) one list per
+    sequence, as a ``Scorer`` returns them. ``batch_k3``: this step's per-batch k3
+    (``batch_metrics(...)["k3_kl"]``). Call it after the weight sync, on the driver."""
+
+    def rows(side: Any) -> list[list[float]]:
+        lists = isinstance(side, Sequence) and all(isinstance(r, Sequence) for r in side)
+        return masked_rows(side, None if lists else mask)
+
+    ref = None if reference is None else rows(reference)
+    return monitor.check(step, rows(learner), rows(rollout), batch_k3=batch_k3, reference=ref)
