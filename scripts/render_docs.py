@@ -351,6 +351,36 @@ def _attribution_time(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("probe-speed")
+def _probe_speed(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_probe_speed.py``: the probe with the earlier code against this
+    code, wall time and k3 per dtype."""
+    dtypes = list(data["k3"]["base"])
+    rows = [
+        "| code | median wall time | runs (load average at start) | "
+        + " | ".join(f"k3 {d}" for d in dtypes)
+        + " |",
+        "|---|---|---|" + "---|" * len(dtypes),
+    ]
+    for name in ("base", "new"):
+        k3 = " | ".join(f"{data['k3'][name][d]:.4g}" for d in dtypes)
+        runs = ", ".join(
+            f"{r['wall_s']:,.0f} s ({r['load_average_1min']:.1f})" for r in data["runs"][name]
+        )
+        rows.append(f"| `{name}` | {data['median_wall_s'][name]:,.0f} s | {runs} | {k3} |")
+    rows.append("")
+    rows.append(
+        f"Speed-up {data['speedup']:.2f}x; k3 and per-sequence log-ratios identical in every "
+        f"run: {'yes' if data['identical'] else 'no'}."
+    )
+    if "attribute_over_plain" in data:
+        rows[-1] += (
+            f" `--attribute` with the new code: {data['median_wall_s']['new --attribute']:,.0f}"
+            f" s, {data['attribute_over_plain']:.2f}x the plain probe."
+        )
+    return "\n".join(rows)
+
+
 @view("rope-buffers")
 def _rope_buffers(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_rope_buffers.py``: the probe with the rollout copy's RoPE

@@ -14,6 +14,7 @@ from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+from precision_plugin.scoring.kvcache import preallocated_cache
 
 __all__ = [
     "HFRolloutEngine",
@@ -200,7 +201,13 @@ class HFRolloutEngine:
         lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=ids.device)
         done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=ids.device)
-        logits, past = self._forward(ids, mask, positions, None)
+        # The mask and the KV cache are allocated once for the whole generation, and each step
+        # sees views of their filled part (the same values as growing them by torch.cat).
+        width = ids.shape[1]
+        full_mask = torch.ones((batch, width + max_new_tokens), dtype=mask.dtype, device=ids.device)
+        full_mask[:, :width] = mask
+        past = preallocated_cache(self.model, width + max_new_tokens)
+        logits, past = self._forward(ids, mask, positions, past)
         processor = LogitsProcessor(sampling, prompts, logits.shape[-1], ids.device)
         processed_mode = sampling.logprobs_mode == "processed_logprobs"
         next_position = positions[:, -1:] + 1
@@ -221,7 +228,7 @@ class HFRolloutEngine:
             done |= ended
             if t + 1 == max_new_tokens or bool(done.all()):
                 break
-            mask = torch.cat([mask, torch.ones_like(token)], dim=-1)
+            mask = full_mask[:, : width + t + 1]
             logits, past = self._forward(token, mask, next_position, past)
             next_position = next_position + 1
         del past

@@ -30,6 +30,7 @@ from typing import Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
 from precision_plugin.scoring.interface import TokenSequence
+from precision_plugin.scoring.kvcache import preallocated_cache
 
 log = logging.getLogger("precision_plugin")
 
@@ -164,8 +165,13 @@ class HFScorer:
             device=self.device,
         )
         logp = torch.zeros((len(batch), steps), dtype=torch.float32, device=self.device)
+        # Mask and KV cache allocated once; each step sees views of their filled part.
+        width = ids.shape[1]
+        full_mask = torch.ones((len(batch), width + steps), dtype=mask.dtype, device=self.device)
+        full_mask[:, :width] = mask
+        past = preallocated_cache(self.model, width + steps)
         with torch.inference_mode(), trainer_precision(self.autocast, self.device):
-            hidden, past = self._step(ids, mask, positions, None)
+            hidden, past = self._step(ids, mask, positions, past)
             position = positions[:, -1:]
             for t in range(steps):
                 index = torch.full((len(batch),), t, dtype=torch.long, device=self.device)
@@ -174,7 +180,7 @@ class HFScorer:
                 )
                 if t + 1 == steps:
                     break
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                mask = full_mask[:, : width + t + 1]
                 position = position + 1
                 hidden, past = self._step(tokens[:, t : t + 1], mask, position, past)
         del past

@@ -1,0 +1,101 @@
+"""A KV cache allocated once per generation, for the token-by-token loops (rollout, decode scoring).
+
+transformers' ``DynamicCache`` appends each step's keys and values with ``torch.cat``, which
+copies the whole cache every step: at 1,000 cached tokens that copy was 70 % of a SmolLM2-135M
+decode step on CPU. :func:`preallocated_cache` builds the ``DynamicCache`` the model would build
+and swaps each plain full-attention layer for :class:`PreallocatedLayer`, which writes into a
+buffer sized for the whole generation and hands attention a view of the filled part: the same
+values in the same shape as ``DynamicCache`` returns (only the strides differ), so attention
+computes the same numbers. Sliding-window or other special layers are left as the model made
+them; a transformers without per-layer caches (before 4.56) gets ``None`` (its own cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PreallocatedLayer", "preallocated_cache"]
+
+
+def _layer_class() -> type | None:
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers < 4.56: one DynamicCache without layers
+        return None
+
+    class PreallocatedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys and values live in a buffer of ``capacity`` positions
+        (grown by doubling if a generation outlasts it); ``keys``/``values`` are views of the
+        filled part."""
+
+        def __init__(self, capacity: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.capacity = max(1, int(capacity))
+            self._buffers: tuple[Any, Any] | None = None
+            self._length = 0
+
+        def update(
+            self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
+        ) -> tuple[Any, Any]:
+            """Write the new positions after the filled ones; return the filled views."""
+            import torch
+
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self._length + key_states.shape[-2]
+            if self._buffers is None or end > self._buffers[0].shape[-2]:
+                size = max(end, self.capacity if self._buffers is None else 2 * end)
+                grown = []
+                for new in (key_states, value_states):
+                    shape = (*new.shape[:-2], size, new.shape[-1])
+                    grown.append(torch.empty(shape, dtype=new.dtype, device=new.device))
+                if self._buffers is not None:
+                    for old, buffer in zip(self._buffers, grown, strict=True):
+                        buffer[..., : self._length, :] = old[..., : self._length, :]
+                self._buffers = (grown[0], grown[1])
+            keys, values = self._buffers
+            keys[..., self._length : end, :] = key_states
+            values[..., self._length : end, :] = value_states
+            self._length = end
+            self.keys, self.values = keys[..., :end, :], values[..., :end, :]
+            return self.keys, self.values
+
+        def reset(self) -> None:
+            """Forget the cached positions (the buffer is kept for reuse)."""
+            self._length = 0
+            super().reset()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            """Drop the last ``-tokens_to_remove`` positions."""
+            super().crop(tokens_to_remove)
+            if self.keys is not None and self.is_initialized:
+                self._length = self.keys.shape[-2]
+
+    return PreallocatedLayer
+
+
+_CLASS = _layer_class()
+#: The layer class (``None`` on a transformers without per-layer caches).
+PreallocatedLayer = _CLASS
+
+
+def preallocated_cache(model: Any, capacity: int) -> Any | None:
+    """The ``DynamicCache`` ``model`` would build, its full-attention layers preallocated for
+    ``capacity`` positions (prompt plus every token to come); ``None`` where this transformers
+    or this model's cache has no per-layer layout (the caller passes no cache then)."""
+    if _CLASS is None:
+        return None
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    config = getattr(model, "config", None)
+    try:
+        cache = DynamicCache(config=config)
+    except Exception:  # an exotic config transformers cannot lay out: its own cache then
+        return None
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or not layers:
+        return None
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer:
+            layers[i] = _CLASS(capacity)
+    return cache

@@ -1,0 +1,119 @@
+"""Wall time of ``precision-plugin probe`` with an earlier tree of the code against this one.
+
+    git -C . archive f38df7f | tar -x -C /tmp/base
+    .venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/base [--model PATH]
+        [--repeats 2] [--threads 1] [--attribute] [--json FILE] [-- further probe options]
+
+Each run is the real command line in its own subprocess (``python -m precision_plugin probe``)
+with ``PYTHONPATH`` set to the earlier tree (``base``) or to this one (``new``), both with the
+same ``OMP_NUM_THREADS``; the two alternate, ``--repeats`` times each, so the machine's drift
+hits both alike, and the load average is recorded before each run. Per dtype, each run's k3 and
+per-sequence log-ratios are kept, to show the numbers did not move (``identical``: the same k3
+and the same per-sequence log-ratios in every run of both). ``--attribute`` adds one
+``--attribute`` run of this tree per repeat (the issue's target: at most 3x the plain probe).
+Prints the medians and the ratio; ``--json FILE`` writes them with their provenance. A script,
+not a test: speed is measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks.report import add_json_option, write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_once(tree: Path, threads: int, args: list[str]) -> dict[str, Any]:
+    """One probe run of the code in ``tree``: wall time, the probe's seconds, k3 per dtype."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "probe.json"
+        command = [sys.executable, "-m", "precision_plugin", "probe", *args, "--json", str(out)]
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+        load = os.getloadavg()[0]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
+                              cwd=tmp)  # fmt: skip
+        wall = time.perf_counter() - started
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
+        data = json.loads(out.read_text())
+    results = data["results"]
+    attribution = data.get("attribution") or {}
+    return {
+        "wall_s": wall,
+        "probe_s": data["seconds"],
+        "attribution_s": attribution.get("seconds"),
+        "load_average_1min": load,
+        "dtype_s": {d: r["seconds"] for d, r in results.items()},
+        "k3": {d: r["k3_kl"] for d, r in results.items()},
+        "seq_log_ratio": {d: r["seq_log_ratio"] for d, r in results.items()},
+    }
+
+
+def same_numbers(runs: list[dict[str, Any]]) -> bool:
+    """Whether every run has the same k3 and per-sequence log-ratios in every dtype."""
+    first = runs[0]
+    return all(r["k3"] == first["k3"] and r["seq_log_ratio"] == first["seq_log_ratio"]
+               for r in runs)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alternate the two trees, print (and optionally write) the medians and the ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="a tree of the earlier code (git archive)")
+    parser.add_argument("--model", help="a local checkpoint folder (default: the embedded model)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every run")
+    parser.add_argument("--attribute", action="store_true", help="also time --attribute (new)")
+    add_json_option(parser)
+    args, rest = parser.parse_known_args(argv)
+    model = ["--model", str(Path(args.model).resolve())] if args.model else []
+    probe_args = model + [a for a in rest if a != "--"]
+    trees = {"base": Path(args.base).resolve(), "new": ROOT}
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
+    if args.attribute:
+        runs["new --attribute"] = []
+    for _ in range(args.repeats):
+        for name in runs:
+            extra = ["--attribute"] if name.endswith("--attribute") else []
+            tree = trees[name.split()[0]]
+            runs[name].append(run_once(tree, args.threads, probe_args + extra))
+            print(f"{name}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
+    median = {n: statistics.median(r["wall_s"] for r in rs) for n, rs in runs.items()}
+    plain = runs["base"] + runs["new"]
+    data = {
+        "benchmark": "probe-speed",
+        "model": args.model or "embedded",
+        "probe_args": [a for a in rest if a != "--"],
+        "threads": args.threads,
+        "base": args.base,
+        "runs": runs,
+        "median_wall_s": median,
+        "speedup": median["base"] / median["new"],
+        "k3": {n: rs[0]["k3"] for n, rs in runs.items() if n in ("base", "new")},
+        "identical": same_numbers(plain),
+    }
+    if args.attribute:
+        data["attribute_over_plain"] = median["new --attribute"] / median["new"]
+    for name in runs:
+        print(f"{name:16s} {median[name]:8.1f} s")
+    print(f"speedup {data['speedup']:.2f}x; k3 and per-sequence log-ratios identical: "
+          f"{data['identical']}")  # fmt: skip
+    if args.attribute:
+        print(f"--attribute / plain (new): {data['attribute_over_plain']:.2f}x")
+    write_json(args.json, data, "tests.benchmarks.bench_probe_speed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
