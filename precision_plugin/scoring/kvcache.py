@@ -12,12 +12,16 @@ them; a transformers without per-layer caches (before 4.56) gets ``None`` (its o
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-__all__ = ["PreallocatedLayer", "preallocated_cache"]
+__all__ = ["preallocated_cache"]  # and PreallocatedLayer, built on first use (__getattr__)
 
 
+@functools.cache
 def _layer_class() -> type | None:
+    # Built on first use: importing transformers here would make ``import precision_plugin``
+    # (and ``enable()``) import it.
     try:
         from transformers.cache_utils import DynamicLayer
     except ImportError:  # transformers < 4.56: one DynamicCache without layers
@@ -74,16 +78,20 @@ def _layer_class() -> type | None:
     return PreallocatedLayer
 
 
-_CLASS = _layer_class()
-#: The layer class (``None`` on a transformers without per-layer caches).
-PreallocatedLayer = _CLASS
+def __getattr__(name: str) -> Any:
+    """``PreallocatedLayer``: the layer class (``None`` on a transformers without per-layer
+    caches), built on first use."""
+    if name == "PreallocatedLayer":
+        return _layer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def preallocated_cache(model: Any, capacity: int) -> Any | None:
     """The ``DynamicCache`` ``model`` would build, its full-attention layers preallocated for
     ``capacity`` positions (prompt plus every token to come); ``None`` where this transformers
     or this model's cache has no per-layer layout (the caller passes no cache then)."""
-    if _CLASS is None:
+    layer_class = _layer_class()
+    if layer_class is None:
         return None
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -97,5 +105,5 @@ def preallocated_cache(model: Any, capacity: int) -> Any | None:
         return None
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer:
-            layers[i] = _CLASS(capacity)
+            layers[i] = layer_class(capacity)
     return cache

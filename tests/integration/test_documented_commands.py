@@ -142,6 +142,19 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "exactly in tests/unit/test_buffers.py and against vLLM's cos/sin cache in "
         "tests/contract/test_vllm_contract.py"
     ),
+    # docs/benchmarks.md: the probe's speed against an earlier tree
+    "mkdir -p /tmp/base && git archive f38df7f | tar -x -C /tmp/base": Elsewhere(
+        "prepares the earlier tree for the benchmark below (a git checkout; CI's clone may be "
+        "shallow)"
+    ),
+    ".venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/base --model "
+    "./smollm2-135m --threads 1 --attribute -- --max-new-tokens 128 --min-new-tokens 128 "
+    "--num-prompts 8": Elsewhere(
+        "eight SmolLM2 probes (two trees, plain and --attribute, two repeats): about 15 minutes "
+        "on 2 CPU cores; the cache it measures gives the default cache's logits exactly in "
+        "tests/unit/test_kvcache.py, and its results file is checked by "
+        "tests/unit/test_published_figures.py"
+    ),
     # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
     ".venv/bin/precision-plugin sanity --seeds 0,1,2 --grad-cosine --json docs/results/sanity.json "
     "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
