@@ -51,7 +51,7 @@ def test_the_table_counts_every_suite_and_fails_if_one_failed(tmp_path, capsys):
         "| main | 3 | 1 | 1 | 13.0 | test_a::test_two 12s; test_ds::test_fp16 3s; "
         "test_ds::test_refused 2s |",
         "| mkdocs | ok |  |  | 0.5 |  |",
-        "| total | | | | 13.6 | |",
+        "| sum of suites | | | | 13.6 | |",
     ]
     assert "DeepSpeed fp16 branch (the engine runs fp16): 1 tests in main, forced" in lines
     assert lines[-1] == "failed suites: main"
