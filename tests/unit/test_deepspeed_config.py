@@ -15,16 +15,20 @@ from precision_plugin.policy import PrecisionPolicy
 STRICT = PrecisionPolicy(strictness="error")
 
 
+#: The fp16 section the default policy writes.
+FP16_SECTION = {
+    "enabled": True,
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 400,
+    "hysteresis": 2,
+    "min_loss_scale": 1.0,
+}
+
+
 def test_float16_mapping_from_policy_defaults():
     out = apply_config({"zero_optimization": {"stage": 2}})
-    assert out["fp16"] == {
-        "enabled": True,
-        "loss_scale": 0,
-        "initial_scale_power": 16,
-        "loss_scale_window": 400,
-        "hysteresis": 2,
-        "min_loss_scale": 1.0,
-    }
+    assert out["fp16"] == FP16_SECTION
     assert out["bf16"] == {"enabled": False}
     assert out["zero_optimization"] == {"stage": 2}
     assert "precision_plugin" not in out  # nothing added at the top level but fp16/bf16
@@ -239,16 +243,6 @@ def test_a_broken_json_file_is_one_clear_error(tmp_path):
     with pytest.raises(pp.PrecisionConfigError, match=r"not valid JSON .* line 1") as info:
         apply_config(path)
     assert str(path) in str(info.value) and info.value.__cause__ is None
-
-
-FP16_SECTION = {
-    "enabled": True,
-    "loss_scale": 0,
-    "initial_scale_power": 16,
-    "loss_scale_window": 400,
-    "hysteresis": 2,
-    "min_loss_scale": 1.0,
-}
 
 
 @pytest.mark.parametrize(
