@@ -14,7 +14,7 @@ from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
-from precision_plugin.scoring.kvcache import preallocated_cache
+from precision_plugin.scoring.kvcache import decode_buffers
 
 __all__ = [
     "HFRolloutEngine",
@@ -204,9 +204,7 @@ class HFRolloutEngine:
         # The mask and the KV cache are allocated once for the whole generation, and each step
         # sees views of their filled part (the same values as growing them by torch.cat).
         width = ids.shape[1]
-        full_mask = torch.ones((batch, width + max_new_tokens), dtype=mask.dtype, device=ids.device)
-        full_mask[:, :width] = mask
-        past = preallocated_cache(self.model, width + max_new_tokens)
+        full_mask, past = decode_buffers(self.model, mask, max_new_tokens)
         logits, past = self._forward(ids, mask, positions, past)
         processor = LogitsProcessor(sampling, prompts, logits.shape[-1], ids.device)
         processed_mode = sampling.logprobs_mode == "processed_logprobs"

@@ -30,7 +30,7 @@ from typing import Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
 from precision_plugin.scoring.interface import TokenSequence
-from precision_plugin.scoring.kvcache import preallocated_cache
+from precision_plugin.scoring.kvcache import decode_buffers
 
 log = logging.getLogger("precision_plugin")
 
@@ -167,9 +167,7 @@ class HFScorer:
         logp = torch.zeros((len(batch), steps), dtype=torch.float32, device=self.device)
         # Mask and KV cache allocated once; each step sees views of their filled part.
         width = ids.shape[1]
-        full_mask = torch.ones((len(batch), width + steps), dtype=mask.dtype, device=self.device)
-        full_mask[:, :width] = mask
-        past = preallocated_cache(self.model, width + steps)
+        full_mask, past = decode_buffers(self.model, mask, steps)
         with torch.inference_mode(), trainer_precision(self.autocast, self.device):
             hidden, past = self._step(ids, mask, positions, past)
             position = positions[:, -1:]

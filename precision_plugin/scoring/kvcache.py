@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["preallocated_cache"]  # and PreallocatedLayer, built on first use (__getattr__)
+__all__ = ["decode_buffers", "preallocated_cache"]  # and PreallocatedLayer (__getattr__)
 
 
 @functools.cache
@@ -107,3 +107,17 @@ def preallocated_cache(model: Any, capacity: int) -> Any | None:
         if type(layer) is DynamicLayer:
             layers[i] = layer_class(capacity)
     return cache
+
+
+def decode_buffers(model: Any, mask: Any, steps: int) -> tuple[Any, Any | None]:
+    """The attention mask and KV cache of a token-by-token loop over ``steps`` more tokens after
+    a prompt batch with attention ``mask`` (``[batch, width]``), both allocated once: the mask
+    ``[batch, width + steps]`` (``mask``, then ones; step ``t`` uses its first ``width + t + 1``
+    columns, the same values growing it by ``torch.cat`` gives) and
+    :func:`preallocated_cache` for ``width + steps`` positions."""
+    import torch
+
+    batch, width = mask.shape
+    full = torch.ones((batch, width + steps), dtype=mask.dtype, device=mask.device)
+    full[:, :width] = mask
+    return full, preallocated_cache(model, width + steps)
