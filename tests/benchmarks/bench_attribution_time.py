@@ -15,17 +15,11 @@ provenance. A script, not a test: speed is measured, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.report import add_json_option, write_json
+from tests.benchmarks.timed_probe import timed_probe
 
 ROLLOUT = "top_p=0.9,logprobs_mode=processed_logprobs,kv_cache_dtype=fp8_e4m3"
 SETUPS: dict[str, list[str]] = {
@@ -37,21 +31,11 @@ SETUPS: dict[str, list[str]] = {
 
 def run_once(extra: list[str], probe_args: list[str]) -> dict[str, Any]:
     """One probe run in a subprocess: its wall time and the seconds its JSON reports."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "probe.json"
-        command = [sys.executable, "-m", "precision_plugin", "probe", *probe_args, *extra,
-                   "--json", str(out)]  # fmt: skip
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, check=False,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-        wall = time.perf_counter() - started
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
-        data = json.loads(out.read_text())
-    attribution = data.get("attribution") or {}
+    run = timed_probe([*probe_args, *extra], {"OMP_NUM_THREADS": "1"})
+    attribution = run.data.get("attribution") or {}
     return {
-        "wall_s": wall,
-        "probe_s": data["seconds"],
+        "wall_s": run.wall_s,
+        "probe_s": run.data["seconds"],
         "attribution_s": attribution.get("seconds"),
     }
 

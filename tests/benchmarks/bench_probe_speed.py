@@ -1,6 +1,6 @@
 """Wall time of ``precision-plugin probe`` with an earlier tree of the code against this one.
 
-    git -C . archive f38df7f | tar -x -C /tmp/base
+    mkdir -p /tmp/base && git archive f38df7f | tar -x -C /tmp/base
     .venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/base [--model PATH]
         [--repeats 2] [--threads 1] [--attribute] [--json FILE] [-- further probe options]
 
@@ -18,42 +18,27 @@ not a test: speed is measured, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.report import add_json_option, write_json
+from tests.benchmarks.timed_probe import timed_probe
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_once(tree: Path, threads: int, args: list[str]) -> dict[str, Any]:
     """One probe run of the code in ``tree``: wall time, the probe's seconds, k3 per dtype."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "probe.json"
-        command = [sys.executable, "-m", "precision_plugin", "probe", *args, "--json", str(out)]
-        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
-        load = os.getloadavg()[0]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
-                              cwd=tmp)  # fmt: skip
-        wall = time.perf_counter() - started
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
-        data = json.loads(out.read_text())
-    results = data["results"]
-    attribution = data.get("attribution") or {}
+    env = {"PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+    run = timed_probe(args, env, in_tmp=True)
+    results = run.data["results"]
+    attribution = run.data.get("attribution") or {}
     return {
-        "wall_s": wall,
-        "probe_s": data["seconds"],
+        "wall_s": run.wall_s,
+        "probe_s": run.data["seconds"],
         "attribution_s": attribution.get("seconds"),
-        "load_average_1min": load,
+        "load_average_1min": run.load_average_1min,
         "dtype_s": {d: r["seconds"] for d, r in results.items()},
         "k3": {d: r["k3_kl"] for d, r in results.items()},
         "seq_log_ratio": {d: r["seq_log_ratio"] for d, r in results.items()},
