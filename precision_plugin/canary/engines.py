@@ -17,7 +17,7 @@ canary's check certifies it (``precision_plugin.canary.ladder``).
 
 from __future__ import annotations
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import checked, version_text
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
@@ -98,7 +98,7 @@ def apply_batch_invariant(policy: PrecisionPolicy, patcher: Patcher, vllm: str |
     return True
 
 
-@checked
+@checked(vllm=version_text("vLLM", "0.11.1"))
 def batch_invariant_env(policy: PrecisionPolicy, vllm: str | None) -> dict[str, str]:
     """``{"VLLM_BATCH_INVARIANT": "1"}`` for the environment of engine processes started
     elsewhere (verl's and OpenRLHF's Ray actors, through ``runtime_env``'s ``env_vars``) with

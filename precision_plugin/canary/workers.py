@@ -86,9 +86,10 @@ def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, flo
     verl ``(old_log_probs, rollout_log_probs, response_mask)``, OpenRLHF
     ``(action_log_probs, rollout_log_probs, action_mask)``."""
     a, b = masked_rows(learner, mask), masked_rows(rollout, mask)
+    equal = bitwise_equal(a, b)  # first: it refuses two sides of different shapes by name
     k3 = token_k3(a, b)
     return {
-        "bitwise_equal_frac": bitwise_equal(a, b).fraction,
+        "bitwise_equal_frac": equal.fraction,
         "k3_kl": math.fsum(k3) / len(k3) if k3 else math.nan,
     }
 

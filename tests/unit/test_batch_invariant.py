@@ -94,3 +94,10 @@ def test_verl_and_openrlhf_carry_it_into_rays_runtime_env(monkeypatch: pytest.Mo
     monkeypatch.setattr("precision_plugin.versions.installed_version", lambda name: None)
     assert openrlhf.runtime_env(on)["env_vars"][ENV] == "1"
     assert ENV not in openrlhf.runtime_env(_policy("off"))["env_vars"]
+
+
+def test_batch_invariant_env_refuses_what_is_no_version() -> None:
+    from precision_plugin.errors import PrecisionConfigError
+
+    with pytest.raises(PrecisionConfigError, match=r"argument 'vllm' got 'latest'.*0\.11\.1"):
+        batch_invariant_env(_policy("on"), "latest")

@@ -36,3 +36,8 @@ def test_check_canary_takes_tensors_and_scorer_lists() -> None:
     assert floor.bitwise_equal_frac == 2 / 3 and floor.in_band and floor.ratio == 1.0
     again = check_canary(monitor, 5, LEARNER, ROLLOUT, MASK, batch_k3=0.1)
     assert again.k3 == floor.k3 and again.batch_k3 == 0.1
+
+
+def test_batch_metrics_refuse_sides_of_different_lengths_by_name() -> None:
+    with pytest.raises(PrecisionConfigError, match=r"different lengths \(\[2\]\.\.\. vs \[1\]"):
+        batch_metrics([[-1.0, -2.0]], [[-1.0]])
