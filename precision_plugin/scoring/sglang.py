@@ -119,6 +119,21 @@ class SGLangScorer:
                 f"scoring requests; pass an engine that answers one result per input."
             )
         return [
-            completion_logprobs(answer["meta_info"]["input_token_logprobs"], s)
+            completion_logprobs(_input_token_logprobs(answer), s)
             for answer, s in zip(answers, sequences, strict=True)
         ]
+
+
+def _input_token_logprobs(answer: Any) -> Any:
+    """``answer["meta_info"]["input_token_logprobs"]``, or one error saying what came back."""
+    meta = answer.get("meta_info") if isinstance(answer, Mapping) else None
+    found = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
+    if found is None:
+        keys = sorted(meta if isinstance(meta, Mapping) else answer if isinstance(answer, Mapping)
+                      else [])  # fmt: skip
+        raise PrecisionConfigError(
+            f"SGLang's answer has no meta_info['input_token_logprobs'] (got "
+            f"{type(answer).__name__} with keys {keys[:8]}); send the request generate_request() "
+            f"builds (return_logprob=True) to an SGLang that returns log-probs."
+        )
+    return found

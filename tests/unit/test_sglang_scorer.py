@@ -91,3 +91,10 @@ def test_a_wrong_number_of_answers_and_a_non_engine_are_refused() -> None:
         SGLangScorer(lambda request: FakeEngine().generate(**request)[:1]).score([SEQ, SEQ])
     with pytest.raises(PrecisionConfigError, match=r"has no generate\(\)"):
         SGLangScorer(42)
+
+
+def test_an_answer_without_input_token_logprobs_is_refused_by_name() -> None:
+    scorer = SGLangScorer(lambda request: [{"text": "x", "meta_info": {"id": "1"}}])
+    with pytest.raises(PrecisionConfigError, match=r"no meta_info\['input_token_logprobs'\].*"
+                       r"keys \['id'\]"):  # fmt: skip
+        scorer.score([TokenSequence(prompt_ids=[1, 2], completion_ids=[3])])
