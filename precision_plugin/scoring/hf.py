@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
+from precision_plugin.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin.scoring.interface import TokenSequence
 from precision_plugin.scoring.kvcache import decode_buffers
 
@@ -46,13 +47,21 @@ CHUNK_LOGITS = 1 << 24
 @checked(dtype=dtype_name, device=torch_device)
 @contextlib.contextmanager
 def trainer_precision(dtype: str, device: str) -> Iterator[None]:
-    """Autocast to ``dtype`` as a mixed-precision trainer does (nothing for float32)."""
+    """Autocast to ``dtype`` as a mixed-precision trainer does (nothing for float32).
+
+    float16 on CPU multiplies as a GPU does (float32 accumulation, one rounding):
+    [`float16_cpu`][precision_plugin.scoring.float16_cpu].
+    """
     import torch
 
     if dtype == "float32":
         yield
         return
-    with torch.autocast(device_type=device.split(":", 1)[0], dtype=getattr(torch, dtype)):
+    kind = device.split(":", 1)[0]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast(device_type=kind, dtype=getattr(torch, dtype)))
+        if kind == "cpu" and dtype == "float16":
+            stack.enter_context(float16_autocast_linears())
         yield
 
 

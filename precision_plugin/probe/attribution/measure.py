@@ -298,11 +298,14 @@ def conventions(settings: RolloutSettings) -> dict[str, str]:
 
 def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any:
     from precision_plugin.buffers import cast_model
+    from precision_plugin.scoring.float16_cpu import widen_float16_linears
 
     model = copy.deepcopy(master)
     if weights is not None:
         model.load_state_dict(weights)
-    return cast_model(model, dtype).eval()
+    model = cast_model(model, dtype).eval()
+    widen_float16_linears(model)
+    return model
 
 
 def _half_mean_sq(d: list[list[float]]) -> float:
