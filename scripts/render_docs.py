@@ -378,6 +378,14 @@ def _probe_speed(data: dict[str, Any]) -> str:
             f" `--attribute` with the new code: {data['median_wall_s']['new --attribute']:,.0f}"
             f" s, {data['attribute_over_plain']:.2f}x the plain probe."
         )
+    if data.get("within_interval") is not None:
+        spans = ", ".join(
+            f"{d} {low:.4g}–{high:.4g}" for d, (low, high) in data["k3_interval"].items()
+        )
+        rows[-1] += (
+            f" The earlier code's k3 lies inside the new k3's 95 % interval ({spans}): "
+            f"{'yes' if data['within_interval'] else 'no'}."
+        )
     return "\n".join(rows)
 
 

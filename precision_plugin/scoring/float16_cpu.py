@@ -15,10 +15,12 @@ kernel):
 
 - :func:`widen_float16_linears` for a model whose weights are float16 (a rollout copy): its
   ``torch.nn.Linear`` layers become :class:`Float16Linear` (same parameters, same state dict),
-  which keeps a float32 copy of the weight for as long as the weight is unchanged;
+  which keeps a float32 copy of the weight for as long as the weight is unchanged (a rollout
+  copy then takes three times its float16 size);
 - :func:`float16_autocast_linears`, entered by ``trainer_precision`` for float16 on CPU: under
   ``torch.autocast(float16)`` every ``F.linear`` rounds its operands to float16 as autocast
-  does, then multiplies them as above.
+  does, then multiplies them as above (the weight is widened at each call: a prefill's product
+  is large enough that this costs little, and the trainer's weights get no second copy).
 
 On a GPU neither applies: its float16 GEMM already is this contract.
 """
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,23 +43,11 @@ def _recording(*tensors: Any) -> bool:
     )
 
 
-#: float32 copies of float16-rounded weights, by ``id`` of the weight (weakly held).
-_WIDE: dict[int, tuple[Any, tuple[int, int], Any]] = {}
-
-
-def widened(weight: Any) -> Any:
-    """``weight`` rounded to float16 and widened back to float32 (exact), cached while the
-    weight lives and is unchanged (same storage, same version counter)."""
+def widened(tensor: Any) -> Any:
+    """``tensor`` rounded to float16 and widened back to float32 (exact for float16 values)."""
     import torch
 
-    key = id(weight)
-    stamp = (weight.data_ptr(), weight._version)
-    hit = _WIDE.get(key)
-    if hit is not None and hit[0]() is weight and hit[1] == stamp:
-        return hit[2]
-    wide = weight.detach().to(torch.float16).to(torch.float32)
-    _WIDE[key] = (weakref.ref(weight, lambda _, key=key: _WIDE.pop(key, None)), stamp, wide)
-    return wide
+    return tensor.detach().to(torch.float16).to(torch.float32)
 
 
 #: Fewest rows a product is computed with. The float32 GEMM takes another path for a few rows
@@ -68,8 +57,9 @@ def widened(weight: Any) -> Any:
 MIN_ROWS = 16
 
 
-def _linear(x: Any, weight: Any, bias: Any) -> Any:
-    """``F.linear`` of float16 values in float32, rounded once to float16."""
+def _linear(x: Any, weight: Any, bias: Any, wide: Any = None) -> Any:
+    """``F.linear`` of float16 values in float32, rounded once to float16 (``wide``: the
+    widened weight when the caller keeps it)."""
     import torch
     import torch.nn.functional as F
 
@@ -78,7 +68,11 @@ def _linear(x: Any, weight: Any, bias: Any) -> Any:
     if count < MIN_ROWS:
         rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - count, rows.shape[1])])
     with torch.autocast("cpu", enabled=False):
-        out = F.linear(rows, widened(weight), None if bias is None else widened(bias))
+        out = F.linear(
+            rows,
+            widened(weight) if wide is None else wide,
+            None if bias is None else widened(bias),
+        )
     return out[:count].to(torch.float16).reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -89,7 +83,14 @@ def _linear_class() -> type:
 
     class Float16Linear(torch.nn.Linear):
         """A ``torch.nn.Linear`` whose float16 product on CPU runs in float32 (module
-        docstring); any other dtype, device or a recorded gradient runs ``nn.Linear``'s own."""
+        docstring); any other dtype, device or a recorded gradient runs ``nn.Linear``'s own.
+
+        It keeps the widened weight (4 bytes per parameter) while the weight is unchanged
+        (same storage, same version counter): widening it again at every decode step cost as
+        much as the float16 kernel saved.
+        """
+
+        _wide: tuple[tuple[int, int], Any] | None = None
 
         def forward(self, input: Any) -> Any:
             weight = self.weight
@@ -100,7 +101,10 @@ def _linear_class() -> type:
                 or _recording(input, weight, self.bias)
             ):
                 return super().forward(input)
-            return _linear(input, weight, self.bias)
+            stamp = (weight.data_ptr(), weight._version)
+            if self._wide is None or self._wide[0] != stamp:
+                self._wide = (stamp, widened(weight))
+            return _linear(input, weight, self.bias, self._wide[1])
 
     return Float16Linear
 

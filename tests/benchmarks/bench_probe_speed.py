@@ -10,7 +10,10 @@ same ``OMP_NUM_THREADS``; the two alternate, ``--repeats`` times each, so the ma
 hits both alike, and the load average is recorded before each run. Per dtype, each run's k3 and
 per-sequence log-ratios are kept, to show the numbers did not move (``identical``: the same k3
 and the same per-sequence log-ratios in every run of both). ``--attribute`` adds one
-``--attribute`` run of this tree per repeat (the issue's target: at most 3x the plain probe).
+``--attribute`` run of this tree per repeat (the issue's target: at most 3x the plain probe);
+its ``total`` row gives each dtype's k3 with its 95 % interval (bootstrap over sequences), and
+``within_interval`` says whether the earlier code's k3 lies inside it (a change of kernels may
+move k3 by rounding, not by more than its sampling uncertainty).
 Prints the medians and the ratio; ``--json FILE`` writes them with their provenance. A script,
 not a test: speed is measured, never asserted.
 """
@@ -42,7 +45,24 @@ def run_once(tree: Path, threads: int, args: list[str]) -> dict[str, Any]:
         "dtype_s": {d: r["seconds"] for d, r in results.items()},
         "k3": {d: r["k3_kl"] for d, r in results.items()},
         "seq_log_ratio": {d: r["seq_log_ratio"] for d, r in results.items()},
+        "k3_interval": {
+            d: a["total"]["k3_interval"] for d, a in (attribution.get("dtypes") or {}).items()
+        },
     }
+
+
+def within_interval(base: list[dict[str, Any]], attributed: list[dict[str, Any]]) -> bool | None:
+    """Whether every base run's k3 lies in the first ``--attribute`` run's interval for its
+    dtype (``None`` without an ``--attribute`` run)."""
+    if not attributed:
+        return None
+    intervals = attributed[0]["k3_interval"]
+    return all(
+        intervals[d][0] <= k3 <= intervals[d][1]
+        for run in base
+        for d, k3 in run["k3"].items()
+        if d in intervals
+    )
 
 
 def same_numbers(runs: list[dict[str, Any]]) -> bool:
@@ -90,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.attribute:
         data["attribute_over_plain"] = median["new --attribute"] / median["new"]
+        data["k3_interval"] = runs["new --attribute"][0]["k3_interval"]
+        data["within_interval"] = within_interval(runs["base"], runs["new --attribute"])
     for name in runs:
         print(f"{name:16s} {median[name]:8.1f} s")
     print(f"speedup {data['speedup']:.2f}x; k3 and per-sequence log-ratios identical: "
           f"{data['identical']}")  # fmt: skip
     if args.attribute:
-        print(f"--attribute / plain (new): {data['attribute_over_plain']:.2f}x")
+        print(f"--attribute / plain (new): {data['attribute_over_plain']:.2f}x; base k3 inside "
+              f"the new k3's interval: {data['within_interval']}")  # fmt: skip
     write_json(args.json, data, "tests.benchmarks.bench_probe_speed")
     return 0
 

@@ -1,0 +1,148 @@
+"""float16 linear layers on CPU (``precision_plugin.scoring.float16_cpu``): the product is the
+float32 product of the exactly widened float16 operands, rounded once to float16, whatever the
+number of rows; only plain float16 ``nn.Linear`` layers change; gradients and other dtypes run
+PyTorch's own kernel."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from precision_plugin.scoring import trainer_precision
+from precision_plugin.scoring.float16_cpu import (
+    MIN_ROWS,
+    Float16Linear,
+    float16_autocast_linears,
+    widen_float16_linears,
+)
+
+
+def _operands(rows: int, k: int = 96, n: int = 40, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g).half()
+    w = (torch.randn(n, k, generator=g) / k**0.5).half()
+    b = torch.randn(n, generator=g).half()
+    return x, w, b
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The contract, computed independently: float32 product of the float16 values, one
+    rounding. ``MIN_ROWS`` rows or more, so the float32 GEMM takes its row-invariant path."""
+    assert x.shape[0] >= MIN_ROWS
+    return F.linear(x.float(), w.float(), None if b is None else b.float()).half()
+
+
+def _layer(w: torch.Tensor, b: torch.Tensor | None) -> torch.nn.Linear:
+    layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None).half()
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if b is not None:
+            layer.bias.copy_(b)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_widened_layer_computes_the_float32_product_rounded_once(bias: bool) -> None:
+    x, w, b = _operands(48)
+    b = b if bias else None
+    layer = _layer(w, b)
+    assert widen_float16_linears(layer) == 1
+    assert type(layer) is Float16Linear
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, _reference(x, w, b))
+
+
+@pytest.mark.kernel_sensitive
+def test_a_row_gets_the_same_value_alone_in_a_batch_and_in_any_chunk() -> None:
+    # SmolLM2's width: there the float32 GEMM's few-row path rounds differently (without the
+    # padding to MIN_ROWS, rows 1-3 alone differed from the batch on an AVX512 CPU).
+    x, w, b = _operands(64, k=576, n=512)
+    layer = _layer(w, b)
+    widen_float16_linears(layer)
+    with torch.inference_mode():
+        full = layer(x)
+        for rows in (1, 2, 3, 5, 7, 9, 11, 13, MIN_ROWS - 1, MIN_ROWS, 33):
+            assert torch.equal(layer(x[:rows]), full[:rows]), rows
+        # Leading dimensions ([batch, positions, features]) are kept.
+        assert torch.equal(layer(x.view(4, 16, -1)), full.view(4, 16, -1))
+
+
+def test_only_plain_float16_linear_layers_on_cpu_change() -> None:
+    class LoraLike(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), LoraLike(8, 8), torch.nn.LayerNorm(8)
+    )
+    assert widen_float16_linears(copy.deepcopy(model)) == 0  # float32: nothing to do
+    half = model.half()
+    keys = list(half.state_dict())
+    assert widen_float16_linears(half) == 2
+    assert [type(m).__name__ for m in half] == [
+        "Float16Linear", "Float16Linear", "LoraLike", "LayerNorm"
+    ]  # fmt: skip
+    assert list(half.state_dict()) == keys
+
+
+def test_a_weight_changed_in_place_is_widened_again() -> None:
+    x, w, b = _operands(32)
+    layer = _layer(w, b)
+    widen_float16_linears(layer)
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    with torch.inference_mode():
+        after = layer(x)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, _reference(x, w * 2, b))
+
+
+def test_gradients_and_other_dtypes_run_pytorchs_own_kernel() -> None:
+    x, w, b = _operands(32)
+    layer = _layer(w, b)
+    native = copy.deepcopy(layer)
+    widen_float16_linears(layer)
+    # Recording gradients: nn.Linear's own forward, so gradients reach the weight.
+    assert torch.equal(layer(x), native(x))
+    layer(x).float().sum().backward()
+    assert layer.weight.grad is not None
+    # A float32 input (a layer the caller widened by hand) also runs nn.Linear's own.
+    layer32 = _layer(w, b).float()
+    layer32.__class__ = Float16Linear
+    with torch.inference_mode():
+        assert torch.equal(layer32(x.float()), F.linear(x.float(), w.float(), b.float()))
+
+
+def test_float16_autocast_rounds_operands_then_multiplies_in_float32() -> None:
+    x, w, b = _operands(40)
+    x32 = x.float() + 1e-3  # not float16 values: autocast rounds them
+    w32, b32 = w.float() * 1.001, b.float()
+    expected = _reference(x32.half(), w32.half(), b32.half())
+    with torch.inference_mode(), trainer_precision("float16", "cpu"):
+        out = F.linear(x32, w32, b32)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, expected)
+    with torch.inference_mode(), trainer_precision("float16", "cpu"):
+        assert torch.equal(F.linear(x32[:3], w32, b32), expected[:3])
+
+
+def test_the_autocast_mode_leaves_bfloat16_and_recorded_gradients_alone() -> None:
+    x, w, b = _operands(24)
+    x32, w32 = x.float(), w.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        native_bf16 = F.linear(x32, w32.detach())
+        native_fp16_grad = None
+    with float16_autocast_linears(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(F.linear(x32, w32.detach()), native_bf16)
+    with torch.autocast("cpu", dtype=torch.float16):
+        native_fp16_grad = F.linear(x32, w32)
+    with float16_autocast_linears(), torch.autocast("cpu", dtype=torch.float16):
+        recorded = F.linear(x32, w32)
+    assert recorded.requires_grad
+    assert torch.equal(recorded, native_fp16_grad)
