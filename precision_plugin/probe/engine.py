@@ -14,7 +14,7 @@ from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
-from precision_plugin.scoring.float16_cpu import widen_float16_linears
+from precision_plugin.scoring.float16_cpu import widen_float16
 from precision_plugin.scoring.kvcache import decode_buffers
 
 __all__ = [
@@ -72,7 +72,7 @@ class HFRolloutEngine:
     the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
     model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
     A float16 copy on CPU multiplies as a GPU does
-    ([`widen_float16_linears`][precision_plugin.scoring.float16_cpu.widen_float16_linears]).
+    ([`widen_float16`][precision_plugin.scoring.float16_cpu.widen_float16]).
     Samples token by token with [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]
     applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
     checkpoint's generation defaults play no part) and records, as each token is sampled, the
@@ -97,7 +97,7 @@ class HFRolloutEngine:
         self.dtype = dtype
         self.device = device
         self.model = cast_model(model, dtype, device, float32=float32_buffers).eval()
-        widen_float16_linears(self.model)
+        widen_float16(self.model)
         self._eos: set[int] = set()
         # Some checkpoints name their EOS ids only in generation_config.json.
         for source in (self.model.config, getattr(self.model, "generation_config", None)):

@@ -1,4 +1,4 @@
-"""float16 linear layers on CPU, computed the way a GPU's float16 GEMM computes them.
+"""float16 linear layers and attention on CPU, computed the way a GPU computes them.
 
 A GPU multiplies float16 matrices with float32 accumulation and rounds the result once to
 float16. PyTorch's CPU float16 kernel means the same thing (float32 accumulation, one rounding)
@@ -10,17 +10,30 @@ float16: the same contract, a different summation order (on SmolLM2-135M 99.8 % 
 elements equal the CPU kernel's, the rest one float16 ulp apart, which is the size of the
 difference between two GEMM kernels, not a change of precision).
 
-Two entry points, both for inference only (anything that records gradients runs PyTorch's own
+Attention likewise: PyTorch's CPU float16 flash-attention kernel took 3-5 ms per layer and
+decode step at 500-1,000 cached tokens against 0.5-1 ms in float32, so at 1,024 tokens it was
+half of a float16 decode. Here it runs SDPA in float32 on the exactly widened float16 query, keys
+and values and rounds the output once to float16; the KV cache of a widened model keeps the
+float16 keys and values in float32 buffers (the same values, so no step widens the whole cache
+again). One difference to name: a GPU's flash attention also rounds the attention
+probabilities to float16 before multiplying them with the values, this path does not, so it
+carries a little less rounding than a GPU's (``tests/benchmarks/bench_probe_speed.py`` checks
+the probe's k3 against its interval).
+
+Entry points, all for inference only (anything that records gradients runs PyTorch's own
 kernel):
 
-- :func:`widen_float16_linears` for a model whose weights are float16 (a rollout copy): its
+- :func:`widen_float16` for a model whose weights are float16 (a rollout copy): its
   ``torch.nn.Linear`` layers become :class:`Float16Linear` (same parameters, same state dict),
   which keeps a float32 copy of the weight for as long as the weight is unchanged (a rollout
-  copy then takes three times its float16 size);
+  copy then takes three times its float16 size), and a model on transformers' ``sdpa``
+  attention switches to :data:`ATTENTION` (registered with transformers' ``AttentionInterface``
+  and ``AttentionMaskInterface``, its own extension points);
 - :func:`float16_autocast_linears`, entered by ``trainer_precision`` for float16 on CPU: under
-  ``torch.autocast(float16)`` every ``F.linear`` rounds its operands to float16 as autocast
-  does, then multiplies them as above (the weight is widened at each call: a prefill's product
-  is large enough that this costs little, and the trainer's weights get no second copy).
+  ``torch.autocast(float16)`` every ``F.linear`` and ``F.scaled_dot_product_attention`` rounds
+  its operands to float16 as autocast does, then computes as above (the weight is widened at
+  each call: a prefill's product is large enough that this costs little, and the trainer's
+  weights get no second copy).
 
 On a GPU neither applies: its float16 GEMM already is this contract.
 """
@@ -32,7 +45,16 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["float16_autocast_linears", "widen_float16_linears"]  # and Float16Linear
+__all__ = [
+    "ATTENTION",
+    "float16_autocast_linears",
+    "widen_float16",
+    "widen_float16_attention",
+    "widen_float16_linears",
+]  # and Float16Linear
+
+#: The attention implementation name a widened model runs (SDPA in float32 for float16 inputs).
+ATTENTION = "precision_plugin_float16_sdpa"
 
 
 def _recording(*tensors: Any) -> bool:
@@ -135,12 +157,87 @@ def widen_float16_linears(model: Any) -> int:
     return count
 
 
+def _sdpa_float32(query: Any, key: Any, value: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
+    """The operands widened to float32 (an additive mask too; a boolean one as it is)."""
+    import torch
+
+    wide = [t.to(torch.float16).to(torch.float32) for t in (query, key, value)]
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(torch.float32)
+    return wide[0], wide[1], wide[2], mask
+
+
+def float16_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+) -> tuple[Any, Any]:
+    """transformers' SDPA attention; a float16 query on CPU runs in float32 (module docstring),
+    the output rounded once to float16."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.dtype != torch.float16 or query.device.type != "cpu" or _recording(query, key, value):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        out, weights = sdpa_attention_forward(
+            module, *_sdpa_float32(query, key, value, attention_mask), **kwargs
+        )
+    return out.to(torch.float16), weights
+
+
+@functools.cache
+def _registered() -> bool:
+    """Register :data:`ATTENTION` with transformers (once); False where it cannot be."""
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.modeling_utils import AttentionInterface
+    except ImportError:  # a transformers without the interfaces (before 4.48)
+        return False
+    AttentionInterface.register(ATTENTION, float16_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    return True
+
+
+def widen_float16_attention(model: Any) -> bool:
+    """Switch ``model`` (float16 weights on CPU, transformers' ``sdpa`` attention) to
+    :data:`ATTENTION`, in place; False (nothing changed) for any other model."""
+    import torch
+
+    config = getattr(model, "config", None)
+    weight = next(iter(model.parameters()), None)
+    if (
+        config is None
+        or getattr(config, "_attn_implementation", None) != "sdpa"
+        or weight is None
+        or weight.dtype != torch.float16
+        or weight.device.type != "cpu"
+        or not _registered()
+    ):
+        return False
+    config._attn_implementation = ATTENTION
+    return True
+
+
+def widens_cache(model: Any) -> bool:
+    """Whether ``model`` runs :data:`ATTENTION`: its KV cache may keep float16 keys and values
+    in float32 (``precision_plugin.scoring.kvcache``)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == ATTENTION
+
+
+def widen_float16(model: Any) -> Any:
+    """:func:`widen_float16_linears` and :func:`widen_float16_attention`; returns ``model``."""
+    widen_float16_linears(model)
+    widen_float16_attention(model)
+    return model
+
+
 @functools.cache
 def _mode_class() -> type:
     from torch.overrides import TorchFunctionMode
 
     class Float16AutocastLinears(TorchFunctionMode):
-        """Under CPU float16 autocast, ``F.linear`` as :func:`_linear` computes it."""
+        """Under CPU float16 autocast, ``F.linear`` as :func:`_linear` computes it and
+        ``F.scaled_dot_product_attention`` in float32 on the float16-rounded operands."""
 
         def __torch_function__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -159,6 +256,21 @@ def _mode_class() -> type:
                     and not _recording(x, weight, bias)
                 ):
                     return _linear(x, weight, bias)
+            if func is F.scaled_dot_product_attention and torch.is_autocast_enabled("cpu"):
+                query, key, value, *rest = args
+                mask = rest[0] if rest else kwargs.pop("attn_mask", None)
+                if (
+                    torch.get_autocast_dtype("cpu") == torch.float16
+                    and query.device.type == "cpu"
+                    and {query.dtype, key.dtype} <= {torch.float16, torch.float32}
+                    and not _recording(query, key, value)
+                ):
+                    with torch.autocast("cpu", enabled=False):
+                        wide = _sdpa_float32(query, key, value, mask)
+                        out = F.scaled_dot_product_attention(*wide, *rest[1:], **kwargs)
+                    return out.to(torch.float16)
+                if not rest and mask is not None:
+                    kwargs["attn_mask"] = mask
             return func(*args, **kwargs)
 
     return Float16AutocastLinears

@@ -30,11 +30,13 @@ def _layer_class() -> type | None:
     class PreallocatedLayer(DynamicLayer):
         """A ``DynamicLayer`` whose keys and values live in a buffer of ``capacity`` positions
         (grown by doubling if a generation outlasts it); ``keys``/``values`` are views of the
-        filled part."""
+        filled part. ``store``: the buffers' dtype when it is not the keys' own (float32 for a
+        float16 model whose attention widens them anyway: the same values, widened once)."""
 
-        def __init__(self, capacity: int, **kwargs: Any) -> None:
+        def __init__(self, capacity: int, store: Any = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.capacity = max(1, int(capacity))
+            self.store = store  # the buffers' dtype (None: the keys' own)
             self._buffers: tuple[Any, Any] | None = None
             self._length = 0
 
@@ -52,7 +54,8 @@ def _layer_class() -> type | None:
                 grown = []
                 for new in (key_states, value_states):
                     shape = (*new.shape[:-2], size, new.shape[-1])
-                    grown.append(torch.empty(shape, dtype=new.dtype, device=new.device))
+                    dtype = self.store or new.dtype
+                    grown.append(torch.empty(shape, dtype=dtype, device=new.device))
                 if self._buffers is not None:
                     for old, buffer in zip(self._buffers, grown, strict=True):
                         buffer[..., : self._length, :] = old[..., : self._length, :]
@@ -89,11 +92,16 @@ def __getattr__(name: str) -> Any:
 def preallocated_cache(model: Any, capacity: int) -> Any | None:
     """The ``DynamicCache`` ``model`` would build, its full-attention layers preallocated for
     ``capacity`` positions (prompt plus every token to come); ``None`` where this transformers
-    or this model's cache has no per-layer layout (the caller passes no cache then)."""
+    or this model's cache has no per-layer layout (the caller passes no cache then). A model on
+    the widened float16 attention (``float16_cpu.ATTENTION``) keeps its keys and values in
+    float32 buffers."""
     layer_class = _layer_class()
     if layer_class is None:
         return None
+    import torch
     from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    from precision_plugin.scoring.float16_cpu import widens_cache
 
     config = getattr(model, "config", None)
     try:
@@ -103,9 +111,10 @@ def preallocated_cache(model: Any, capacity: int) -> Any | None:
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, list) or not layers:
         return None
+    store = torch.float32 if widens_cache(model) else None
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer:
-            layers[i] = layer_class(capacity)
+            layers[i] = layer_class(capacity, store)
     return cache
 
 

@@ -133,7 +133,7 @@ def test_float16_autocast_rounds_operands_then_multiplies_in_float32() -> None:
 
 
 def test_the_autocast_mode_leaves_bfloat16_and_recorded_gradients_alone() -> None:
-    x, w, b = _operands(24)
+    x, w, _ = _operands(24)
     x32, w32 = x.float(), w.float().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         native_bf16 = F.linear(x32, w32.detach())
@@ -146,3 +146,102 @@ def test_the_autocast_mode_leaves_bfloat16_and_recorded_gradients_alone() -> Non
         recorded = F.linear(x32, w32)
     assert recorded.requires_grad
     assert torch.equal(recorded, native_fp16_grad)
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+
+def _qkv(length: int = 37, seed: int = 3) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 4, n, 16, generator=g).half() for n in (5, length, length))
+
+
+def test_float16_attention_is_float32_sdpa_of_the_widened_operands_rounded_once() -> None:
+    from precision_plugin.scoring.float16_cpu import float16_attention
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 1
+        is_causal = False
+
+    q, k, v = _qkv()
+    mask = torch.ones(2, 1, 5, k.shape[2], dtype=torch.bool)
+    mask[0, :, :, :3] = False  # left padding of row 0
+    out, _ = float16_attention(Attention(), q, k, v, mask, scaling=0.25)
+    expected = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, scale=0.25
+    ).half()
+    assert out.dtype == torch.float16
+    # transformers returns [batch, positions, heads, head_dim].
+    assert torch.equal(out, expected.transpose(1, 2))
+
+
+def test_float16_autocast_computes_sdpa_in_float32_on_rounded_operands() -> None:
+    q, k, v = (t.float() + 1e-3 for t in _qkv())
+    expected = F.scaled_dot_product_attention(
+        q.half().float(), k.half().float(), v.half().float(), is_causal=False
+    ).half()
+    with torch.inference_mode(), trainer_precision("float16", "cpu"):
+        out = F.scaled_dot_product_attention(q, k, v)
+        keyword = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, expected)
+    assert torch.equal(keyword, expected)
+
+
+def _tiny(dtype: torch.dtype, attention: str = "sdpa") -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         pad_token_id=0, attn_implementation=attention)  # fmt: skip
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+def test_only_a_float16_sdpa_model_switches_attention() -> None:
+    from precision_plugin.scoring.float16_cpu import (
+        ATTENTION,
+        widen_float16,
+        widen_float16_attention,
+    )
+
+    assert not widen_float16_attention(_tiny(torch.float32))
+    assert not widen_float16_attention(_tiny(torch.bfloat16))
+    assert not widen_float16_attention(_tiny(torch.float16, "eager"))
+    model = widen_float16(_tiny(torch.float16))
+    assert model.config._attn_implementation == ATTENTION
+    assert type(model.model.layers[0].self_attn.q_proj) is Float16Linear
+
+
+def test_a_widened_models_cache_keeps_float16_values_in_float32_with_the_same_logits() -> None:
+    from transformers.cache_utils import DynamicCache
+
+    from precision_plugin.scoring.float16_cpu import widen_float16
+    from precision_plugin.scoring.kvcache import preallocated_cache
+
+    model = widen_float16(_tiny(torch.float16))
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+    def decode(cache: object) -> list[torch.Tensor]:
+        name = "cache" if "cache" in model.forward.__code__.co_varnames else "past_key_values"
+        step_mask, position = mask, (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=step_mask, position_ids=position,
+                    use_cache=True, **{name: cache})  # fmt: skip
+        logits = [out.logits[:, -1]]
+        position = position[:, -1:]
+        for t in range(4):
+            step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=-1)
+            position = position + 1
+            out = model(input_ids=torch.tensor([[13 + t], [20 + t]]), attention_mask=step_mask,
+                        position_ids=position, use_cache=True, **{name: cache})  # fmt: skip
+            logits.append(out.logits[:, -1])
+        return logits
+
+    cache = preallocated_cache(model, 16)
+    with torch.inference_mode():
+        ours = decode(cache)
+        plain = decode(DynamicCache(config=model.config))
+    assert cache.layers[0].keys.dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
+    assert ours[0].dtype == torch.float16

@@ -298,13 +298,13 @@ def conventions(settings: RolloutSettings) -> dict[str, str]:
 
 def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any:
     from precision_plugin.buffers import cast_model
-    from precision_plugin.scoring.float16_cpu import widen_float16_linears
+    from precision_plugin.scoring.float16_cpu import widen_float16
 
     model = copy.deepcopy(master)
     if weights is not None:
         model.load_state_dict(weights)
     model = cast_model(model, dtype).eval()
-    widen_float16_linears(model)
+    widen_float16(model)
     return model
 
 
