@@ -176,6 +176,10 @@ def float16_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if query.dtype != torch.float16 or query.device.type != "cpu" or _recording(query, key, value):
+        # A layer of another dtype in the model (a planted one, a kept-float32 one): its keys
+        # and values may come from the float32 cache, which holds them exactly.
+        if key.dtype != query.dtype:
+            key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
         out, weights = sdpa_attention_forward(

@@ -148,9 +148,9 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "shallow)"
     ),
     ".venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/base --model "
-    "./smollm2-135m --threads 1 --attribute -- --max-new-tokens 128 --min-new-tokens 128 "
-    "--num-prompts 8": Elsewhere(
-        "eight SmolLM2 probes (two trees, plain and --attribute, two repeats): about 15 minutes "
+    "./smollm2-135m --threads 1 --repeats 1 --attribute -- --max-new-tokens 128 "
+    "--min-new-tokens 128 --num-prompts 8": Elsewhere(
+        "three SmolLM2 probes (two trees, and --attribute on this one): about 6 minutes "
         "on 2 CPU cores; the cache it measures gives the default cache's logits exactly in "
         "tests/unit/test_kvcache.py, and its results file is checked by "
         "tests/unit/test_published_figures.py"
