@@ -63,7 +63,10 @@ def test_engine_drift_drill_at_learning_rate_zero(tmp_path: Path) -> None:
 def test_clean_runs_raise_nothing(tmp_path: Path, learning_rate: str) -> None:
     report = _run(tmp_path, "--learning-rate", learning_rate, "--strict")
     assert report["canary_alarm"] is None
-    assert report["level"] == 1.0  # fp16 on both sides, the HF engine padding into batches
+    # fp16 on both sides (level 1); level 2 once the HF engine is certified batch-invariant,
+    # which its float16 path is where the float32 GEMM gives a row the same value in any batch
+    # (precision_plugin.scoring.float16_cpu pads products to 16 rows for it), a CPU property.
+    assert report["level"] in (1.0, 2.0)
 
 
 def test_a_growing_batch_mismatch_with_a_steady_canary_is_the_policy_moving(

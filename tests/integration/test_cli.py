@@ -325,6 +325,9 @@ def test_a_stopped_probe_removes_its_temporary_model(tmp_path: Path, sig, code, 
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # A test run started in the background inherits SIGINT ignored, and Python then installs
+        # no KeyboardInterrupt handler: give the probe the default, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120

@@ -151,6 +151,13 @@ EXEMPT_OBJECTS: dict[str, str] = {
     "provides; never constructed or called",
     "precision_plugin.scoring.Scorer": "a typing.Protocol: describes what a scoring engine "
     "provides; never constructed or called",
+    **{
+        f"precision_plugin.scoring.float16_cpu.{name}": "called by the plugin's own engines on "
+        "models and tensors they built (and by transformers, per layer and decode step, for "
+        "float16_attention); a check per call would sit in the decode loop"
+        for name in ("widen_float16", "widen_float16_linears", "widen_float16_attention",
+                     "float16_autocast_linears", "float16_attention", "widened")
+    },
 }
 
 
@@ -221,6 +228,7 @@ INTERNAL: dict[str, set[str]] = {
         "learner_side", "colocated_vllm_dtype", "rollout_side", "render", "fix_of",
     },
     "precision_plugin.master_weights": {"prepare_model_once"},
+    "precision_plugin.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
     "precision_plugin.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
         "consecutive_skips",
