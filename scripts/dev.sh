@@ -99,6 +99,9 @@ setup_sglang() {
 setup_contracts() {
   local logs name failed=0
   logs=$(mktemp -d)
+  # The contract environments hard-link the main environment's torch (scripts/contract_env.sh).
+  export PRECISION_PLUGIN_TORCH_FROM="$venv"
+  df -h "$root" | awk 'NR == 2 {print ">> free disk before the contract environments: " $4}'
   local -A pids=()
   for name in vllm verl openrlhf sglang; do
     "setup_$name" > "$logs/$name.log" 2>&1 &

@@ -31,7 +31,7 @@ stamp="$venv/.precision_plugin-sglang-deps"
 want=$( (cat "$0" "$reqs" constraints.txt) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo ">> installing SGLang $sglang_version and AReaL $areal_version (config layers, no CUDA) into $venv"
-  "${pip[@]}" -c constraints.txt "torch==2.13.0"
+  install_torch "$venv"
   "${pip[@]}" --no-deps "sglang==$sglang_version" "areal==$areal_version"
   "${pip[@]}" -c constraints.txt -r "$reqs"
   echo "$want" > "$stamp"

@@ -45,7 +45,7 @@ stamp="$venv/.precision_plugin-verl-deps"
 want=$( (cat "$0" "$reqs" constraints.txt; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo ">> installing verl $verl_version (config layer only) into $venv"
-  "${pip[@]}" -c constraints.txt "torch==2.13.0"
+  install_torch "$venv"
   "${pip[@]}" --no-deps "verl==$verl_version"
   "${pip[@]}" -c constraints.txt -r "$reqs"
   echo "$want" > "$stamp"

@@ -56,7 +56,7 @@ stamp="$venv/.precision_plugin-vllm-deps"
 want=$( (cat "$0" "$reqs" constraints.txt; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo ">> installing vLLM $vllm_version (no CUDA dependencies) into $venv"
-  "${pip[@]}" -c constraints.txt "torch==2.13.0"
+  install_torch "$venv"
   "${pip[@]}" --no-deps "vllm==$vllm_version"
   "${pip[@]}" -c constraints.txt -r "$reqs"
   "${pip[@]}" --no-deps "${no_deps_pins[@]}"
