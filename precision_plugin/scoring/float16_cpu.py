@@ -12,13 +12,14 @@ difference between two GEMM kernels, not a change of precision).
 
 Attention likewise: PyTorch's CPU float16 flash-attention kernel took 3-5 ms per layer and
 decode step at 500-1,000 cached tokens against 0.5-1 ms in float32, so at 1,024 tokens it was
-half of a float16 decode. Here it runs SDPA in float32 on the exactly widened float16 query, keys
-and values and rounds the output once to float16; the KV cache of a widened model keeps the
-float16 keys and values in float32 buffers (the same values, so no step widens the whole cache
-again). One difference to name: a GPU's flash attention also rounds the attention
-probabilities to float16 before multiplying them with the values, this path does not, so it
-carries a little less rounding than a GPU's (``tests/benchmarks/bench_probe_speed.py`` checks
-the probe's k3 against its interval).
+half of a float16 decode. Here :func:`sdpa_float16` computes attention as a GPU's flash kernel
+does on the exactly widened float16 query, keys and values: scores and softmax statistics in
+float32, the unnormalised probabilities rounded to float16 before they multiply the values
+(float32 accumulation), the output normalised in float32 and rounded once to float16. That
+rounding of the probabilities is most of what separates a decode step from a prefill pass in
+float16, so leaving it out would shrink the probe's ``decode`` cause. The KV cache of a widened
+model keeps the float16 keys and values in float32 buffers (the same values, so no step widens
+the whole cache again).
 
 Entry points, all for inference only (anything that records gradients runs PyTorch's own
 kernel):
@@ -48,12 +49,13 @@ from typing import Any
 __all__ = [
     "ATTENTION",
     "float16_autocast_linears",
+    "sdpa_float16",
     "widen_float16",
     "widen_float16_attention",
     "widen_float16_linears",
 ]  # and Float16Linear
 
-#: The attention implementation name a widened model runs (SDPA in float32 for float16 inputs).
+#: The attention implementation name a widened model runs (:func:`sdpa_float16` for float16).
 ATTENTION = "precision_plugin_float16_sdpa"
 
 
@@ -157,21 +159,79 @@ def widen_float16_linears(model: Any) -> int:
     return count
 
 
-def _sdpa_float32(query: Any, key: Any, value: Any, mask: Any) -> tuple[Any, Any, Any, Any]:
-    """The operands widened to float32 (an additive mask too; a boolean one as it is)."""
+def sdpa_float16(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """``F.scaled_dot_product_attention`` of float16 values (any float input is rounded to
+    float16 first) as a GPU flash kernel computes it, returned in float16: scores, their row
+    maximum and the probability sums in float32, the unnormalised probabilities rounded to
+    float16 before the product with the values (accumulated in float32), the output divided by
+    the sums and rounded once. A query row with no key to attend gives zeros. Inference only
+    (``dropout_p`` must be 0)."""
+    import math
+
     import torch
 
-    wide = [t.to(torch.float16).to(torch.float32) for t in (query, key, value)]
-    if mask is not None and mask.is_floating_point():
-        mask = mask.to(torch.float32)
-    return wide[0], wide[1], wide[2], mask
+    if dropout_p:
+        raise ValueError(
+            f"sdpa_float16 computes inference attention; it was asked for dropout_p={dropout_p}."
+            " Fix: call it with dropout_p=0 (training keeps PyTorch's own kernel)."
+        )
+    with torch.autocast("cpu", enabled=False):
+        q, k, v = (widened(t) for t in (query, key, value))
+        if enable_gqa and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if is_causal:
+            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+            scores = scores.masked_fill(~causal, -math.inf)
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attn_mask, -math.inf)
+            else:
+                scores = scores + attn_mask.to(torch.float32)
+        top = scores.amax(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, 0.0)
+        probabilities = torch.exp(scores - top)
+        total = probabilities.sum(-1, keepdim=True)
+        out = (probabilities.to(torch.float16).to(torch.float32) @ v) / total
+        out = torch.where(total > 0, out, 0.0)
+    return out.to(torch.float16)
+
+
+@functools.cache
+def _sdpa_mode_class() -> type:
+    from torch.overrides import TorchFunctionMode
+
+    class SdpaFloat16(TorchFunctionMode):
+        """``F.scaled_dot_product_attention`` as :func:`sdpa_float16` computes it."""
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            import torch.nn.functional as F
+
+            if func is F.scaled_dot_product_attention:
+                return sdpa_float16(*args, **(kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    return SdpaFloat16
 
 
 def float16_attention(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
 ) -> tuple[Any, Any]:
-    """transformers' SDPA attention; a float16 query on CPU runs in float32 (module docstring),
-    the output rounded once to float16."""
+    """transformers' SDPA attention; a float16 query on CPU runs :func:`sdpa_float16` (module
+    docstring)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -181,11 +241,8 @@ def float16_attention(
         if key.dtype != query.dtype:
             key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(
-            module, *_sdpa_float32(query, key, value, attention_mask), **kwargs
-        )
-    return out.to(torch.float16), weights
+    with _sdpa_mode_class()():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 @functools.cache
@@ -241,7 +298,7 @@ def _mode_class() -> type:
 
     class Float16AutocastLinears(TorchFunctionMode):
         """Under CPU float16 autocast, ``F.linear`` as :func:`_linear` computes it and
-        ``F.scaled_dot_product_attention`` in float32 on the float16-rounded operands."""
+        ``F.scaled_dot_product_attention`` as :func:`sdpa_float16` does."""
 
         def __torch_function__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -269,10 +326,7 @@ def _mode_class() -> type:
                     and {query.dtype, key.dtype} <= {torch.float16, torch.float32}
                     and not _recording(query, key, value)
                 ):
-                    with torch.autocast("cpu", enabled=False):
-                        wide = _sdpa_float32(query, key, value, mask)
-                        out = F.scaled_dot_product_attention(*wide, *rest[1:], **kwargs)
-                    return out.to(torch.float16)
+                    return sdpa_float16(query, key, value, mask, *rest[1:], **kwargs)
                 if not rest and mask is not None:
                     kwargs["attn_mask"] = mask
             return func(*args, **kwargs)

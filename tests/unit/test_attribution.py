@@ -116,6 +116,12 @@ def test_first_change_is_the_largest_settable_cause_in_a_total() -> None:
     assert got is not None and (got.dtype, got.cause, got.share) == ("float16", "sampling", 0.3)
     assert "top_p" in got.line()
     assert first_change({"float16": {"decode": rows["float16"]["decode"]}}) is None
+    # float32 is the reference: a larger share there does not name it, unless it is alone.
+    sampling = {"sampling": {"share": 0.8, "k3": 3e-3, "in_total": True}}
+    got = first_change({"float32": sampling, **rows})
+    assert got is not None and (got.dtype, got.share) == ("float16", 0.3)
+    alone = first_change({"float32": sampling})
+    assert alone is not None and (alone.dtype, alone.share) == ("float32", 0.8)
 
 
 def test_probe_attribute_with_rollout_settings_writes_the_section(

@@ -156,8 +156,58 @@ def _qkv(length: int = 37, seed: int = 3) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(2, 4, n, 16, generator=g).half() for n in (5, length, length))
 
 
-def test_float16_attention_is_float32_sdpa_of_the_widened_operands_rounded_once() -> None:
-    from precision_plugin.scoring.float16_cpu import float16_attention
+def _flash_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:  # fmt: skip
+    """Independently, in float64: softmax statistics exact, only the unnormalised
+    probabilities rounded to float16 (what a flash kernel rounds)."""
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p.half().double() @ v.double()) / p.sum(-1, keepdim=True)
+
+
+def test_sdpa_float16_rounds_the_probabilities_as_a_flash_kernel_does() -> None:
+    from precision_plugin.scoring.float16_cpu import sdpa_float16
+
+    q, k, v = _qkv()
+    mask = torch.ones(2, 1, 5, k.shape[2], dtype=torch.bool)
+    mask[0, :, :, :3] = False  # left padding of row 0
+    out = sdpa_float16(q, k, v, attn_mask=mask, scale=0.25)
+    reference = _flash_reference(q, k, v, mask, 0.25)
+    unrounded = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, scale=0.25
+    )
+    assert out.dtype == torch.float16
+    # Within one float16 rounding of the output (plus float32's own error) of the reference...
+    ulp = torch.finfo(torch.float16).eps * reference.abs().clamp(min=2**-14)
+    assert ((out.double() - reference).abs() <= ulp).all()
+    # ...and the rounded probabilities are visible: 5 x 37 keys per row, 160 output values, the
+    # float16 output differs from unrounded-probability attention rounded once in some of them.
+    assert (out != unrounded.half()).any()
+
+
+def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() -> None:
+    from precision_plugin.scoring.float16_cpu import sdpa_float16
+
+    q, k, v = _qkv(length=5)
+    heads = torch.randn(2, 2, 5, 16).half()
+    grouped = sdpa_float16(q, heads, heads, enable_gqa=True)
+    assert torch.equal(grouped, sdpa_float16(q, *(heads.repeat_interleave(2, 1),) * 2))
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    assert torch.equal(sdpa_float16(q, k, v, is_causal=True), sdpa_float16(q, k, v, causal))
+    additive = torch.zeros(5, 5).masked_fill(~causal, float("-inf"))
+    assert torch.equal(sdpa_float16(q, k, v, additive), sdpa_float16(q, k, v, causal))
+    empty = torch.zeros(2, 1, 5, 5, dtype=torch.bool)
+    empty[1] = True
+    out = sdpa_float16(q, k, v, empty)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.equal(out[1], sdpa_float16(q, k, v)[1])
+    with pytest.raises(ValueError, match=r"dropout_p=0\.1"):
+        sdpa_float16(q, k, v, dropout_p=0.1)
+
+
+def test_float16_attention_runs_sdpa_float16_inside_transformers_sdpa() -> None:
+    from precision_plugin.scoring.float16_cpu import float16_attention, sdpa_float16
 
     class Attention(torch.nn.Module):
         num_key_value_groups = 1
@@ -165,21 +215,17 @@ def test_float16_attention_is_float32_sdpa_of_the_widened_operands_rounded_once(
 
     q, k, v = _qkv()
     mask = torch.ones(2, 1, 5, k.shape[2], dtype=torch.bool)
-    mask[0, :, :, :3] = False  # left padding of row 0
+    mask[0, :, :, :3] = False
     out, _ = float16_attention(Attention(), q, k, v, mask, scaling=0.25)
-    expected = F.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=mask, scale=0.25
-    ).half()
-    assert out.dtype == torch.float16
     # transformers returns [batch, positions, heads, head_dim].
-    assert torch.equal(out, expected.transpose(1, 2))
+    assert torch.equal(out, sdpa_float16(q, k, v, mask, scale=0.25).transpose(1, 2))
 
 
-def test_float16_autocast_computes_sdpa_in_float32_on_rounded_operands() -> None:
+def test_float16_autocast_computes_sdpa_as_sdpa_float16() -> None:
+    from precision_plugin.scoring.float16_cpu import sdpa_float16
+
     q, k, v = (t.float() + 1e-3 for t in _qkv())
-    expected = F.scaled_dot_product_attention(
-        q.half().float(), k.half().float(), v.half().float(), is_causal=False
-    ).half()
+    expected = sdpa_float16(q, k, v)
     with torch.inference_mode(), trainer_precision("float16", "cpu"):
         out = F.scaled_dot_product_attention(q, k, v)
         keyword = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0)

@@ -156,7 +156,7 @@ EXEMPT_OBJECTS: dict[str, str] = {
         "models and tensors they built (and by transformers, per layer and decode step, for "
         "float16_attention); a check per call would sit in the decode loop"
         for name in ("widen_float16", "widen_float16_linears", "widen_float16_attention",
-                     "float16_autocast_linears", "float16_attention", "widened")
+                     "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened")
     },
 }
 

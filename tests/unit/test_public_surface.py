@@ -57,7 +57,8 @@ DOCUMENTED: dict[str, list[str]] = {
     "precision_plugin.canary.workers": ["batch_metrics", "check_canary", "masked_rows"],
     "precision_plugin.scoring.float16_cpu": [
         "widen_float16", "widen_float16_linears", "widen_float16_attention",
-        "float16_autocast_linears", "float16_attention", "widened", "MIN_ROWS", "ATTENTION",
+        "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened", "MIN_ROWS",
+        "ATTENTION",
     ],
     "precision_plugin.scoring.sglang": [
         "SGLangScorer", "generate_request", "completion_logprobs", "logprob_start"

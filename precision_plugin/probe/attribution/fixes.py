@@ -195,9 +195,11 @@ def first_change(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> FirstCh
     """The first setting to change, from each dtype's attribution rows (``{dtype: {cause:
     {"share": ..., "k3": ..., "in_total": ...}}}``): among the causes in the measured total that
     a setting can remove, the one with the largest share, in the low-precision dtype with the
-    largest such share. ``None`` when no settable cause is in any total."""
+    largest such share (float32, the reference, only when it is the only dtype measured).
+    ``None`` when no settable cause is in any total."""
     best: FirstChange | None = None
-    for dtype, causes in rows.items():
+    low = {d: causes for d, causes in rows.items() if d != "float32"} or rows
+    for dtype, causes in low.items():
         for cause, row in causes.items():
             spec = CAUSE_TABLE.get(cause)
             share = row.get("share")
