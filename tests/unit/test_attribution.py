@@ -234,3 +234,32 @@ def test_layerwise_places_the_largest_cause() -> None:
     assert line is not None and line.startswith("largest cause rope:")
     # RoPE frequencies rounded: the sides part where the rotary embedding is computed.
     assert "rotary_emb" in line, line
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
+    dtype: str, tmp_path: Any
+) -> None:
+    """``recorded_decode``'s premise: the probe's HF engine (loaded from the checkpoint, as the
+    probe does) records, while it samples, exactly what the attribution's decode pass gives for
+    the same tokens (its copy of the trainer model, one padded batch, KV cache), so the probe
+    reuses them. 4 prompts of 1-5 tokens, 24 new tokens, the embedded model."""
+    from precision_plugin.probe.attribution.measure import _copy, trainer_transform
+    from precision_plugin.probe.attribution.variants import apply_switches
+    from precision_plugin.probe.engine import hf_engine_factory
+    from precision_plugin.probe.run import _load_trainer
+    from precision_plugin.probe.tiny_model import save_default_model
+    from precision_plugin.scoring import HFScorer
+    from precision_plugin.scoring.interface import sequences_of
+
+    path = str(save_default_model(tmp_path))
+    master, _ = _load_trainer(path, "cpu")
+    engine = hf_engine_factory(path, dtype, "cpu", 0)
+    samples = engine.generate([[1, 5, 9], [2, 7], [3, 4, 5, 6, 8], [10]], 24, 0, min_new_tokens=24)
+    engine.close()
+    base = apply_switches(_copy(master, dtype), master, dtype)
+    decoded = HFScorer(
+        base, incremental=True, batch_size=4, transform=trainer_transform(RolloutSettings())
+    ).score(sequences_of(samples))
+    assert sum(len(s.logprobs) for s in samples) == 96
+    assert decoded == [list(s.logprobs) for s in samples]

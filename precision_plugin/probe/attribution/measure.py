@@ -166,11 +166,16 @@ def attribute_dtype(
     learning_rate: float | None = DEFAULT_LEARNING_RATE,
     seed: int = 0,
     what_if: bool = True,
+    recorded_decode: bool = False,
 ) -> DtypeAttribution:
     """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes.
 
     ``what_if=False`` measures only the causes this rollout runs with; ``learning_rate=None``
-    leaves out the stale-weights row.
+    leaves out the stale-weights row. ``recorded_decode=True`` says the samples' log-probs were
+    recorded by the HF engine decoding all of them in one batch, in ``dtype``, with the default
+    rollout settings (the probe's own samples): they are then the decode side itself, and the
+    ``decode`` row uses them instead of decoding the same tokens a second time
+    (``tests/unit/test_attribution.py`` pins that the second decode gives them bit for bit).
     """
     started = time.perf_counter()
     seqs = sequences_of(samples)
@@ -213,7 +218,12 @@ def attribute_dtype(
         rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
         add("batch", rescore.batched, base, True)
         prefill_n = rescore.batched
-    decoded = HFScorer(base_model, incremental=True, batch_size=n, transform=train_t).score(seqs)
+    if recorded_decode and settings == RolloutSettings():
+        decoded = mu
+    else:
+        decoded = HFScorer(base_model, incremental=True, batch_size=n, transform=train_t).score(
+            seqs
+        )
     add("decode", decoded, prefill_n, True)
     if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
         add("sampling", HFScorer(base_model, transform=engine_t).score(seqs), base, True)
@@ -322,9 +332,10 @@ def attribute(
     learning_rate: float = DEFAULT_LEARNING_RATE,
     seed: int = 0,
     tick: Callable[[str], None] | None = None,
+    recorded_decode: bool = False,
 ) -> AttributionReport:
     """[`attribute_dtype`][precision_plugin.probe.attribution.measure.attribute_dtype] for each
-    dtype, and the first setting to change."""
+    dtype (``recorded_decode`` as there), and the first setting to change."""
     started = time.perf_counter()
     report = AttributionReport(settings, learning_rate)
     for dtype, samples in samples_by_dtype.items():
@@ -333,6 +344,7 @@ def attribute(
         report.dtypes[dtype] = attribute_dtype(
             master, samples, dtype, settings,
             min_new_tokens=min_new_tokens, learning_rate=learning_rate, seed=seed,
+            recorded_decode=recorded_decode,
         )  # fmt: skip
     report.first = first_change(
         {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}

@@ -22,7 +22,8 @@ def attribute_probe(
     """Attribute each measured dtype's mismatch (``config``: the probe's ``ProbeConfig``).
 
     With the default rollout settings and the HF engine, the probe's own samples are attributed
-    (the same tokens and log-probs); otherwise the HF engine samples again with the settings
+    (the same tokens and log-probs, which are also the decode row's decode side); otherwise the
+    HF engine samples again with the settings
     applied (``rollout_samples``). A dtype the probe did not run (float16 beyond its range) is
     left out.
     """
@@ -57,6 +58,7 @@ def attribute_probe(
         learning_rate=wanted.learning_rate,
         seed=config.seed,
         tick=lambda what: tick(what, 1),
+        recorded_decode=reuse,
     )
     report.notes.extend(notes)
     if config.layerwise:
