@@ -15,9 +15,10 @@ decode step at 500-1,000 cached tokens against 0.5-1 ms in float32, so at 1,024 
 half of a float16 decode. Here :func:`sdpa_float16` computes attention as a GPU's flash kernel
 does on the exactly widened float16 query, keys and values: scores and softmax statistics in
 float32, the unnormalised probabilities rounded to float16 before they multiply the values
-(float32 accumulation), the output normalised in float32 and rounded once to float16. That
-rounding of the probabilities is most of what separates a decode step from a prefill pass in
-float16, so leaving it out would shrink the probe's ``decode`` cause. The KV cache of a widened
+(float32 accumulation), the output normalised in float32 and rounded once to float16. A
+decode step and a prefill pass round their probabilities from slightly different scores, so
+that rounding is part of the probe's ``decode`` cause: a first version without it made
+float16's ``decode`` row smaller than PyTorch's float16 kernel gave. The KV cache of a widened
 model keeps the float16 keys and values in float32 buffers (the same values, so no step widens
 the whole cache again).
 
@@ -175,6 +176,29 @@ def sdpa_float16(
     float16 before the product with the values (accumulated in float32), the output divided by
     the sums and rounded once. A query row with no key to attend gives zeros. Inference only
     (``dropout_p`` must be 0)."""
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _sdpa(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    exact_float32: bool = False,
+) -> Any:
+    """:func:`sdpa_float16`; ``exact_float32``: float32 keys and values already hold float16
+    values (a widened model's KV cache), so they are used as they are, not copied twice more.
+
+    Grouped-query attention runs one key/value head group at a time on views of the query
+    rather than repeating the keys and values per query head: the same products (each query
+    head against its own key head, the same shapes), without copying the cache three times per
+    layer and decode step.
+    """
     import math
 
     import torch
@@ -184,27 +208,41 @@ def sdpa_float16(
             f"sdpa_float16 computes inference attention; it was asked for dropout_p={dropout_p}."
             " Fix: call it with dropout_p=0 (training keeps PyTorch's own kernel)."
         )
+
+    def wide(t: Any) -> Any:
+        return t.detach() if exact_float32 and t.dtype == torch.float32 else widened(t)
+
     with torch.autocast("cpu", enabled=False):
-        q, k, v = (widened(t) for t in (query, key, value))
-        if enable_gqa and k.shape[-3] != q.shape[-3]:
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        q, k, v = widened(query), wide(key), wide(value)
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        groups = heads // kv_heads if enable_gqa and kv_heads != heads else 1
         scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-        scores = (q @ k.transpose(-2, -1)) * scale
+        causal = None
         if is_causal:
             causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-            scores = scores.masked_fill(~causal, -math.inf)
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                scores = scores.masked_fill(~attn_mask, -math.inf)
-            else:
-                scores = scores + attn_mask.to(torch.float32)
-        top = scores.amax(-1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, 0.0)
-        probabilities = torch.exp(scores - top)
-        total = probabilities.sum(-1, keepdim=True)
-        out = (probabilities.to(torch.float16).to(torch.float32) @ v) / total
-        out = torch.where(total > 0, out, 0.0)
+        keys_t = k.transpose(-2, -1)
+        outs = []
+        for group in range(groups):
+            # Query head h reads key head h // groups (repeat_interleave's order).
+            q_group = q if groups == 1 else q.unflatten(-3, (kv_heads, groups)).select(-3, group)
+            scores = (q_group @ keys_t) * scale
+            if causal is not None:
+                scores = scores.masked_fill(~causal, -math.inf)
+            if attn_mask is not None:
+                mask = attn_mask
+                if groups > 1 and mask.dim() >= 3 and mask.shape[-3] == heads:
+                    mask = mask.unflatten(-3, (kv_heads, groups)).select(-3, group)
+                if mask.dtype == torch.bool:
+                    scores = scores.masked_fill(~mask, -math.inf)
+                else:
+                    scores = scores + mask.to(torch.float32)
+            top = scores.amax(-1, keepdim=True)
+            top = torch.where(torch.isfinite(top), top, 0.0)
+            probabilities = torch.exp(scores - top)
+            total = probabilities.sum(-1, keepdim=True)
+            out = (probabilities.to(torch.float16).to(torch.float32) @ v) / total
+            outs.append(torch.where(total > 0, out, 0.0))
+        out = outs[0] if groups == 1 else torch.stack(outs, dim=-3).flatten(-4, -3)
     return out.to(torch.float16)
 
 
@@ -221,7 +259,9 @@ def _sdpa_mode_class() -> type:
             import torch.nn.functional as F
 
             if func is F.scaled_dot_product_attention:
-                return sdpa_float16(*args, **(kwargs or {}))
+                # Inside a widened model's attention: float32 keys and values come from its
+                # KV cache, which holds float16 values.
+                return _sdpa(*args, **(kwargs or {}), exact_float32=True)
             return func(*args, **(kwargs or {}))
 
     return SdpaFloat16

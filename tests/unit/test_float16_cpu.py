@@ -187,12 +187,24 @@ def test_sdpa_float16_rounds_the_probabilities_as_a_flash_kernel_does() -> None:
 
 
 def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() -> None:
-    from precision_plugin.scoring.float16_cpu import sdpa_float16
+    from precision_plugin.scoring.float16_cpu import _sdpa, sdpa_float16
 
     q, k, v = _qkv(length=5)
     heads = torch.randn(2, 2, 5, 16).half()
     grouped = sdpa_float16(q, heads, heads, enable_gqa=True)
     assert torch.equal(grouped, sdpa_float16(q, *(heads.repeat_interleave(2, 1),) * 2))
+    # A mask per query head reaches its own head inside its key head's group.
+    per_head = torch.rand(2, 4, 5, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    per_head[..., 0] = True
+    repeated = (heads.repeat_interleave(2, 1),) * 2
+    assert torch.equal(
+        sdpa_float16(q, heads, heads, per_head, enable_gqa=True),
+        sdpa_float16(q, *repeated, per_head),
+    )
+    # A widened model's float32 cache already holds float16 values: used as is, same result.
+    assert torch.equal(
+        _sdpa(q, heads.float(), heads.float(), enable_gqa=True, exact_float32=True), grouped
+    )
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     assert torch.equal(sdpa_float16(q, k, v, is_causal=True), sdpa_float16(q, k, v, causal))
     additive = torch.zeros(5, 5).masked_fill(~causal, float("-inf"))
