@@ -169,35 +169,21 @@ def sdpa_float16(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
+    *,
+    exact_float32: bool = False,
 ) -> Any:
     """``F.scaled_dot_product_attention`` of float16 values (any float input is rounded to
     float16 first) as a GPU flash kernel computes it, returned in float16: scores, their row
     maximum and the probability sums in float32, the unnormalised probabilities rounded to
     float16 before the product with the values (accumulated in float32), the output divided by
     the sums and rounded once. A query row with no key to attend gives zeros. Inference only
-    (``dropout_p`` must be 0)."""
-    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    (``dropout_p`` must be 0).
 
-
-def _sdpa(
-    query: Any,
-    key: Any,
-    value: Any,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    *,
-    exact_float32: bool = False,
-) -> Any:
-    """:func:`sdpa_float16`; ``exact_float32``: float32 keys and values already hold float16
-    values (a widened model's KV cache), so they are used as they are, not copied twice more.
-
-    Grouped-query attention runs one key/value head group at a time on views of the query
-    rather than repeating the keys and values per query head: the same products (each query
-    head against its own key head, the same shapes), without copying the cache three times per
-    layer and decode step.
+    ``exact_float32``: float32 keys and values already hold float16 values (a widened model's
+    KV cache), so they are used as they are, not copied twice more. Grouped-query attention
+    runs one key/value head group at a time on views of the query rather than repeating the
+    keys and values per query head: the same products (each query head against its own key
+    head, the same shapes), without copying the cache per query head at every layer and step.
     """
     import math
 
@@ -261,7 +247,7 @@ def _sdpa_mode_class() -> type:
             if func is F.scaled_dot_product_attention:
                 # Inside a widened model's attention: float32 keys and values come from its
                 # KV cache, which holds float16 values.
-                return _sdpa(*args, **(kwargs or {}), exact_float32=True)
+                return sdpa_float16(*args, **(kwargs or {}), exact_float32=True)
             return func(*args, **(kwargs or {}))
 
     return SdpaFloat16

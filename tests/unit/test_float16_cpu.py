@@ -187,7 +187,7 @@ def test_sdpa_float16_rounds_the_probabilities_as_a_flash_kernel_does() -> None:
 
 
 def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() -> None:
-    from precision_plugin.scoring.float16_cpu import _sdpa, sdpa_float16
+    from precision_plugin.scoring.float16_cpu import sdpa_float16
 
     q, k, v = _qkv(length=5)
     heads = torch.randn(2, 2, 5, 16).half()
@@ -203,7 +203,7 @@ def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() 
     )
     # A widened model's float32 cache already holds float16 values: used as is, same result.
     assert torch.equal(
-        _sdpa(q, heads.float(), heads.float(), enable_gqa=True, exact_float32=True), grouped
+        sdpa_float16(q, heads.float(), heads.float(), enable_gqa=True, exact_float32=True), grouped
     )
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     assert torch.equal(sdpa_float16(q, k, v, is_causal=True), sdpa_float16(q, k, v, causal))
