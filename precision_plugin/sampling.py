@@ -137,6 +137,12 @@ class LogitsProcessor:
         if self.counts is not None:
             self.counts.scatter_add_(1, tokens, self._torch.ones_like(tokens))
 
+    def keep(self, rows: Any) -> None:
+        """Keep only the batch rows ``rows`` (their indices, in order): the others finished."""
+        if self.counts is not None:
+            self.counts = self.counts[rows]
+            self.prompt_mask = self.prompt_mask[rows]
+
     def process(self, logits: Any, stop: Any = None) -> Any:
         """The processed float32 logits of one step (``[batch, vocab]``, a new tensor).
 

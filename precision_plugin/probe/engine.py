@@ -15,7 +15,8 @@ from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
 from precision_plugin.scoring.float16_cpu import widen_float16
-from precision_plugin.scoring.kvcache import decode_buffers
+from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
+from precision_plugin.scoring.packed_cpu import pack_linears
 
 __all__ = [
     "HFRolloutEngine",
@@ -72,7 +73,9 @@ class HFRolloutEngine:
     the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
     model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
     A float16 copy on CPU multiplies as a GPU does
-    ([`widen_float16`][precision_plugin.scoring.float16_cpu.widen_float16]).
+    ([`widen_float16`][precision_plugin.scoring.float16_cpu.widen_float16]), and every copy on
+    CPU multiplies with weights prepacked for oneDNN
+    ([`pack_linears`][precision_plugin.scoring.packed_cpu.pack_linears]).
     Samples token by token with [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]
     applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
     checkpoint's generation defaults play no part) and records, as each token is sampled, the
@@ -98,6 +101,7 @@ class HFRolloutEngine:
         self.device = device
         self.model = cast_model(model, dtype, device, float32=float32_buffers).eval()
         widen_float16(self.model)
+        pack_linears(self.model)
         self._eos: set[int] = set()
         # Some checkpoints name their EOS ids only in generation_config.json.
         for source in (self.model.config, getattr(self.model, "generation_config", None)):
@@ -129,6 +133,7 @@ class HFRolloutEngine:
         *,
         sampling: SamplingSettings | None = None,
         min_new_tokens: int = 0,
+        budgets: list[int] | None = None,
     ) -> list[RolloutSample]:
         """Sample one completion per prompt; a completion stops after its first EOS token.
 
@@ -143,7 +148,11 @@ class HFRolloutEngine:
         distribution at temperature 1, raw log-probs). ``min_new_tokens``: no EOS is sampled
         before that many tokens (vLLM's ``min_tokens``: EOS set to ``-inf`` first); a raw
         log-prob is still that of the unmasked distribution, which is what the trainer scores.
-        Extra settings are keyword-only.
+        ``budgets``: one cap per prompt (at most ``max_new_tokens``), as vLLM takes a
+        ``max_tokens`` per request. A row that reaches its cap or EOS leaves the batch, as a
+        finished request leaves vLLM's: the rows still running compute no more than they would
+        have (each row's products and attention are its own; ``packed_cpu`` keeps the products
+        batch-invariant). Extra settings are keyword-only.
         """
         torch = self._torch
         sampling = sampling if sampling is not None else SamplingSettings()
@@ -156,6 +165,16 @@ class HFRolloutEngine:
             return []
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        caps = [max_new_tokens] * len(prompts) if budgets is None else list(budgets)
+        if len(caps) != len(prompts) or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= max_new_tokens
+            for c in caps
+        ):
+            raise PrecisionConfigError(
+                f"generate(budgets=...): expected one whole number from 1 to max_new_tokens "
+                f"({max_new_tokens}) per prompt ({len(prompts)}), got {budgets!r}; pass e.g. "
+                f"[{max_new_tokens}] * {len(prompts)}."
+            )
         width = max(len(p) for p in prompts)
         ids = torch.tensor(
             [[self._pad] * (width - len(p)) + list(p) for p in prompts], device=self.device
@@ -168,7 +187,7 @@ class HFRolloutEngine:
         ]
         with torch.inference_mode():
             return self._generate_batch(
-                ids, real, max_new_tokens, generators, sampling, min_new_tokens, prompts
+                ids, real, caps, generators, sampling, min_new_tokens, prompts
             )
 
     def _attention_mask(self, ids: Any, real: Any) -> Any:
@@ -190,7 +209,7 @@ class HFRolloutEngine:
         self,
         ids: Any,
         real: Any,
-        max_new_tokens: int,
+        caps: list[int],
         generators: list[Any],
         sampling: SamplingSettings,
         min_new_tokens: int,
@@ -198,38 +217,50 @@ class HFRolloutEngine:
     ) -> list[RolloutSample]:
         torch = self._torch
         batch = ids.shape[0]
+        steps = max(caps)
         mask = self._attention_mask(ids, real)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        tokens = torch.full((batch, max_new_tokens), self._pad, dtype=torch.long, device=ids.device)
-        token_logp = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=ids.device)
-        lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=ids.device)
-        done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        tokens = torch.full((batch, steps), self._pad, dtype=torch.long, device=ids.device)
+        token_logp = torch.zeros((batch, steps), dtype=torch.float32, device=ids.device)
+        lengths = torch.tensor(caps, dtype=torch.long, device=ids.device)
         eos = torch.tensor(sorted(self._eos), dtype=torch.long, device=ids.device)
         # The mask and the KV cache are allocated once for the whole generation, and each step
         # sees views of their filled part (the same values as growing them by torch.cat).
         width = ids.shape[1]
-        full_mask, past = decode_buffers(self.model, mask, max_new_tokens)
+        full_mask, past = decode_buffers(self.model, mask, steps)
         logits, past = self._forward(ids, mask, positions, past)
         processor = LogitsProcessor(sampling, prompts, logits.shape[-1], ids.device)
         processed_mode = sampling.logprobs_mode == "processed_logprobs"
         next_position = positions[:, -1:] + 1
-        for t in range(max_new_tokens):
+        live = torch.arange(batch, device=ids.device)  # the prompt of each row still running
+        done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        for t in range(steps):
             processed = processor.process(logits, eos if t < min_new_tokens else None)
-            probs = processed.softmax(dim=-1)  # [batch, vocab], float32
+            probs = processed.softmax(dim=-1)  # [rows, vocab], float32
             token = torch.cat(
-                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)]
-            )[:, None]  # [batch, 1]
+                [
+                    torch.multinomial(probs[row], 1, generator=generators[int(b)])
+                    for row, b in enumerate(live)
+                ]
+            )[:, None]  # [rows, 1]
             logp = processed if processed_mode else logits
-            token_logp[:, t : t + 1] = logp.log_softmax(dim=-1, dtype=torch.float32).gather(
-                -1, token
-            )
-            tokens[:, t : t + 1] = token
+            token_logp[live, t] = logp.log_softmax(dim=-1, dtype=torch.float32).gather(-1, token)[
+                :, 0
+            ]
+            tokens[live, t] = token[:, 0]
             processor.add(token)
-            ended = ~done & torch.isin(token.squeeze(-1), eos)
-            lengths[ended] = t + 1
-            done |= ended
-            if t + 1 == max_new_tokens or bool(done.all()):
+            ended = ~done & torch.isin(token[:, 0], eos)
+            lengths[live[ended]] = t + 1
+            done |= ended | (lengths[live] <= t + 1)
+            if t + 1 == steps or bool(done.all()):
                 break
+            keep = (~done).nonzero()[:, 0]
+            # Finished rows leave the batch (their cache rows, mask and sampling state), where
+            # the cache can drop rows; elsewhere they run on and their tokens are not kept.
+            if len(keep) < len(live) and drop_rows(past, keep):
+                live, token, done = live[keep], token[keep], done[keep]
+                full_mask, next_position = full_mask[keep], next_position[keep]
+                processor.keep(keep)
             mask = full_mask[:, : width + t + 1]
             logits, past = self._forward(token, mask, next_position, past)
             next_position = next_position + 1

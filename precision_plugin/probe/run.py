@@ -158,6 +158,8 @@ def _measure_dtype(
                 f"min-new-tokens: the {config.engine!r} engine cannot suppress EOS (its "
                 f"generate() takes no min_new_tokens); drop --min-new-tokens or use --engine hf."
             )
+        if _accepts(engine.generate, "budgets"):
+            extra["budgets"] = budgets  # no tokens past a row's budget (they would be cut)
         samples = engine.generate(prompts, config.max_new_tokens, config.seed, **extra)
     finally:
         engine.close()

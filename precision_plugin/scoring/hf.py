@@ -31,7 +31,7 @@ from typing import Any
 from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
 from precision_plugin.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin.scoring.interface import TokenSequence
-from precision_plugin.scoring.kvcache import decode_buffers
+from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
 
 log = logging.getLogger("precision_plugin")
 
@@ -60,7 +60,9 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
     kind = device.split(":", 1)[0]
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.autocast(device_type=kind, dtype=getattr(torch, dtype)))
-        if kind == "cpu" and dtype == "float16":
+        if kind == "cpu" and dtype in ("float16", "bfloat16"):
+            # float16: products and attention as a GPU computes them; bfloat16: attention
+            # (PyTorch's bfloat16 products already are the GPU's contract).
             stack.enter_context(float16_autocast_linears())
         yield
 
@@ -177,19 +179,26 @@ class HFScorer:
         # Mask and KV cache allocated once; each step sees views of their filled part.
         width = ids.shape[1]
         full_mask, past = decode_buffers(self.model, mask, steps)
+        lengths = torch.tensor([len(s.completion_ids) for s in batch], device=self.device)
+        live = torch.arange(len(batch), device=self.device)  # the rows still running
         with torch.inference_mode(), trainer_precision(self.autocast, self.device):
             hidden, past = self._step(ids, mask, positions, past)
             position = positions[:, -1:]
             for t in range(steps):
-                index = torch.full((len(batch),), t, dtype=torch.long, device=self.device)
-                logp[:, t] = self.head.token_logprobs(
-                    hidden, tokens[:, t], self.chunk_logits, self.transform, index
+                index = torch.full((len(live),), t, dtype=torch.long, device=self.device)
+                logp[live, t] = self.head.token_logprobs(
+                    hidden, tokens[live, t], self.chunk_logits, self.transform, index
                 )
                 if t + 1 == steps:
                     break
+                # A finished sequence leaves the batch, as in the rollout engine's loop
+                # (HFRolloutEngine), so each row is computed in the same company as there.
+                keep = (lengths[live] > t + 1).nonzero()[:, 0]
+                if len(keep) < len(live) and drop_rows(past, keep):
+                    live, full_mask, position = live[keep], full_mask[keep], position[keep]
                 mask = full_mask[:, : width + t + 1]
                 position = position + 1
-                hidden, past = self._step(tokens[:, t : t + 1], mask, position, past)
+                hidden, past = self._step(tokens[live, t : t + 1], mask, position, past)
         del past
         return [logp[b, : len(s.completion_ids)].tolist() for b, s in enumerate(batch)]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["decode_buffers", "preallocated_cache"]  # and PreallocatedLayer (__getattr__)
+__all__ = ["decode_buffers", "drop_rows", "preallocated_cache"]  # and PreallocatedLayer
 
 
 @functools.cache
@@ -66,6 +66,14 @@ def _layer_class() -> type | None:
             self._length = end
             self.keys, self.values = keys[..., :end, :], values[..., :end, :]
             return self.keys, self.values
+
+        def batch_select_indices(self, indices: Any) -> None:
+            """Keep only the batch rows ``indices`` (finished sequences leave the batch)."""
+            if self._buffers is not None:
+                keys, values = (b[indices] for b in self._buffers)
+                self._buffers = (keys, values)
+                self.keys = keys[..., : self._length, :]
+                self.values = values[..., : self._length, :]
 
         def reset(self) -> None:
             """Forget the cached positions (the buffer is kept for reuse)."""
@@ -130,3 +138,14 @@ def decode_buffers(model: Any, mask: Any, steps: int) -> tuple[Any, Any | None]:
     full = torch.ones((batch, width + steps), dtype=mask.dtype, device=mask.device)
     full[:, :width] = mask
     return full, preallocated_cache(model, width + steps)
+
+
+def drop_rows(cache: Any, keep: Any) -> bool:
+    """Keep only the batch rows ``keep`` of a decode loop's KV cache, in place (finished
+    sequences leave the batch); False, nothing changed, for a cache that cannot select rows
+    (``None`` or a legacy tuple): the loop then runs every row on."""
+    select = getattr(cache, "batch_select_indices", None)
+    if select is None:
+        return False
+    select(keep)
+    return True

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe import ProbeConfig, run_probe
 from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.scoring import trainer_logprobs
@@ -57,6 +58,31 @@ def test_a_left_padded_batch_equals_the_prompts_run_one_by_one(family: str) -> N
     for a, b in zip(batched, single, strict=True):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_row_stops_at_its_budget_and_leaves_the_batch(dtype: str) -> None:
+    """budgets: each row samples exactly its own cap (as vLLM's max_tokens per request) and
+    the finished rows leave the batch; what each row sampled is what the full run sampled up
+    to its cap (4 prompts x caps 3..24: the same tokens, log-probs within the kernels' row-count
+    noise), and the decode scorer, dropping rows at the same steps, reproduces it bit for bit."""
+    from precision_plugin.scoring import HFScorer, sequences_of
+
+    engine = HFRolloutEngine(_model(), dtype, "cpu")
+    caps = [3, 24, 9, 17]
+    full = engine.generate(PROMPTS, 24, seed=5)
+    capped = engine.generate(PROMPTS, 24, seed=5, budgets=caps)
+    assert [len(s.completion_ids) for s in full] == [24] * 4  # no EOS in 24 tokens here
+    assert [len(s.completion_ids) for s in capped] == caps
+    for a, b, cap in zip(full, capped, caps, strict=True):
+        assert b.completion_ids == a.completion_ids[:cap]
+        assert b.logprobs == pytest.approx(a.logprobs[:cap], abs=1e-4)
+    decoded = HFScorer(engine.model, batch_size=4, incremental=True).score(sequences_of(capped))
+    assert decoded == [s.logprobs for s in capped]
+    with pytest.raises(PrecisionConfigError, match=r"budgets=.*one whole number from 1 to"):
+        engine.generate(PROMPTS, 24, seed=5, budgets=[3, 25, 9, 17])
+    with pytest.raises(PrecisionConfigError, match=r"per prompt \(4\)"):
+        engine.generate(PROMPTS, 24, seed=5, budgets=[3])
 
 
 def test_left_padded_rollout_and_unpadded_trainer_agree_in_float32() -> None:

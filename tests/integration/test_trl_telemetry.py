@@ -272,12 +272,17 @@ def test_hfrollout_samples_with_the_trainers_settings(tmp_path, settings):
     finally:
         handle.remove()
     checked = 0
+    lengths = [len(completion) for completion in out["completion_ids"]]
     for row, (prompt, completion, logps) in enumerate(
         zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], strict=True)
     ):
         assert 1 <= len(completion) == len(logps) <= 8
         for t, token in enumerate(completion):
-            expected = processed_logits(steps[t][row], prompt, completion[:t], **settings)
+            # a finished row leaves the decode batch: at step t the batch holds the rows still
+            # running, in prompt order
+            place = sum(1 for other in range(row) if lengths[other] > t)
+            assert steps[t].shape[0] == sum(1 for n in lengths if n > t)
+            expected = processed_logits(steps[t][place], prompt, completion[:t], **settings)
             assert logps[t] == logprob(expected, token), (row, t)
             checked += 1
     assert checked >= 6

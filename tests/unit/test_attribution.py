@@ -263,3 +263,10 @@ def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
     ).score(sequences_of(samples))
     assert sum(len(s.logprobs) for s in samples) == 96
     assert decoded == [list(s.logprobs) for s in samples]
+    # the trainer side too: the probe's trainer forward is the attribution's pi, bit for bit
+    from precision_plugin.probe.scoring import trainer_logprobs
+
+    pi = HFScorer(master, autocast=dtype, transform=trainer_transform(RolloutSettings())).score(
+        sequences_of(samples)
+    )
+    assert pi == [row for s in samples for row in trainer_logprobs(master, [s], dtype, "cpu")]

@@ -190,17 +190,21 @@ def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() 
     from precision_plugin.scoring.float16_cpu import sdpa_float16
 
     q, k, v = _qkv(length=5)
-    heads = torch.randn(2, 2, 5, 16).half()
-    grouped = sdpa_float16(q, heads, heads, enable_gqa=True)
-    assert torch.equal(grouped, sdpa_float16(q, *(heads.repeat_interleave(2, 1),) * 2))
+    heads = torch.randn(2, 2, 5, 16, generator=torch.Generator().manual_seed(2)).half()
+    repeated = (heads.repeat_interleave(2, 1),) * 2  # query head h reads key head h // 2
+    everything = torch.ones(2, 1, 5, 5, dtype=torch.bool)
     # A mask per query head reaches its own head inside its key head's group.
     per_head = torch.rand(2, 4, 5, 5, generator=torch.Generator().manual_seed(1)) > 0.3
     per_head[..., 0] = True
-    repeated = (heads.repeat_interleave(2, 1),) * 2
-    assert torch.equal(
-        sdpa_float16(q, heads, heads, per_head, enable_gqa=True),
-        sdpa_float16(q, *repeated, per_head),
-    )
+    for mask, expanded in ((None, everything), (per_head, per_head)):
+        grouped = sdpa_float16(q, heads, heads, mask, enable_gqa=True)
+        # The heads of a group are rows of one product: each query head against its own key
+        # head, within one float16 rounding of the independent reference on repeated heads
+        # (160 values; another head order is off by far more).
+        reference = _flash_reference(q, *repeated, expanded, 0.25)
+        ulp = torch.finfo(torch.float16).eps * reference.abs().clamp(min=2**-14)
+        assert ((grouped.double() - reference).abs() <= ulp).all()
+    grouped = sdpa_float16(q, heads, heads, enable_gqa=True)
     # A widened model's float32 cache already holds float16 values: used as is, same result.
     assert torch.equal(
         sdpa_float16(q, heads.float(), heads.float(), enable_gqa=True, exact_float32=True), grouped
@@ -246,6 +250,29 @@ def test_float16_autocast_computes_sdpa_as_sdpa_float16() -> None:
     assert torch.equal(keyword, expected)
 
 
+def test_bfloat16_attention_rounds_in_bfloat16_on_both_sides() -> None:
+    from precision_plugin.scoring.float16_cpu import sdpa_float16
+
+    q, k, v = (t.float() for t in _qkv())
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    mask = torch.ones(2, 1, 5, k.shape[2], dtype=torch.bool)
+    mask[0, :, :, :3] = False
+    out = sdpa_float16(q, k, v, mask, scale=0.25, dtype=torch.bfloat16)
+    s = (q.double() @ k.double().transpose(-2, -1)) * 0.25
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    reference = (p.bfloat16().double() @ v.double()) / p.sum(-1, keepdim=True)
+    assert out.dtype == torch.bfloat16
+    ulp = torch.finfo(torch.bfloat16).eps * reference.abs().clamp(min=2**-126)
+    assert ((out.double() - reference).abs() <= ulp).all()  # 160 values
+    # The trainer's bfloat16 autocast computes the same attention.
+    with torch.inference_mode(), trainer_precision("bfloat16", "cpu"):
+        trained = F.scaled_dot_product_attention(q, k, v, mask, scale=0.25)
+    assert torch.equal(trained, out)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        sdpa_float16(q, k, v, dtype=torch.float32)
+
+
 def _tiny(dtype: torch.dtype, attention: str = "sdpa") -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -256,7 +283,7 @@ def _tiny(dtype: torch.dtype, attention: str = "sdpa") -> torch.nn.Module:
     return LlamaForCausalLM(config).eval().to(dtype)
 
 
-def test_only_a_float16_sdpa_model_switches_attention() -> None:
+def test_only_a_float16_or_bfloat16_sdpa_model_switches_attention() -> None:
     from precision_plugin.scoring.float16_cpu import (
         ATTENTION,
         widen_float16,
@@ -264,8 +291,10 @@ def test_only_a_float16_sdpa_model_switches_attention() -> None:
     )
 
     assert not widen_float16_attention(_tiny(torch.float32))
-    assert not widen_float16_attention(_tiny(torch.bfloat16))
     assert not widen_float16_attention(_tiny(torch.float16, "eager"))
+    bfloat16 = widen_float16(_tiny(torch.bfloat16))  # attention only: its products are bfloat16's
+    assert bfloat16.config._attn_implementation == ATTENTION
+    assert type(bfloat16.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     model = widen_float16(_tiny(torch.float16))
     assert model.config._attn_implementation == ATTENTION
     assert type(model.model.layers[0].self_attn.q_proj) is Float16Linear

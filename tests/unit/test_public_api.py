@@ -158,6 +158,12 @@ EXEMPT_OBJECTS: dict[str, str] = {
         for name in ("widen_float16", "widen_float16_linears", "widen_float16_attention",
                      "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened")
     },
+    **{
+        f"precision_plugin.scoring.packed_cpu.{name}": "called by the plugin's own engines on "
+        "models and tensors they built (packed_product per linear layer and decode step); a "
+        "check per call would sit in the decode loop"
+        for name in ("pack_linears", "rows_for", "packed_product")
+    },
 }
 
 
@@ -229,6 +235,10 @@ INTERNAL: dict[str, set[str]] = {
     },
     "precision_plugin.master_weights": {"prepare_model_once"},
     "precision_plugin.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
+    # the layer classes' shared pieces, read by float16_cpu
+    "precision_plugin.scoring.packed_cpu": {
+        "pack", "stamp", "packed_weight", "recording", "swap_linears"
+    },
     "precision_plugin.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
         "consecutive_skips",
@@ -332,6 +342,8 @@ UNCHECKED_ANY: dict[str, str] = {
     "per sampled token (as above)",
     "precision_plugin.sampling.LogitsProcessor.process stop": "the engine's own tensor, once per "
     "sampled token (as above)",
+    "precision_plugin.sampling.LogitsProcessor.keep rows": "the engine's own index tensor, each "
+    "time a sequence finishes inside the decode loop (as above)",
     "precision_plugin.patching.Patcher.setattr target": "any object an adapter patches",
     "precision_plugin.patching.Patcher.setattr value": "any value an adapter sets",
     "precision_plugin.patching.Patcher.wrap target": "any object an adapter patches",

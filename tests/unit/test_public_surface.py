@@ -60,6 +60,9 @@ DOCUMENTED: dict[str, list[str]] = {
         "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened", "MIN_ROWS",
         "ATTENTION",
     ],
+    "precision_plugin.scoring.packed_cpu": [
+        "pack_linears", "rows_for", "packed_product", "PACK_ROWS", "MIN_ROWS"
+    ],
     "precision_plugin.scoring.sglang": [
         "SGLangScorer", "generate_request", "completion_logprobs", "logprob_start"
     ],

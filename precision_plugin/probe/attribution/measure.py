@@ -15,7 +15,10 @@ convention), and every token's log-prob difference is recorded:
   two chain: decode-in-the-batch against prefill alone is their sum);
 - ``sampling``: the rollout's log-prob convention against the trainer's;
 - ``lm_head``, ``rope``, ``kv_cache``, ``router``: that component as the rollout runs it;
-- ``stale_weights``: the base one Adam step behind (always a what-if: a scale, not a cause).
+- ``stale_weights``: the base one Adam step behind (always a what-if: a scale, not a cause);
+  [`attribute`][precision_plugin.probe.attribution.measure.attribute] takes that step once per
+  run, on the first dtype's samples, and every dtype reads the same step (in RL, the step the
+  rollout lags behind was computed on an earlier batch, not on the tokens being scored).
 
 Causes the rollout does not run with are measured as what-ifs (an fp8 e4m3 KV cache, an fp32 LM
 head, RoPE rounded to the dtype, an fp32 router) and have no share. The arithmetic is in
@@ -167,6 +170,8 @@ def attribute_dtype(
     seed: int = 0,
     what_if: bool = True,
     recorded_decode: bool = False,
+    stale: dict[str, Any] | None = None,
+    trainer: Sequence[Sequence[float]] | None = None,
 ) -> DtypeAttribution:
     """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes.
 
@@ -176,6 +181,10 @@ def attribute_dtype(
     rollout settings (the probe's own samples): they are then the decode side itself, and the
     ``decode`` row uses them instead of decoding the same tokens a second time
     (``tests/unit/test_attribution.py`` pins that the second decode gives them bit for bit).
+    ``stale``: the stepped weights the ``stale_weights`` row reads (``stepped_weights``' state
+    dict); ``None`` takes that step here, on ``samples``. ``trainer``: the trainer's log-probs
+    of ``samples`` already computed the way ``pi`` is (the probe's own trainer forward with the
+    default rollout settings: the same scorer, bit for bit); ``None`` scores them here.
     """
     started = time.perf_counter()
     seqs = sequences_of(samples)
@@ -185,7 +194,11 @@ def attribute_dtype(
     train_t = trainer_transform(settings)
     engine_t = engine_transform(settings, vocab, _eos_ids(master), min_new_tokens, device)
 
-    pi = HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
+    pi = (
+        [list(row) for row in trainer]
+        if trainer is not None
+        else HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
+    )
     base_model = apply_switches(_copy(master, dtype), master, dtype)
     base_scorer = HFScorer(base_model, transform=train_t)
     moe = bool(routers(master))
@@ -245,7 +258,7 @@ def attribute_dtype(
             scores, flips = variant(**{key: hypothetical})
             add(cause, scores, base, False, what, flips)
     if learning_rate is not None:
-        weights = stepped_weights(master, seqs, learning_rate, seed)
+        weights = stale if stale is not None else stepped_weights(master, seqs, learning_rate, seed)
         stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
                          transform=train_t).score(seqs)  # fmt: skip
         add("stale_weights", stale, base, False,
@@ -309,12 +322,14 @@ def conventions(settings: RolloutSettings) -> dict[str, str]:
 def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any:
     from precision_plugin.buffers import cast_model
     from precision_plugin.scoring.float16_cpu import widen_float16
+    from precision_plugin.scoring.packed_cpu import pack_linears
 
     model = copy.deepcopy(master)
     if weights is not None:
         model.load_state_dict(weights)
     model = cast_model(model, dtype).eval()
     widen_float16(model)
+    pack_linears(model)
     return model
 
 
@@ -333,18 +348,25 @@ def attribute(
     seed: int = 0,
     tick: Callable[[str], None] | None = None,
     recorded_decode: bool = False,
+    trainer: dict[str, Sequence[Sequence[float]]] | None = None,
 ) -> AttributionReport:
     """[`attribute_dtype`][precision_plugin.probe.attribution.measure.attribute_dtype] for each
-    dtype (``recorded_decode`` as there), and the first setting to change."""
+    dtype (``recorded_decode`` and ``trainer``, per dtype, as there), and the first setting to
+    change. The stale-weights step is taken once, on the first dtype's samples, and shared by
+    every dtype."""
     started = time.perf_counter()
     report = AttributionReport(settings, learning_rate)
+    stale = None
     for dtype, samples in samples_by_dtype.items():
+        if stale is None:
+            stale = stepped_weights(master, sequences_of(samples), learning_rate, seed)
         if tick is not None:
             tick(f"{dtype}: attribution")
         report.dtypes[dtype] = attribute_dtype(
             master, samples, dtype, settings,
             min_new_tokens=min_new_tokens, learning_rate=learning_rate, seed=seed,
-            recorded_decode=recorded_decode,
+            recorded_decode=recorded_decode, stale=stale,
+            trainer=None if trainer is None else trainer.get(dtype),
         )  # fmt: skip
     report.first = first_change(
         {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}

@@ -59,6 +59,9 @@ def attribute_probe(
         seed=config.seed,
         tick=lambda what: tick(what, 1),
         recorded_decode=reuse,
+        # the probe's trainer forward scored these very samples as the attribution's trainer
+        # side does (default settings): its log-probs are reused, not computed again
+        trainer={d: results[d].train_logprobs for d in samples} if reuse else None,
     )
     report.notes.extend(notes)
     if config.layerwise:

@@ -197,7 +197,7 @@ def stepped_weights(
     The surrogate is ``-mean_i(A_i * mean_t log pi(token_t))`` over the sequences, with
     advantages ``A_i = +-1`` drawn with ``seed``; the step is ``torch.optim.Adam(lr=
     learning_rate)``'s first (each weight moves by about ``learning_rate``). ``master`` is left
-    unchanged.
+    unchanged (the returned tensors belong to a copy nobody else holds).
     """
     import torch
 
@@ -218,4 +218,4 @@ def stepped_weights(
         loss = loss - sign * logp / len(sequences)
     loss.backward()
     optimizer.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach() for k, v in model.state_dict().items()}
