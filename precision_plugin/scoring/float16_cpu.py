@@ -68,14 +68,16 @@ __all__ = [
 #: The attention implementation name a widened model runs (:func:`sdpa_float16` for float16).
 ATTENTION = "precision_plugin_float16_sdpa"
 
+#: Most attention scores (query rows x keys x heads x batch) :func:`sdpa_float16` holds at once
+#: (8 MiB of float32); a longer query runs in blocks of rows.
+CHUNK_SCORES = 1 << 21
+
 
 def widened(tensor: Any) -> Any:
     """``tensor`` rounded to float16 and widened back to float32 (exact for float16 values)."""
     import torch
 
     return tensor.detach().to(torch.float16).to(torch.float32)
-
-
 
 
 def _linear(x: Any, weight: Any, bias: Any, wide: Any = None) -> Any:
@@ -214,31 +216,71 @@ def sdpa_float16(
         mask = attn_mask
         if is_causal:
             mask = torch.ones(rows, length, dtype=torch.bool).tril()
-        if groups > 1:
-            # Query head h reads key head h // groups (repeat_interleave's order): the heads of
-            # one group become rows of one product, and the mask follows them.
-            q = q.unflatten(-3, (kv_heads, groups)).flatten(-3, -2)
-            if mask is not None:
-                if mask.dim() >= 3 and mask.shape[-3] == heads:
-                    mask = mask.unflatten(-3, (kv_heads, groups))
-                else:
-                    mask = mask.unsqueeze(-3)
-                mask = mask.expand(*mask.shape[:-3], groups, rows, length).flatten(-3, -2)
-        scores = (q @ k.transpose(-2, -1)) * scale
-        if mask is not None:
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, -math.inf)
-            else:
-                scores = scores + mask.to(torch.float32)
-        top = scores.amax(-1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, 0.0)
-        probabilities = torch.exp(scores - top)
-        total = probabilities.sum(-1, keepdim=True)
-        out = (probabilities.to(low).to(torch.float32) @ v) / total
-        out = torch.where(total > 0, out, 0.0)
-        if groups > 1:
-            out = out.unflatten(-2, (groups, rows)).flatten(-4, -3)
+        # A long query (a prefill) runs in blocks of rows, so each block's scores stay in the
+        # CPU's cache instead of a [rows, length] matrix per head going through memory ten
+        # times: every row's arithmetic is its own, so the output is the same bit for bit.
+        block = max(MIN_ROWS, CHUNK_SCORES // max(1, q[..., :1, :1].numel() * length))
+        # Every block has at least MIN_ROWS rows (a last short block joins the one before):
+        # with fewer, the float32 GEMM may take another path and round a row differently.
+        starts = list(range(0, rows, block))
+        if len(starts) > 1 and rows - starts[-1] < MIN_ROWS:
+            starts.pop()
+        ends = [*starts[1:], rows]
+        sliced = mask is not None and mask.dim() >= 2 and mask.shape[-2] == rows
+        blocks = [
+            _attend(
+                q[..., first:end, :],
+                k,
+                v,
+                mask[..., first:end, :] if sliced else mask,
+                scale,
+                groups,
+                low,
+            )
+            for first, end in zip(starts, ends, strict=True)
+        ]
+        out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     return out.to(low)
+
+
+def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: Any) -> Any:
+    """:func:`sdpa_float16`'s arithmetic on widened float32 ``q``, ``k``, ``v`` (the result
+    still in float32)."""
+    import math
+
+    import torch
+
+    kv_heads = k.shape[-3]
+    rows, length = q.shape[-2], k.shape[-2]
+    # A mask shared by all heads ([rows, length] or [..., 1, rows, length]) is applied to the
+    # scores viewed per group, as it is; a mask per head follows the heads into the rows.
+    shared = mask is not None and (mask.dim() < 3 or mask.shape[-3] == 1)
+    if groups > 1:
+        # Query head h reads key head h // groups (repeat_interleave's order): the heads of
+        # one group become rows of one product.
+        q = q.unflatten(-3, (kv_heads, groups)).flatten(-3, -2)
+        if mask is not None and not shared:
+            mask = mask.unflatten(-3, (kv_heads, groups))
+            mask = mask.expand(*mask.shape[:-3], groups, rows, length).flatten(-3, -2)
+    # In place where the values are the same: fewer passes through memory.
+    scores = (q @ k.transpose(-2, -1)).mul_(scale)
+    if mask is not None:
+        view = scores.unflatten(-2, (groups, rows)) if groups > 1 and shared else scores
+        if view is not scores and mask.dim() >= 3:
+            mask = mask.unsqueeze(-3)
+        if mask.dtype == torch.bool:
+            view.masked_fill_(~mask, -math.inf)
+        else:
+            scores = (view + mask.to(torch.float32)).reshape(scores.shape)
+    top = scores.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    probabilities = scores.sub_(top).exp_()
+    total = probabilities.sum(-1, keepdim=True)
+    out = (probabilities.to(low).to(torch.float32) @ v).div_(total)
+    out = torch.where(total > 0, out, 0.0)
+    if groups > 1:
+        out = out.unflatten(-2, (groups, rows)).flatten(-4, -3)
+    return out
 
 
 @functools.cache

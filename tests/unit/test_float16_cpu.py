@@ -222,6 +222,50 @@ def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() 
         sdpa_float16(q, k, v, dropout_p=0.1)
 
 
+def test_sdpa_float16_in_row_blocks_is_the_same_bit_for_bit(monkeypatch) -> None:
+    """A long query runs in blocks of rows (CHUNK_SCORES); each row's arithmetic is its own,
+    so the blocks give the one-block result exactly, for every kind of mask (50 query rows in
+    blocks of MIN_ROWS: 16, 16 and 18, a last short block joined to the one before)."""
+    from precision_plugin.scoring import float16_cpu
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 50, 16, generator=g).half()
+    k, v = (torch.randn(2, 2, 50, 16, generator=g).half() for _ in range(2))
+    causal = torch.ones(50, 50, dtype=torch.bool).tril()
+    per_head = torch.rand(2, 6, 50, 50, generator=g) > 0.3
+    per_head[..., 0] = True
+    additive = torch.randn(2, 1, 50, 50, generator=g).masked_fill(~causal, float("-inf"))
+    cases = [
+        {"is_causal": True},
+        {"attn_mask": causal},
+        {"attn_mask": causal[None, None].expand(2, 1, 50, 50)},
+        {"attn_mask": per_head},
+        {"attn_mask": additive},
+        {"attn_mask": causal[-1:]},  # one mask row shared by every query row
+    ]
+    calls: list[int] = []
+    attend = float16_cpu._attend
+
+    def counted(q: torch.Tensor, *rest: object) -> torch.Tensor:
+        calls.append(q.shape[-2])
+        return attend(q, *rest)
+
+    monkeypatch.setattr(float16_cpu, "_attend", counted)
+    for gqa in (True, False):
+        keys = (k, v) if gqa else (k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))
+        for dtype in (None, torch.bfloat16):
+            for case in cases:
+                monkeypatch.setattr(float16_cpu, "CHUNK_SCORES", 1 << 30)
+                calls.clear()
+                whole = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
+                assert calls == [50]
+                monkeypatch.setattr(float16_cpu, "CHUNK_SCORES", 1)
+                calls.clear()
+                blocks = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
+                assert calls == [MIN_ROWS, MIN_ROWS, 50 - 2 * MIN_ROWS]
+                assert torch.equal(blocks, whole), (gqa, dtype, case.keys())
+
+
 def test_float16_attention_runs_sdpa_float16_inside_transformers_sdpa() -> None:
     from precision_plugin.scoring.float16_cpu import float16_attention, sdpa_float16
 
