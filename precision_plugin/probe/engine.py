@@ -7,6 +7,7 @@ vocabulary, no top-k/top-p), so it can be compared with the trainer's full-seque
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -14,7 +15,9 @@ from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+from precision_plugin.scoring import float16_cpu, packed_cpu
 from precision_plugin.scoring.float16_cpu import widen_float16
+from precision_plugin.scoring.fused_cpu import fuse_shared_inputs
 from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
 from precision_plugin.scoring.packed_cpu import pack_linears
 
@@ -75,7 +78,9 @@ class HFRolloutEngine:
     A float16 copy on CPU multiplies as a GPU does
     ([`widen_float16`][precision_plugin.scoring.float16_cpu.widen_float16]), and every copy on
     CPU multiplies with weights prepacked for oneDNN
-    ([`pack_linears`][precision_plugin.scoring.packed_cpu.pack_linears]).
+    ([`pack_linears`][precision_plugin.scoring.packed_cpu.pack_linears]), layers that read one
+    input (query, key and value; gate and up) as one product
+    ([`fuse_shared_inputs`][precision_plugin.scoring.fused_cpu.fuse_shared_inputs]).
     Samples token by token with [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]
     applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
     checkpoint's generation defaults play no part) and records, as each token is sampled, the
@@ -228,7 +233,12 @@ class HFRolloutEngine:
         # sees views of their filled part (the same values as growing them by torch.cat).
         width = ids.shape[1]
         full_mask, past = decode_buffers(self.model, mask, steps)
-        logits, past = self._forward(ids, mask, positions, past)
+        # The first forward also finds the layers that read one input (fused_cpu).
+        logits, past = fuse_shared_inputs(
+            self.model,
+            functools.partial(self._forward, ids, mask, positions, past),
+            (packed_cpu.PackedLinear, float16_cpu.Float16Linear),
+        )
         processor = LogitsProcessor(sampling, prompts, logits.shape[-1], ids.device)
         processed_mode = sampling.logprobs_mode == "processed_logprobs"
         next_position = positions[:, -1:] + 1

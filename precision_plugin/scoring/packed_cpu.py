@@ -164,6 +164,7 @@ def _linear_class() -> type:
         the version counter, so the old packed copy would be used."""
 
         _packed: tuple[tuple[int, int], tuple[Any, int] | None] | None = None
+        _shared: Any = None
 
         def forward(self, input: Any) -> Any:
             weight = self.weight
@@ -174,6 +175,10 @@ def _linear_class() -> type:
                 or recording(input, weight, self.bias)
             ):
                 return super().forward(input)
+            if self._shared is not None:  # layers reading the same input (fused_cpu)
+                out = self._shared(self, input)
+                if out is not None:
+                    return out
             if self._packed is None or self._packed[0] != stamp(weight):
                 self._packed = (stamp(weight), packed_weight(weight))
             kept = self._packed[1]

@@ -164,6 +164,12 @@ EXEMPT_OBJECTS: dict[str, str] = {
         "check per call would sit in the decode loop"
         for name in ("pack_linears", "rows_for", "packed_product")
     },
+    **{
+        f"precision_plugin.scoring.fused_cpu.{name}": "called by the plugin's own engine on "
+        "the model it built (SharedInputProduct per linear layer and decode step); a check per "
+        "call would sit in the decode loop"
+        for name in ("fuse_shared_inputs", "fusable", "SharedInputProduct")
+    },
 }
 
 

@@ -58,10 +58,13 @@ DOCUMENTED: dict[str, list[str]] = {
     "precision_plugin.scoring.float16_cpu": [
         "widen_float16", "widen_float16_linears", "widen_float16_attention",
         "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened", "MIN_ROWS",
-        "ATTENTION",
+        "CHUNK_SCORES", "ATTENTION",
     ],
     "precision_plugin.scoring.packed_cpu": [
         "pack_linears", "rows_for", "packed_product", "PACK_ROWS", "MIN_ROWS"
+    ],
+    "precision_plugin.scoring.fused_cpu": [
+        "fuse_shared_inputs", "fusable", "SharedInputProduct"
     ],
     "precision_plugin.scoring.sglang": [
         "SGLangScorer", "generate_request", "completion_logprobs", "logprob_start"
