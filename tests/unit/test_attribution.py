@@ -270,3 +270,15 @@ def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
         sequences_of(samples)
     )
     assert pi == [row for s in samples for row in trainer_logprobs(master, [s], dtype, "cpu")]
+
+
+def test_trainer_log_probs_of_other_samples_are_one_clear_error() -> None:
+    """``attribute_dtype(trainer=...)`` reuses the probe's trainer log-probs only for the same
+    samples: another count or another length is refused before any pass runs."""
+    from precision_plugin.probe.attribution.measure import attribute_dtype
+    from precision_plugin.rollout import RolloutSample
+
+    samples = [RolloutSample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], {}) for _ in range(2)]
+    for trainer in ([[-1.0] * 3], [[-1.0] * 3, [-1.0] * 2]):
+        with pytest.raises(PrecisionConfigError, match=r"trainer=.*2 samples of \[3, 3\]"):
+            attribute_dtype(llama(), samples, "float32", RolloutSettings(), trainer=trainer)

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.attribution.decompose import (
     decompose,
     k3_interval,
@@ -194,11 +195,19 @@ def attribute_dtype(
     train_t = trainer_transform(settings)
     engine_t = engine_transform(settings, vocab, _eos_ids(master), min_new_tokens, device)
 
-    pi = (
-        [list(row) for row in trainer]
-        if trainer is not None
-        else HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
-    )
+    if trainer is not None:
+        pi = [list(row) for row in trainer]
+        lengths = [len(s.completion_ids) for s in samples]
+        if [len(row) for row in pi] != lengths:
+            raise PrecisionConfigError(
+                f"attribute_dtype(trainer=...): expected one list of log-probs per sample, as "
+                f"long as its completion ({len(lengths)} samples of {lengths[:4]}"
+                f"{'...' if len(lengths) > 4 else ''} tokens), got {len(pi)} of "
+                f"{[len(row) for row in pi][:4]}{'...' if len(pi) > 4 else ''}; pass the "
+                f"trainer log-probs of these same samples, or trainer=None to score them here."
+            )
+    else:
+        pi = HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
     base_model = apply_switches(_copy(master, dtype), master, dtype)
     base_scorer = HFScorer(base_model, transform=train_t)
     moe = bool(routers(master))
