@@ -131,6 +131,8 @@ def _linear_class() -> type:
                 or _recording(input, weight, self.bias)
             ):
                 return super().forward(input)
+            if not packed_cpu.packing():  # as a trainer's autocast computes it
+                return _linear(input, weight, self.bias)
             if self._shared is not None:  # layers reading the same input (fused_cpu)
                 out = self._shared(self, input)
                 if out is not None:

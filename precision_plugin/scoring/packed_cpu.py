@@ -23,11 +23,21 @@ forward; so does every layer where this PyTorch has no oneDNN or this CPU cannot
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 # and PackedLinear (built on first use, __getattr__)
-__all__ = ["MIN_ROWS", "PACK_ROWS", "pack_linears", "packed_product", "rows_for"]
+__all__ = [
+    "MIN_ROWS",
+    "PACK_ROWS",
+    "pack_linears",
+    "packed_product",
+    "rows_for",
+    "trainer_kernels",
+]
 
 #: The batch size the weights are laid out for (a decode step's rows; any row count works).
 PACK_ROWS = 8
@@ -38,6 +48,31 @@ PACK_ROWS = 8
 #: the call; padded to this many, a row's value is the same alone, in a batch or in any chunk
 #: of the LM head (``float16_cpu`` pads its float32 products to it too).
 MIN_ROWS = 16
+
+
+_TRAINER_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "precision_plugin_trainer_kernels", default=False
+)
+
+
+@contextlib.contextmanager
+def trainer_kernels() -> Iterator[None]:
+    """While open, packed layers (and float16 layers, and their fused groups) multiply with the
+    kernels a trainer's forward runs (``F.linear``; for float16 the product of the widened
+    operands, weight widened at each call): a rollout copy scored "like the trainer" then
+    differs from the trainer only by its weights' and activations' dtype, not by a GEMM's
+    summation order (the attribution's ``dtype`` row is exactly 0 in float32)."""
+    token = _TRAINER_KERNELS.set(True)
+    try:
+        yield
+    finally:
+        _TRAINER_KERNELS.reset(token)
+
+
+def packing() -> bool:
+    """Whether packed layers may use their packed weights now (not inside
+    :func:`trainer_kernels`)."""
+    return not _TRAINER_KERNELS.get()
 
 
 @functools.cache
@@ -173,6 +208,7 @@ def _linear_class() -> type:
                 or input.dtype != weight.dtype
                 or weight.dtype not in (torch.float32, torch.bfloat16)
                 or recording(input, weight, self.bias)
+                or not packing()
             ):
                 return super().forward(input)
             if self._shared is not None:  # layers reading the same input (fused_cpu)

@@ -99,3 +99,34 @@ def test_only_plain_float32_and_bfloat16_cpu_linears_are_packed() -> None:
         "PackedLinear", "Lora", "Linear", "PackedLinear", "Linear"
     ]  # fmt: skip
     assert set(model.state_dict()) == {f"{i}.{p}" for i in range(5) for p in ("weight", "bias")}
+
+
+def test_trainer_kernels_multiply_as_the_trainer_does() -> None:
+    """Inside ``trainer_kernels`` a packed float32 layer is ``F.linear`` bit for bit, and a
+    float16 rollout layer is what the trainer's float16 autocast computes from the float32
+    master weights (40 rows; outside, the packed product sums in its own order)."""
+    import copy
+
+    from precision_plugin.scoring import trainer_precision
+    from precision_plugin.scoring.float16_cpu import widen_float16_linears
+    from precision_plugin.scoring.packed_cpu import trainer_kernels
+
+    layer = _layer(torch.float32, (576, 192))
+    pack_linears(layer)
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        with trainer_kernels():
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert layer._packed is None  # nothing was packed inside
+        layer(x)
+        assert layer._packed is not None
+    master = _layer(torch.float32, (96, 200))
+    rollout = copy.deepcopy(master).half()
+    widen_float16_linears(rollout)
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        with trainer_precision("float16", "cpu"):
+            expected = master(x)
+        with trainer_kernels():
+            out = rollout(x.half())
+    assert out.dtype == torch.float16 and torch.equal(out, expected)

@@ -162,7 +162,7 @@ EXEMPT_OBJECTS: dict[str, str] = {
         f"precision_plugin.scoring.packed_cpu.{name}": "called by the plugin's own engines on "
         "models and tensors they built (packed_product per linear layer and decode step); a "
         "check per call would sit in the decode loop"
-        for name in ("pack_linears", "rows_for", "packed_product")
+        for name in ("pack_linears", "rows_for", "packed_product", "trainer_kernels")
     },
     **{
         f"precision_plugin.scoring.fused_cpu.{name}": "called by the plugin's own engine on "
@@ -243,7 +243,7 @@ INTERNAL: dict[str, set[str]] = {
     "precision_plugin.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
     # the layer classes' shared pieces, read by float16_cpu
     "precision_plugin.scoring.packed_cpu": {
-        "pack", "stamp", "packed_weight", "recording", "swap_linears"
+        "pack", "stamp", "packed_weight", "recording", "swap_linears", "packing"
     },
     "precision_plugin.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",

@@ -61,7 +61,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "CHUNK_SCORES", "ATTENTION",
     ],
     "precision_plugin.scoring.packed_cpu": [
-        "pack_linears", "rows_for", "packed_product", "PACK_ROWS", "MIN_ROWS"
+        "pack_linears", "rows_for", "packed_product", "trainer_kernels", "PACK_ROWS", "MIN_ROWS"
     ],
     "precision_plugin.scoring.fused_cpu": [
         "fuse_shared_inputs", "fusable", "SharedInputProduct"

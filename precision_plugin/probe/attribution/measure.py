@@ -57,6 +57,7 @@ from precision_plugin.rollout import RolloutSample
 from precision_plugin.sampling import LogitsProcessor
 from precision_plugin.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
 from precision_plugin.scoring.interface import sequences_of
+from precision_plugin.scoring.packed_cpu import trainer_kernels
 
 log = logging.getLogger("precision_plugin")
 
@@ -211,7 +212,10 @@ def attribute_dtype(
     base_model = apply_switches(_copy(master, dtype), master, dtype)
     base_scorer = HFScorer(base_model, transform=train_t)
     moe = bool(routers(master))
-    with recorded_routes(base_model) as base_routes:
+    # Every prefill pass on a rollout copy is scored "like the trainer": with the trainer's
+    # kernels, so a row differs from the trainer only by what it switches (the decode pass
+    # keeps the engine's kernels: that difference is part of decoding against prefill).
+    with trainer_kernels(), recorded_routes(base_model) as base_routes:
         base = base_scorer.score(seqs)
 
     measured: list[tuple[str, list[list[float]], bool, str, float | None, float, int]] = []
@@ -225,7 +229,7 @@ def attribute_dtype(
     def variant(**switch: Any) -> tuple[list[list[float]], float | None]:
         model = apply_switches(_copy(master, dtype), master, dtype, **switch)
         scorer = HFScorer(model, transform=train_t)  # checks its LM head outside the record
-        with recorded_routes(model) as seen:
+        with trainer_kernels(), recorded_routes(model) as seen:
             scores = scorer.score(seqs)
         return scores, (_flip_share(base_routes, seen) if moe else None)
 
@@ -237,7 +241,8 @@ def attribute_dtype(
     prefill_n = base
     if n > 1:
         batched = HFScorer(base_model, batch_size=n, transform=train_t)
-        rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
+        with trainer_kernels():
+            rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
         add("batch", rescore.batched, base, True)
         prefill_n = rescore.batched
     if recorded_decode and settings == RolloutSettings():
@@ -248,7 +253,9 @@ def attribute_dtype(
         )
     add("decode", decoded, prefill_n, True)
     if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
-        add("sampling", HFScorer(base_model, transform=engine_t).score(seqs), base, True)
+        with trainer_kernels():
+            processed = HFScorer(base_model, transform=engine_t).score(seqs)
+        add("sampling", processed, base, True)
     low = dtype != "float32"
     switched = present_switches(settings, dtype)
     plan = (
@@ -268,8 +275,9 @@ def attribute_dtype(
             add(cause, scores, base, False, what, flips)
     if learning_rate is not None:
         weights = stale if stale is not None else stepped_weights(master, seqs, learning_rate, seed)
-        stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
-                         transform=train_t).score(seqs)  # fmt: skip
+        with trainer_kernels():
+            stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
+                             transform=train_t).score(seqs)  # fmt: skip
         add("stale_weights", stale, base, False,
             f"weights one Adam step behind (lr {learning_rate:g})")  # fmt: skip
 
