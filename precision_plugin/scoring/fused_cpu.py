@@ -134,10 +134,8 @@ def _groups(calls: list[tuple[Any, Any]]) -> list[list[Any]]:
     """Layers that received the same input tensor, in call order, two or more per group, all
     of one class, weight dtype, input size and bias presence."""
     by_input: dict[int, list[Any]] = {}
-    inputs: dict[int, Any] = {}
     for module, tensor in calls:
         members = by_input.setdefault(id(tensor), [])
-        inputs[id(tensor)] = tensor
         if module not in members:
             members.append(module)
     groups = []
