@@ -41,9 +41,13 @@ LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 _VLLM = "vLLM's SamplingParams range"
 
 
-def _above_zero(high: float, why: str) -> Validator:
-    """A number in ``(0, high]``: 0 (greedy, or nothing kept) has no distribution to compare."""
-    allowed = f"a number in (0, {high:g}] ({why}; 0 has no distribution to compare)"
+def _above_zero(high: float, why: str, *, floor: float = 0.0, below: str = "") -> Validator:
+    """A number in ``(0, high]``: 0 (greedy, or nothing kept) has no distribution to compare.
+    ``floor``: the least value taken (``below`` says why smaller ones are refused)."""
+    if floor:
+        allowed = f"a number in [{floor:g}, {high:g}] ({why}; {below})"
+    else:
+        allowed = f"a number in (0, {high:g}] ({why}; 0 has no distribution to compare)"
     closed = in_range(0.0, high)
 
     def check(value: Any) -> Any:
@@ -51,15 +55,24 @@ def _above_zero(high: float, why: str) -> Validator:
             closed(value)
         except Invalid:
             raise Invalid(f"is out of range; allowed: {allowed}") from None
-        if value == 0:
+        if value == 0 or value < floor:
             raise Invalid(f"is out of range; allowed: {allowed}")
         return value
 
-    return Validator(allowed, check, (0.0, high + 1.0, math.nan))
+    return Validator(allowed, check, (0.0, high + 1.0, math.nan, floor / 10))
+
+
+#: vLLM samples greedily below this temperature (``_SAMPLING_EPS``, ``v1/sample/sampler.py``).
+_GREEDY_BELOW = 1e-5
 
 
 @checked(
-    temperature=_above_zero(2.0, _VLLM),
+    temperature=_above_zero(
+        2.0,
+        _VLLM,
+        floor=_GREEDY_BELOW,
+        below="below 1e-05 vLLM samples greedily, which has no distribution to compare",
+    ),
     top_p=_above_zero(1.0, _VLLM),
     top_k=at_least(-1, why=f"{_VLLM}: 0 or -1 (off) or at least 1"),
     min_p=in_range(0.0, 1.0, why=_VLLM),

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from precision_plugin.boundary import at_least, checked, in_range
+from precision_plugin.metrics.k3 import k3_term
 
 #: Default one-sided false-alarm rate of one check (two consecutive checks raise an alarm).
 ALPHA = 1e-3
@@ -48,7 +49,7 @@ def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[floa
             if not math.isfinite(d):
                 out.append(math.inf)
                 continue
-            out.append(math.expm1(d) - d if abs(d) > 1e-300 else 0.0)
+            out.append(k3_term(d) if abs(d) > 1e-300 else 0.0)
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from precision_plugin.boundary import at_least, checked
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.metrics.k3 import k3_term
 from precision_plugin.mismatch import drift_per_1k
 
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
@@ -118,7 +119,7 @@ def length_effect(
     for train_row, roll_row in zip(train, rollout, strict=True):
         d = [a - b for a, b in zip(train_row, roll_row, strict=True) if math.isfinite(a - b)]
         if d:
-            seqs.append((len(d), sum(d), sum(math.expm1(v) - v for v in d)))
+            seqs.append((len(d), sum(d), sum(k3_term(v) for v in d)))
     if not seqs:
         return LengthEffect(sequences=0)
     seqs.sort(key=lambda s: s[0])

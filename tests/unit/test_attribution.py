@@ -282,3 +282,38 @@ def test_trainer_log_probs_of_other_samples_are_one_clear_error() -> None:
     for trainer in ([[-1.0] * 3], [[-1.0] * 3, [-1.0] * 2]):
         with pytest.raises(PrecisionConfigError, match=r"trainer=.*2 samples of \[3, 3\]"):
             attribute_dtype(llama(), samples, "float32", RolloutSettings(), trainer=trainer)
+
+
+def test_the_change_first_line_follows_each_kind_of_decision() -> None:
+    """The caption points at the probe's one decision: a rollout setting, a dtype, or (nothing
+    to compare, a setup or a model to fix) that decision's own words, never "decided by none"."""
+    from precision_plugin.probe.attribution.render import _pointer
+
+    assert _pointer({"change_first": "kv_cache_dtype", "decided_by": "attribution"}) == (
+        "change first: kv_cache_dtype, as the advice line says (decided by attribution)."
+    )
+    assert _pointer({"dtype": "float16", "decided_by": "mismatch", "change_first": ""}) == (
+        "change first: the advice line's float16 (decided by mismatch); no rollout setting "
+        "outweighs the dtype's own rounding."
+    )
+    nothing = {"action": "nothing", "dtype": None, "decided_by": "none", "change_first": "",
+               "line": "do: nothing to compare: no low-precision dtype was measured."}  # fmt: skip
+    assert _pointer(nothing) == (
+        "change first: no rollout setting; the advice line decides (nothing to compare: no "
+        "low-precision dtype was measured)."
+    )
+    assert _pointer(None).startswith("change first: the probe's advice line")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--learning-rate", "1e-3"), ("--attribution-plot", "a.png")]
+)
+def test_attribution_options_without_attribute_are_refused_not_ignored(
+    option: str, value: str, capsys: Any
+) -> None:
+    from precision_plugin.cli import main
+
+    assert main(["probe", option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{option}: " in err and "without --attribute; add --attribute" in err
+    assert "Traceback" not in err

@@ -199,3 +199,20 @@ def test_the_precision_reference_keeps_growing_rounding_in_band() -> None:
     assert referenced.band.normalized and referenced.band.floor == pytest.approx(
         referenced.checks[0].k3 / referenced.checks[0].reference_k3, rel=1e-12
     )
+
+
+def test_k3_terms_past_float64_are_infinite_not_an_error() -> None:
+    """A near-greedy rollout gives log-ratios of thousands of nats: e^d overflows a float64
+    (from d = log(max float) = 709.78...), and every k3 sum says ``inf`` instead of raising."""
+    from precision_plugin.metrics.k3 import k3_term
+    from precision_plugin.probe.attribution.decompose import k3_interval
+    from precision_plugin.probe.length import length_effect
+
+    assert k3_term(709.78) == math.expm1(709.78) - 709.78
+    assert k3_term(709.79) == math.inf and k3_term(1e9) == math.inf
+    assert k3_term(-1e9) == 1e9 - 1 and k3_term(-math.inf) == math.inf
+    assert k3_term(1e-3) == math.expm1(1e-3) - 1e-3
+    assert token_k3([[1000.0]], [[0.0]]) == [math.inf]
+    # decompose's d is side minus reference, so the learner's 1,000 nats more is d = -1,000
+    assert k3_interval([[-1000.0, 0.0], [0.0]], resamples=4).value == math.inf
+    assert length_effect([[1000.0, 0.0]], [[0.0, 0.0]]).sequences == 1

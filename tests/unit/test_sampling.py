@@ -158,8 +158,9 @@ def test_processor_counts_penalised_tokens_per_row():
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("temperature", 0.0, "(0, 2]"),
-        ("temperature", 2.5, "(0, 2]"),
+        ("temperature", 0.0, "[1e-05, 2]"),
+        ("temperature", 2.5, "[1e-05, 2]"),
+        ("temperature", 1e-9, "below 1e-05 vLLM samples greedily"),
         ("top_p", 0.0, "(0, 1]"),
         ("top_k", -2, "0 or -1"),
         ("top_k", 2.5, "expected an int"),

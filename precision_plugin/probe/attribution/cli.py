@@ -32,7 +32,7 @@ def add_attribution_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--learning-rate",
         type=float,
-        default=DEFAULT_LEARNING_RATE,
+        default=None,
         metavar="LR",
         help="learning rate of the one Adam step the stale_weights row measures "
         f"(default: {DEFAULT_LEARNING_RATE:g})",
@@ -64,13 +64,19 @@ def write_attribution_plot(args: argparse.Namespace, result: Any, model: str) ->
 def attribution_settings(args: argparse.Namespace) -> AttributionSettings | None:
     """The probe's ``attribution`` setting from the parsed options (``None``: not asked)."""
     if not args.attribute and args.rollout is None:
-        if args.attribution_plot is not None:
-            raise PrecisionConfigError(
-                "--attribution-plot: there is no attribution to draw without --attribute; "
-                "add --attribute (or --rollout KEY=VALUE,...), or drop --attribution-plot."
-            )
+        # Options that only mean something with an attribution are refused, not ignored.
+        for option, value, what in (
+            ("--attribution-plot", args.attribution_plot, "there is no attribution to draw"),
+            ("--learning-rate", args.learning_rate, "it sets the stale_weights row's step"),
+        ):
+            if value is not None:
+                raise PrecisionConfigError(
+                    f"{option}: {what} without --attribute; add --attribute (or --rollout "
+                    f"KEY=VALUE,...), or drop {option}."
+                )
         return None
     rollout = parse_rollout(args.rollout) if args.rollout is not None else None
+    rate = DEFAULT_LEARNING_RATE if args.learning_rate is None else args.learning_rate
     if rollout is None:
-        return AttributionSettings(learning_rate=args.learning_rate)
-    return AttributionSettings(rollout=rollout, learning_rate=args.learning_rate)
+        return AttributionSettings(learning_rate=rate)
+    return AttributionSettings(rollout=rollout, learning_rate=rate)

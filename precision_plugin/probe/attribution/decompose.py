@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from precision_plugin.boundary import at_least, checked
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.metrics.k3 import k3_term
 
 #: Bootstrap resamples for the k3 intervals, and their seed.
 BOOTSTRAP = 2000
@@ -106,7 +107,7 @@ def k3_interval(
     if not rows:
         return K3(math.nan, math.nan, math.nan)
     sums = torch.tensor(
-        [math.fsum(math.expm1(-x) + x for x in r) for r in rows], dtype=torch.float64
+        [math.fsum(k3_term(-x) for x in r) for r in rows], dtype=torch.float64
     )
     counts = torch.tensor([len(r) for r in rows], dtype=torch.float64)
     value = float(sums.sum() / counts.sum())

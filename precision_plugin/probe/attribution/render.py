@@ -121,7 +121,10 @@ def _pointer(decision: Mapping[str, Any] | None) -> str:
             f"change first: {setting}, as the advice line says (decided by "
             f"{decision['decided_by']})."
         )
+    if not decision.get("dtype"):  # nothing measured to compare, or a setup/model to fix
+        what = str(decision.get("line", "")).removeprefix("do: ").rstrip(".")
+        return f"change first: no rollout setting; the advice line decides ({what})."
     return (
-        f"change first: the advice line's {decision.get('dtype') or 'decision'} (decided by "
+        f"change first: the advice line's {decision['dtype']} (decided by "
         f"{decision['decided_by']}); no rollout setting outweighs the dtype's own rounding."
     )

@@ -34,7 +34,7 @@ LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 _ROUNDINGS = ("float16", "bfloat16", "float32")
 #: The keys ``--rollout`` takes, with what each means (the error message lists them).
 ROLLOUT_KEYS: dict[str, str] = {
-    "temperature": "a number in (0, 2] (vLLM SamplingParams.temperature)",
+    "temperature": "a number in [1e-05, 2] (vLLM SamplingParams.temperature)",
     "top_p": "a number in (0, 1] (vLLM SamplingParams.top_p)",
     "top_k": "a whole number, 0 or -1 (off) or at least 1 (vLLM SamplingParams.top_k)",
     "logprobs_mode": "raw_logprobs or processed_logprobs (vLLM --logprobs-mode)",
