@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin.scoring.interface import TokenSequence
 from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
@@ -116,6 +117,13 @@ class HFScorer:
     def score(self, sequences: Sequence[TokenSequence]) -> list[list[float]]:
         """Per-token log-probs of each sequence's completion (empty completions give ``[]``)."""
         out: list[list[float]] = [[] for _ in sequences]
+        vocab = self.model.get_input_embeddings().num_embeddings
+        top = max((max((*s.prompt_ids, *s.completion_ids)) for s in sequences), default=0)
+        if top >= vocab:
+            raise PrecisionConfigError(
+                f"HFScorer.score(): token id {top} is past the model's {vocab} embeddings; "
+                f"pass ids from this model's tokenizer."
+            )
         todo = [i for i, s in enumerate(sequences) if s.completion_ids]
         run = self._decode if self.incremental else self._prefill
         for first in range(0, len(todo), self.batch_size):

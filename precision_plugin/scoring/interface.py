@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from precision_plugin.boundary import checked
+from precision_plugin.errors import PrecisionConfigError
 
 
 @checked
@@ -16,6 +17,20 @@ class TokenSequence:
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        # An empty prompt leaves the first completion token nothing to be predicted from (a
+        # scorer would read another position's logits); a negative id names no token.
+        if not self.prompt_ids:
+            raise PrecisionConfigError(
+                "TokenSequence(): prompt_ids is empty, so the first completion token has no "
+                "position to be scored from; pass at least one prompt token (e.g. the BOS id)."
+            )
+        low = min((*self.prompt_ids, *self.completion_ids))
+        if low < 0:
+            raise PrecisionConfigError(
+                f"TokenSequence(): token id {low} is negative; pass the tokenizer's ids (0 and up)."
+            )
 
 
 @checked

@@ -84,3 +84,17 @@ def test_batch_rescore_of_the_hf_scorer_runs_alone_and_batched() -> None:
     assert got.equal.total == 20
     assert got.alone == HFScorer(model).score(seqs)
     assert got.max_abs_diff < 1e-4  # left padding hides the pads; float32 rounding at most
+
+
+def test_token_sequences_a_scorer_cannot_read_are_refused() -> None:
+    """An empty prompt (the first completion token would be read off another position's
+    logits), a negative id, and an id past the model's embeddings: one message each."""
+    with pytest.raises(PrecisionConfigError, match=r"prompt_ids is empty.*at least one prompt"):
+        TokenSequence((), (3,))
+    with pytest.raises(PrecisionConfigError, match=r"token id -2 is negative"):
+        TokenSequence((1,), (-2,))
+    model = tiny_llama(num_hidden_layers=1).eval()
+    vocab = model.get_input_embeddings().num_embeddings
+    with pytest.raises(PrecisionConfigError, match=rf"token id {vocab} is past the model's {vocab}"):
+        HFScorer(model).score([TokenSequence((1,), (vocab,))])
+    assert HFScorer(model).score([TokenSequence((1,), ())]) == [[]]
