@@ -117,9 +117,12 @@ class HFScorer:
     def score(self, sequences: Sequence[TokenSequence]) -> list[list[float]]:
         """Per-token log-probs of each sequence's completion (empty completions give ``[]``)."""
         out: list[list[float]] = [[] for _ in sequences]
-        vocab = self.model.get_input_embeddings().num_embeddings
+        # The embedding table's size where the model has the usual accessor (a wrapped model
+        # may not: then the model itself reports a bad id).
+        embeddings = getattr(self.model, "get_input_embeddings", lambda: None)()
+        vocab = getattr(embeddings, "num_embeddings", None)
         top = max((max((*s.prompt_ids, *s.completion_ids)) for s in sequences), default=0)
-        if top >= vocab:
+        if isinstance(vocab, int) and top >= vocab:
             raise PrecisionConfigError(
                 f"HFScorer.score(): token id {top} is past the model's {vocab} embeddings; "
                 f"pass ids from this model's tokenizer."
