@@ -376,3 +376,57 @@ def test_a_widened_models_cache_keeps_float16_values_in_float32_with_the_same_lo
     assert cache.layers[0].keys.dtype == torch.float32
     assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
     assert ours[0].dtype == torch.float16
+
+
+def test_keys_no_row_of_a_block_sees_are_skipped_bit_for_bit(monkeypatch) -> None:
+    """A causal prefill's blocks compute scores only for the keys some row may see (rounded up
+    to MIN_KEYS); the sums and the products with the values still run over every key, so the
+    output is the same bit for bit as with every key, for every kind of mask (200 query rows in
+    blocks of MIN_ROWS, float16 and bfloat16, with and without GQA)."""
+    from precision_plugin.scoring import float16_cpu
+
+    assert float16_cpu._keys_seen(None, 200) == 200
+    causal = torch.ones(200, 200, dtype=torch.bool).tril()
+    assert float16_cpu._keys_seen(causal[:16], 200) == 64
+    assert float16_cpu._keys_seen(causal[100:116], 200) == 128
+    assert float16_cpu._keys_seen(causal[180:], 200) == 200
+    additive = torch.zeros(200, 200).masked_fill(~causal, float("-inf"))
+    assert float16_cpu._keys_seen(additive[64:80], 200) == 128
+    assert float16_cpu._keys_seen(causal[:40, :50], 50) == 50  # no fewer than MIN_KEYS
+
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 6, 200, 16, generator=g).half()
+    k, v = (torch.randn(2, 2, 200, 16, generator=g).half() for _ in range(2))
+    padded = causal[None, None].repeat(2, 1, 1, 1)
+    padded[1, ..., :30] = False  # the second row left-padded by 30 tokens
+    padded[1, 0, :30, 0] = True  # its pad rows see one key, as transformers' masks do
+    cases = [
+        {"is_causal": True},
+        {"attn_mask": causal},
+        {"attn_mask": padded},
+        {"attn_mask": additive[None, None]},
+        {"attn_mask": torch.rand(2, 6, 200, 200, generator=g) > 0.3},  # sees every key
+    ]
+    seen: list[int] = []
+    keys_seen = float16_cpu._keys_seen
+
+    def recorded(mask: torch.Tensor, length: int) -> int:
+        seen.append(keys_seen(mask, length))
+        return seen[-1]
+
+    monkeypatch.setattr(float16_cpu, "_keys_seen", recorded)
+    monkeypatch.setattr(float16_cpu, "CHUNK_SCORES", 1)
+    for gqa in (True, False):
+        keys = (k, v) if gqa else (k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))
+        for dtype in (None, torch.bfloat16):
+            for case in cases:
+                monkeypatch.setattr(float16_cpu, "MIN_KEYS", 1 << 30)
+                every = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
+                monkeypatch.setattr(float16_cpu, "MIN_KEYS", 64)
+                seen.clear()
+                fewer = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
+                assert torch.equal(fewer, every), (gqa, dtype, list(case))
+                causal_case = (
+                    "is_causal" in case or case.get("attn_mask") is not cases[-1]["attn_mask"]
+                )
+                assert (min(seen) == 64) == causal_case, (list(case), seen)
