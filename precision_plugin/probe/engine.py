@@ -19,6 +19,7 @@ from precision_plugin.scoring import float16_cpu, packed_cpu
 from precision_plugin.scoring.float16_cpu import widen_float16
 from precision_plugin.scoring.fused_cpu import fuse_shared_inputs
 from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
+from precision_plugin.scoring.multinomial_cpu import Multinomial
 from precision_plugin.scoring.packed_cpu import pack_linears
 
 __all__ = [
@@ -244,15 +245,12 @@ class HFRolloutEngine:
         next_position = positions[:, -1:] + 1
         live = torch.arange(batch, device=ids.device)  # the prompt of each row still running
         done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        # torch.multinomial's tokens and generator states, in fewer passes (multinomial_cpu).
+        draws = Multinomial(generators)
         for t in range(steps):
             processed = processor.process(logits, eos if t < min_new_tokens else None)
             probs = processed.softmax(dim=-1)  # [rows, vocab], float32
-            token = torch.cat(
-                [
-                    torch.multinomial(probs[row], 1, generator=generators[int(b)])
-                    for row, b in enumerate(live)
-                ]
-            )[:, None]  # [rows, 1]
+            token = draws.sample(probs, live.tolist())[:, None]  # [rows, 1]
             logp = processed if processed_mode else logits
             token_logp[live, t] = logp.log_softmax(dim=-1, dtype=torch.float32).gather(-1, token)[
                 :, 0
@@ -274,6 +272,7 @@ class HFRolloutEngine:
             mask = full_mask[:, : width + t + 1]
             logits, past = self._forward(token, mask, next_position, past)
             next_position = next_position + 1
+        draws.close()
         del past
         samples = []
         for b in range(batch):
