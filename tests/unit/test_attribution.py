@@ -88,8 +88,15 @@ def test_rollout_bad_input_names_the_key_and_the_fix(text: str, words: list[str]
         parse_rollout(text)
     message = str(info.value)
     assert message.startswith("--rollout: ")
+    assert "SamplingSettings" not in message  # a class the user never wrote
     for word in words:
         assert word in message
+
+
+def test_rollout_settings_name_themselves_in_a_range_error() -> None:
+    with pytest.raises(PrecisionConfigError) as info:
+        RolloutSettings(top_p=2.0)
+    assert str(info.value).startswith("rollout: argument 'top_p' got 2.0, which is out of range")
 
 
 def test_rollout_parses_vllm_names() -> None:

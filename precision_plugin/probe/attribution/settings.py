@@ -64,8 +64,14 @@ class RolloutSettings:
                 f"rollout: logprobs_mode={self.logprobs_mode!r} is not one of "
                 f"{', '.join(LOGPROBS_MODES)}; pass e.g. logprobs_mode=processed_logprobs."
             )
-        # SamplingSettings checks the sampling ranges and names the setting.
-        self.sampling()
+        # SamplingSettings checks the sampling ranges and names the setting; the message says
+        # where the user gave it (the rollout's settings, not a class they never wrote).
+        try:
+            self.sampling()
+        except PrecisionConfigError as exc:
+            raise PrecisionConfigError(
+                str(exc).replace("SamplingSettings(): ", "rollout: ", 1)
+            ) from None
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise PrecisionConfigError(
                 f"rollout: kv_cache_dtype={self.kv_cache_dtype!r} is not one the probe can "
