@@ -24,10 +24,10 @@ layer and decode step at 900 cached tokens (SmolLM2-135M, 8 rows, one thread) ag
 ms here, and a GPU's bfloat16 flash kernel rounds its probabilities the same way. A long query
 (a prefill) runs in blocks of rows that keep at most :data:`CHUNK_SCORES` scores, so a block
 stays in the CPU's cache (one 1,100-token layer's float16 prefill: 0.31 s as one block, 0.12 s
-in blocks); each row's arithmetic is its own, so the blocks change no bit. A block of a causal
-prefill scores only the keys some row of it may see: the others get probability 0 without
-their scores being computed, while the sums and the products with the values still run over
-every key (the same bits; a third less time for a 1,100-token prefill's attention). The KV
+in blocks); each row's arithmetic is its own, so the blocks change no bit. In a block of a
+causal prefill the elementwise steps (mask, maximum, exponential, rounding) run only over the
+keys some row of it may see; the others keep probability 0, and the products and sums still
+run over every key (the same bits by construction). The KV
 cache of a widened model keeps its float16 or bfloat16 keys and values in float32 buffers (the
 same values, so no step widens the whole cache again).
 
@@ -266,13 +266,13 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
 
     kv_heads = k.shape[-3]
     rows, length = q.shape[-2], k.shape[-2]
-    # Keys no row of this block may see (a causal prefill's upper triangle) get probability 0
-    # without computing their scores: every step before the sum is elementwise or a product
-    # over the head dimension, so the keys kept give the same values bit for bit. (A decode
-    # step's one row sees its own newest key: nothing to skip, nothing to look for.)
+    # Keys no row of this block may see (a causal prefill's upper triangle) keep probability 0
+    # without the elementwise steps (mask, maximum, exponential, rounding) running over them.
+    # The products and the sum still run over every key, as before: a GEMM or a sum over fewer
+    # terms may group them differently. (A decode step's one row sees its own newest key:
+    # nothing to skip, nothing to look for.)
     seen = _keys_seen(mask, length) if rows >= MIN_ROWS else length
     if seen < length:
-        k = k[..., :seen, :]
         mask = mask[..., :seen]
     # A mask shared by all heads ([rows, length] or [..., 1, rows, length]) is applied to the
     # scores viewed per group, as it is; a mask per head follows the heads into the rows.
@@ -283,9 +283,10 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
         q = q.unflatten(-3, (kv_heads, groups)).flatten(-3, -2)
         if mask is not None and not shared:
             mask = mask.unflatten(-3, (kv_heads, groups))
-            mask = mask.expand(*mask.shape[:-3], groups, rows, length).flatten(-3, -2)
+            mask = mask.expand(*mask.shape[:-3], groups, rows, seen).flatten(-3, -2)
     # In place where the values are the same: fewer passes through memory.
-    scores = (q @ k.transpose(-2, -1)).mul_(scale)
+    every = q @ k.transpose(-2, -1)
+    scores = every[..., :seen].mul_(scale)
     if mask is not None:
         view = scores.unflatten(-2, (groups, rows)) if groups > 1 and shared else scores
         if view is not scores and mask.dim() >= 3:
@@ -293,20 +294,17 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
         if mask.dtype == torch.bool:
             view.masked_fill_(~mask, -math.inf)
         else:
-            scores = (view + mask.to(torch.float32)).reshape(scores.shape)
+            view.add_(mask.to(torch.float32))
     top = scores.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0.0)
     probabilities = scores.sub_(top).exp_()
     if seen < length:
-        # The sum and the product with the values run over every key, as before: a sum or a
-        # product over fewer terms may group them differently (another rounding).
-        full = probabilities.new_zeros((*probabilities.shape[:-1], length))
-        full[..., :seen] = probabilities
-        total = full.sum(-1, keepdim=True)
-        full[..., :seen] = probabilities.to(low)
-        out = (full @ v).div_(total)
+        every[..., seen:] = 0.0  # exp(-inf): what the masked keys gave before
+    total = every.sum(-1, keepdim=True)
+    if seen < length:
+        probabilities.copy_(probabilities.to(low))
+        out = (every @ v).div_(total)
     else:
-        total = probabilities.sum(-1, keepdim=True)
         out = (probabilities.to(low).to(torch.float32) @ v).div_(total)
     out = torch.where(total > 0, out, 0.0)
     if groups > 1:
@@ -314,8 +312,9 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
     return out
 
 
-#: Fewest keys a block's scores are computed over when it may see fewer than all: a product
-#: with fewer columns may take another GEMM path (measured: fewer than 12 round differently).
+#: Fewest keys a block's elementwise steps run over when it may see fewer than all, and the
+#: multiple they are rounded up to: every row then runs whole vectors of the CPU's widest
+#: float32 registers (16 lanes, two at a time), as it did over every key.
 MIN_KEYS = 64
 
 

@@ -378,11 +378,11 @@ def test_a_widened_models_cache_keeps_float16_values_in_float32_with_the_same_lo
     assert ours[0].dtype == torch.float16
 
 
-def test_keys_no_row_of_a_block_sees_are_skipped_bit_for_bit(monkeypatch) -> None:
-    """A causal prefill's blocks compute scores only for the keys some row may see (rounded up
-    to MIN_KEYS); the sums and the products with the values still run over every key, so the
-    output is the same bit for bit as with every key, for every kind of mask (200 query rows in
-    blocks of MIN_ROWS, float16 and bfloat16, with and without GQA)."""
+def test_keys_no_row_of_a_block_sees_skip_the_elementwise_steps_bit_for_bit(monkeypatch) -> None:
+    """A causal prefill's blocks run their elementwise steps only over the keys some row may
+    see (rounded up to MIN_KEYS); the products and sums still run over every key, so the output
+    is the same bit for bit as with every key, for every kind of mask (200 query rows in blocks
+    of MIN_ROWS, float16 and bfloat16, with and without GQA)."""
     from precision_plugin.scoring import float16_cpu
 
     assert float16_cpu._keys_seen(None, 200) == 200
