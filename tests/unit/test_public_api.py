@@ -170,6 +170,12 @@ EXEMPT_OBJECTS: dict[str, str] = {
         "call would sit in the decode loop"
         for name in ("fuse_shared_inputs", "fusable", "SharedInputProduct")
     },
+    **{
+        f"precision_plugin.scoring.multinomial_cpu.{name}": "called by the plugin's own engine "
+        "on the generators and probabilities it built (Multinomial.sample per decode step); a "
+        "check per call would sit in the decode loop"
+        for name in ("Multinomial", "exact_draw")
+    },
 }
 
 
