@@ -8,7 +8,7 @@ pytorch#132395). Over a 49,152-token vocabulary that loop took about 1.1 ms per 
 about a tenth of a SmolLM2-135M decode step.
 
 :class:`Multinomial` draws the same numbers faster: NumPy's ``MT19937`` (the same algorithm),
-given each generator's state, yields the same 32-bit outputs in vectorised C; the uniforms
+given each generator's state, yields the same 32-bit outputs from a C loop; the uniforms
 ``u`` follow with two array operations. Since ``-log1p(-u) >= u``, ``p / u`` bounds every
 ratio from above, so PyTorch's exact ratio (``log1p`` from the C library, as PyTorch calls
 it, then float32 rounding and division) is computed only for the few entries whose bound
