@@ -298,14 +298,10 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
     top = scores.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0.0)
     probabilities = scores.sub_(top).exp_()
-    if seen < length:
-        every[..., seen:] = 0.0  # exp(-inf): what the masked keys gave before
+    every[..., seen:] = 0.0  # the unseen keys: exp(-inf), what they gave before
     total = every.sum(-1, keepdim=True)
-    if seen < length:
-        probabilities.copy_(probabilities.to(low))
-        out = (every @ v).div_(total)
-    else:
-        out = (probabilities.to(low).to(torch.float32) @ v).div_(total)
+    probabilities.copy_(probabilities.to(low))  # rounded as a flash kernel rounds them
+    out = (every @ v).div_(total)
     out = torch.where(total > 0, out, 0.0)
     if groups > 1:
         out = out.unflatten(-2, (groups, rows)).flatten(-4, -3)

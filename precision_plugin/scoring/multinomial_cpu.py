@@ -154,7 +154,7 @@ class Multinomial:
         for row, index in enumerate(int(i) for i in sequences):
             twister = self._twister(index) if fast else None
             p = values[row] if values is not None else None
-            if twister is None or not _is_distribution(p, self._np):
+            if twister is None or not _is_distribution(p):
                 self._release(index)
                 draw = torch.multinomial(probs[row], 1, generator=self._generators[index])
                 tokens.append(int(draw))
@@ -177,7 +177,7 @@ class Multinomial:
             self._release(index)
 
 
-def _is_distribution(p: Any, np: Any) -> bool:
+def _is_distribution(p: Any) -> bool:
     """Whether ``p`` is what ``torch.multinomial`` accepts: finite, non-negative, some mass."""
     total = float(p.sum())
     return math.isfinite(total) and total > 0 and float(p.min()) >= 0
