@@ -24,12 +24,15 @@ layer and decode step at 900 cached tokens (SmolLM2-135M, 8 rows, one thread) ag
 ms here, and a GPU's bfloat16 flash kernel rounds its probabilities the same way. A long query
 (a prefill) runs in blocks of rows that keep at most :data:`CHUNK_SCORES` scores, so a block
 stays in the CPU's cache (one 1,100-token layer's float16 prefill: 0.31 s as one block, 0.12 s
-in blocks); each row's arithmetic is its own, so the blocks change no bit. In a block of a
-causal prefill the elementwise steps (mask, maximum, exponential, rounding) run only over the
-keys some row of it may see; the others keep probability 0, and the products and sums still
-run over every key (the same bits by construction). The KV
-cache of a widened model keeps its float16 or bfloat16 keys and values in float32 buffers (the
-same values, so no step widens the whole cache again).
+in blocks); each row's arithmetic is its own, so the blocks change no bit. A block multiplies
+by tiles of :data:`KEY_TILE` keys at fixed positions, as a flash kernel does (the scores tile
+by tile, the product with the values summed tile after tile), and skips, with the elementwise
+steps, the tiles no row of it may see (a causal prefill's upper triangle): a skipped tile
+would have added an exact 0 and every tile has the same shape in any block, so the output is
+the same bit for bit as over every key (one 1,100-token layer's causal float16 prefill: about
+three quarters of the time over every key). The KV cache of a widened model keeps its float16
+or bfloat16 keys and values in float32 buffers (the same values, so no step widens the whole
+cache again).
 
 Entry points, all for inference only (anything that records gradients runs PyTorch's own
 kernel):
@@ -266,12 +269,16 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
 
     kv_heads = k.shape[-3]
     rows, length = q.shape[-2], k.shape[-2]
-    # Keys no row of this block may see (a causal prefill's upper triangle) keep probability 0
-    # without the elementwise steps (mask, maximum, exponential, rounding) running over them.
-    # The products and the sum still run over every key, as before: a GEMM or a sum over fewer
-    # terms may group them differently. (A decode step's one row sees its own newest key:
-    # nothing to skip, nothing to look for.)
-    seen = _keys_seen(mask, length) if rows >= MIN_ROWS else length
+    # A prefill block (MIN_ROWS rows or more) multiplies by tiles of KEY_TILE keys at fixed
+    # positions, as a flash kernel does: the scores tile by tile, the product with the values
+    # summed tile after tile. Keys no row of the block may see (a causal prefill's upper
+    # triangle) keep probability 0 and their tiles are skipped, with the elementwise steps
+    # (mask, maximum, exponential, rounding): a skipped tile would have added an exact 0, and
+    # every tile has the same shape in any block, so the output is the same bit for bit as over
+    # every key. The sum runs over every key (a sum over fewer terms may group them
+    # differently). A decode step's one row sees its own newest key: one product per side.
+    tiled = rows >= MIN_ROWS
+    seen = _keys_seen(mask, length) if tiled else length
     if seen < length:
         mask = mask[..., :seen]
     # A mask shared by all heads ([rows, length] or [..., 1, rows, length]) is applied to the
@@ -285,7 +292,7 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
             mask = mask.unflatten(-3, (kv_heads, groups))
             mask = mask.expand(*mask.shape[:-3], groups, rows, seen).flatten(-3, -2)
     # In place where the values are the same: fewer passes through memory.
-    every = q @ k.transpose(-2, -1)
+    every = _tiled_scores(q, k, seen) if tiled else q @ k.transpose(-2, -1)
     scores = every[..., :seen].mul_(scale)
     if mask is not None:
         view = scores.unflatten(-2, (groups, rows)) if groups > 1 and shared else scores
@@ -298,34 +305,53 @@ def _attend(q: Any, k: Any, v: Any, mask: Any, scale: float, groups: int, low: A
     top = scores.amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0.0)
     probabilities = scores.sub_(top).exp_()
-    every[..., seen:] = 0.0  # the unseen keys: exp(-inf), what they gave before
-    total = every.sum(-1, keepdim=True)
+    total = every.sum(-1, keepdim=True)  # the unseen keys hold 0, what exp(-inf) gives
     probabilities.copy_(probabilities.to(low))  # rounded as a flash kernel rounds them
-    out = (every @ v).div_(total)
+    out = (_tiled_values(every, v, seen) if tiled else every @ v).div_(total)
     out = torch.where(total > 0, out, 0.0)
     if groups > 1:
         out = out.unflatten(-2, (groups, rows)).flatten(-4, -3)
     return out
 
 
-#: Fewest keys a block's elementwise steps run over when it may see fewer than all, and the
-#: multiple they are rounded up to: every row then runs whole vectors of the CPU's widest
-#: float32 registers (16 lanes, two at a time), as it did over every key.
-MIN_KEYS = 64
+#: Keys per tile of a prefill block's products (:func:`_attend`), at fixed positions (0-63,
+#: 64-127, ...); the keys a block may see are rounded up to whole tiles, so its elementwise
+#: steps also run whole vectors of the CPU's widest float32 registers (16 lanes, two at a time).
+KEY_TILE = 64
+
+
+def _tiled_scores(q: Any, k: Any, seen: int) -> Any:
+    """``q @ k^T`` over the first ``seen`` keys, tile by tile (:data:`KEY_TILE` keys at fixed
+    positions); the other keys' columns hold 0."""
+    every = q.new_zeros(*q.shape[:-1], k.shape[-2])
+    keys = k.transpose(-2, -1)
+    for start in range(0, seen, KEY_TILE):
+        every[..., start : start + KEY_TILE] = q @ keys[..., start : start + KEY_TILE]
+    return every
+
+
+def _tiled_values(probabilities: Any, v: Any, seen: int) -> Any:
+    """``probabilities @ v`` over the first ``seen`` keys: one product per tile of
+    :data:`KEY_TILE` keys at fixed positions, added in key order."""
+    out = probabilities[..., :KEY_TILE] @ v[..., :KEY_TILE, :]
+    for start in range(KEY_TILE, seen, KEY_TILE):
+        end = start + KEY_TILE
+        out += probabilities[..., start:end] @ v[..., start:end, :]
+    return out
 
 
 def _keys_seen(mask: Any, length: int) -> int:
-    """How many leading keys any row of ``mask`` may attend (at least :data:`MIN_KEYS`, a
-    multiple of it, at most ``length``); ``length`` without a mask."""
+    """How many leading keys any row of ``mask`` may attend, rounded up to whole tiles of
+    :data:`KEY_TILE` (at most ``length``); ``length`` without a mask."""
     import torch
 
-    if mask is None or mask.shape[-1] != length or length <= MIN_KEYS:
+    if mask is None or mask.shape[-1] != length or length <= KEY_TILE:
         return length
     allowed = mask if mask.dtype == torch.bool else mask != -math.inf
     columns = allowed.reshape(-1, length).any(0).nonzero()
     if not len(columns):
         return length
-    seen = -(-(int(columns[-1]) + 1) // MIN_KEYS) * MIN_KEYS
+    seen = -(-(int(columns[-1]) + 1) // KEY_TILE) * KEY_TILE
     return min(length, seen)
 
 

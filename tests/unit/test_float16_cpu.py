@@ -378,11 +378,12 @@ def test_a_widened_models_cache_keeps_float16_values_in_float32_with_the_same_lo
     assert ours[0].dtype == torch.float16
 
 
-def test_keys_no_row_of_a_block_sees_skip_the_elementwise_steps_bit_for_bit(monkeypatch) -> None:
-    """A causal prefill's blocks run their elementwise steps only over the keys some row may
-    see (rounded up to MIN_KEYS); the products and sums still run over every key, so the output
-    is the same bit for bit as with every key, for every kind of mask (200 query rows in blocks
-    of MIN_ROWS, float16 and bfloat16, with and without GQA)."""
+def test_key_tiles_no_row_of_a_block_sees_are_skipped_bit_for_bit(monkeypatch) -> None:
+    """A causal prefill's blocks multiply and run their elementwise steps only over the tiles of
+    KEY_TILE keys some row may see; a skipped tile would have added an exact 0 and every tile
+    has the same shape, so the output is the same bit for bit as over every key, for every kind
+    of mask (200 query rows in blocks of MIN_ROWS, float16 and bfloat16, with and without
+    GQA)."""
     from precision_plugin.scoring import float16_cpu
 
     assert float16_cpu._keys_seen(None, 200) == 200
@@ -392,7 +393,8 @@ def test_keys_no_row_of_a_block_sees_skip_the_elementwise_steps_bit_for_bit(monk
     assert float16_cpu._keys_seen(causal[180:], 200) == 200
     additive = torch.zeros(200, 200).masked_fill(~causal, float("-inf"))
     assert float16_cpu._keys_seen(additive[64:80], 200) == 128
-    assert float16_cpu._keys_seen(causal[:40, :50], 50) == 50  # no fewer than MIN_KEYS
+    assert float16_cpu._keys_seen(causal[:40, :50], 50) == 50  # no fewer than one tile
+    assert float16_cpu.KEY_TILE == 64
 
     g = torch.Generator().manual_seed(6)
     q = torch.randn(2, 6, 200, 16, generator=g).half()
@@ -420,9 +422,9 @@ def test_keys_no_row_of_a_block_sees_skip_the_elementwise_steps_bit_for_bit(monk
         keys = (k, v) if gqa else (k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))
         for dtype in (None, torch.bfloat16):
             for case in cases:
-                monkeypatch.setattr(float16_cpu, "MIN_KEYS", 1 << 30)
+                monkeypatch.setattr(float16_cpu, "_keys_seen", lambda mask, length: length)
                 every = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
-                monkeypatch.setattr(float16_cpu, "MIN_KEYS", 64)
+                monkeypatch.setattr(float16_cpu, "_keys_seen", recorded)
                 seen.clear()
                 fewer = float16_cpu.sdpa_float16(q, *keys, **case, enable_gqa=gqa, dtype=dtype)
                 assert torch.equal(fewer, every), (gqa, dtype, list(case))
@@ -430,3 +432,16 @@ def test_keys_no_row_of_a_block_sees_skip_the_elementwise_steps_bit_for_bit(monk
                     "is_causal" in case or case.get("attn_mask") is not cases[-1]["attn_mask"]
                 )
                 assert (min(seen) == 64) == causal_case, (list(case), seen)
+    # The tiles add up to the attention: within the float16 roundings of the independent
+    # float64 reference (200 query rows in blocks of MIN_ROWS, 200 keys in four tiles, 9,600
+    # values): one of the output, one of each probability (a value near 0 is a sum that
+    # cancels, so a probability's rounding is measured against the row's mean |value|).
+    keys, values = (k.repeat_interleave(3, 1).double(), v.repeat_interleave(3, 1).double())
+    out = float16_cpu.sdpa_float16(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
+                                   is_causal=True)  # fmt: skip
+    reference = _flash_reference(q, keys, values, causal, 0.25)
+    s = (q.double() @ keys.transpose(-2, -1) * 0.25).masked_fill(~causal, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    mean_size = (p @ values.abs()) / p.sum(-1, keepdim=True)
+    bound = torch.finfo(torch.float16).eps * (reference.abs() + mean_size)
+    assert ((out.double() - reference).abs() <= bound).all()

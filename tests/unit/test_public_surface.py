@@ -58,7 +58,7 @@ DOCUMENTED: dict[str, list[str]] = {
     "precision_plugin.scoring.float16_cpu": [
         "widen_float16", "widen_float16_linears", "widen_float16_attention",
         "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened", "MIN_ROWS",
-        "MIN_KEYS", "CHUNK_SCORES", "ATTENTION",
+        "KEY_TILE", "CHUNK_SCORES", "ATTENTION",
     ],
     "precision_plugin.scoring.multinomial_cpu": ["Multinomial", "exact_draw"],
     "precision_plugin.scoring.packed_cpu": [
