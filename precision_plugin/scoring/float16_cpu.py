@@ -323,7 +323,8 @@ KEY_TILE = 64
 def _tiled_scores(q: Any, k: Any, seen: int) -> Any:
     """``q @ k^T`` over the first ``seen`` keys, tile by tile (:data:`KEY_TILE` keys at fixed
     positions); the other keys' columns hold 0."""
-    every = q.new_zeros(*q.shape[:-1], k.shape[-2])
+    every = q.new_empty(*q.shape[:-1], k.shape[-2])
+    every[..., seen:] = 0.0  # the tiles cover the first seen keys exactly (whole tiles or all)
     keys = k.transpose(-2, -1)
     for start in range(0, seen, KEY_TILE):
         every[..., start : start + KEY_TILE] = q @ keys[..., start : start + KEY_TILE]
