@@ -433,6 +433,25 @@ def _hf_rollout(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("decode-step")
+def _decode_step(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_decode_step.py``: a rollout decode step's wall time per dtype and
+    row count, the linear products' kernel time and weight rate, the rest, operators per step."""
+    rows = [
+        "| dtype | rows | time per step | products (share) | products read weights at "
+        "| other | operators per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dtype, entry in data["dtypes"].items():
+        for count, cell in entry["rows"].items():
+            rows.append(
+                f"| {dtype} | {count} | {cell['step_ms']:.1f} ms | {cell['products_ms']:.1f} ms "
+                f"({cell['products_share']:.0%}) | {cell['products_gb_s']:.1f} GB/s "
+                f"| {cell['other_ms']:.1f} ms | {cell['operators_per_step']:,.0f} |"
+            )
+    return "\n".join(rows)
+
+
 @view("probe-scale")
 def _probe_scale(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_probe_scale.py``: peak RSS and wall time per case."""

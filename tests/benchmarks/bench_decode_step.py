@@ -1,0 +1,140 @@
+"""Where a rollout decode step's time goes: the probe's HF engine's wall time per step, by dtype
+and by the rows in the batch, and how much of it the linear layers' products take.
+
+    .venv/bin/python -m tests.benchmarks.bench_decode_step --model ./smollm2-135m \
+        [--steps 128] [--rows 1,8] [--threads 1] [--json FILE]
+
+Each dtype gets the probe's own rollout copy (``HFRolloutEngine``: packed, fused products and
+the plugin's attention); prompts of 8 tokens, ``--steps`` tokens each (EOS suppressed), so the
+cache stays short and the step's fixed costs show. Per dtype and row count: the median wall
+time per step of three runs; then one run under ``torch.profiler`` for the kernels' own time
+in the linear products (oneDNN's ``_linear_pointwise``, or ``addmm``/``mm`` where the weights
+are not packed), the rate they read the weights at, and the operators called per step (those
+called from Python, not the ones they call). ``other`` is the rest of the unprofiled step:
+attention, sampling, the elementwise operators and Python. The core's streaming rate
+(``tensor.sum()`` over 512 MB of float32) is measured alongside for comparison. A script, not a
+test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from tests.benchmarks.report import add_json_option, write_json
+
+#: Operators whose self time is a linear layer's product in the rollout copy.
+PRODUCTS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes the linear layers' products read per step: a float16 weight is multiplied widened
+    to float32 (``float16_cpu``), so it counts four bytes per parameter, as float32 does."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            size = 2 if module.weight.dtype == torch.bfloat16 else 4
+            total += module.weight.numel() * size
+    return total
+
+
+def _prompts(rows: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(100, 1000, (rows, 8), generator=generator).tolist()
+
+
+def _profiled(engine: Any, prompts: list[list[int]], steps: int) -> tuple[float, int]:
+    """The products' kernel time (s) and the operators called from Python, over one run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate(prompts, steps, 0, min_new_tokens=steps)
+    events = prof.events()
+    products = sum(e.self_cpu_time_total for e in events if e.name in PRODUCTS) / 1e6
+    top_level = sum(1 for e in events if e.cpu_parent is None and "::" in e.name)
+    return products, top_level
+
+
+def stream_rate() -> float:
+    """GB/s at which one core sums 512 MB of float32 (median of five)."""
+    big = torch.ones(128 * 1024 * 1024)
+    big.sum()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        big.sum()
+        times.append(time.perf_counter() - start)
+    return big.numel() * 4 / statistics.median(times) / 1e9
+
+
+def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[str, Any]:
+    """One dtype's figures for each row count."""
+    from precision_plugin.probe.engine import HFRolloutEngine
+
+    engine = HFRolloutEngine.from_pretrained(model_path, dtype, "cpu")
+    engine.generate(_prompts(max(rows)), 8, 0)  # warm-up; fuses the shared-input layers
+    read = weight_bytes(engine.model)
+    result: dict[str, Any] = {"weight_bytes": read, "rows": {}}
+    for count in rows:
+        prompts = _prompts(count)
+        walls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            engine.generate(prompts, steps, 0, min_new_tokens=steps)
+            walls.append(time.perf_counter() - start)
+        step = statistics.median(walls) / steps
+        products, operators = _profiled(engine, prompts, steps)
+        products /= steps
+        result["rows"][str(count)] = {
+            "step_ms": step * 1e3,
+            "products_ms": products * 1e3,
+            "products_share": products / step,
+            "products_gb_s": read / products / 1e9,
+            "other_ms": (step - products) * 1e3,
+            "operators_per_step": operators / steps,
+        }
+        print(
+            f"{dtype:<9} {count} rows  {step * 1e3:6.1f} ms/step  products "
+            f"{products * 1e3:5.1f} ms ({read / products / 1e9:4.1f} GB/s)  other "
+            f"{(step - products) * 1e3:5.1f} ms  {operators / steps:,.0f} operators/step",
+            flush=True,
+        )
+    engine.close()
+    return result
+
+
+def main() -> dict[str, Any]:
+    """Measure, print a line per dtype and row count (``--json FILE``: also write them)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True, help="local HF checkpoint folder")
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--rows", default="1,8", help="comma list of batch row counts")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_json_option(parser)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    rows = [int(r) for r in options.rows.split(",")]
+    result: dict[str, Any] = {
+        "settings": {
+            "model": options.model,
+            "steps": options.steps,
+            "rows": rows,
+            "threads": options.threads,
+            "prompt_tokens": 8,
+        },
+        "stream_gb_s": stream_rate(),
+        "dtypes": {dtype: measure(options.model, dtype, rows, options.steps) for dtype in DTYPES},
+    }
+    print(f"one core sums float32 at {result['stream_gb_s']:.1f} GB/s")
+    write_json(options.json, result, "tests.benchmarks.bench_decode_step")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The decode-step benchmark's byte count (``tests/benchmarks/bench_decode_step.py``): what its
+published weight rate divides by."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("float32", 4), ("float16", 4), ("bfloat16", 2)])
+def test_weight_bytes_counts_every_linear_weight_at_the_width_its_product_reads(
+    dtype: str, width: int
+) -> None:
+    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin.probe.tiny_model import DEFAULT_CONFIG, build_default_model
+    from tests.benchmarks.bench_decode_step import weight_bytes
+
+    model, tokenizer = build_default_model()
+    engine = HFRolloutEngine(model, dtype, "cpu")
+    hidden = DEFAULT_CONFIG["hidden_size"]
+    inner = DEFAULT_CONFIG["intermediate_size"]
+    heads = DEFAULT_CONFIG["num_attention_heads"]
+    kv_heads = DEFAULT_CONFIG.get("num_key_value_heads", heads)
+    head_dim = hidden // heads
+    per_layer = (
+        hidden * heads * head_dim  # q
+        + 2 * hidden * kv_heads * head_dim  # k, v
+        + heads * head_dim * hidden  # o
+        + 3 * hidden * inner  # gate, up, down
+    )
+    parameters = DEFAULT_CONFIG["num_hidden_layers"] * per_layer + len(tokenizer) * hidden
+    # float16 products multiply the widened float32 weight (float16_cpu): four bytes each.
+    assert weight_bytes(engine.model) == parameters * width
