@@ -44,9 +44,11 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
-def _prompts(rows: int) -> list[list[int]]:
+def _prompts(rows: int, vocab: int) -> list[list[int]]:
+    """``rows`` prompts of 8 seeded token ids, from 100 to 999 where the vocabulary has them."""
+    high = min(1000, vocab)
     generator = torch.Generator().manual_seed(0)
-    return torch.randint(100, 1000, (rows, 8), generator=generator).tolist()
+    return torch.randint(min(100, high // 2), high, (rows, 8), generator=generator).tolist()
 
 
 def _profiled(engine: Any, prompts: list[list[int]], steps: int) -> tuple[float, int]:
@@ -78,11 +80,12 @@ def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[st
     from precision_plugin.probe.engine import HFRolloutEngine
 
     engine = HFRolloutEngine.from_pretrained(model_path, dtype, "cpu")
-    engine.generate(_prompts(max(rows)), 8, 0)  # warm-up; fuses the shared-input layers
+    vocab = engine.model.config.vocab_size
+    engine.generate(_prompts(max(rows), vocab), 8, 0)  # warm-up; fuses the shared-input layers
     read = weight_bytes(engine.model)
     result: dict[str, Any] = {"weight_bytes": read, "rows": {}}
     for count in rows:
-        prompts = _prompts(count)
+        prompts = _prompts(count, vocab)
         walls = []
         for _ in range(3):
             start = time.perf_counter()

@@ -142,6 +142,12 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "exactly in tests/unit/test_buffers.py and against vLLM's cos/sin cache in "
         "tests/contract/test_vllm_contract.py"
     ),
+    ".venv/bin/python -m tests.benchmarks.bench_decode_step --model ./smollm2-135m --steps 128 "
+    "--json docs/results/bench-decode-step.json": Elsewhere(
+        "twelve SmolLM2 decode runs of 128 steps: about 4 minutes on 2 CPU cores, and as written "
+        "it rewrites a published results file; tests/unit/test_bench_decode_step.py runs its "
+        "measure() on the embedded model and tests/unit/test_published_figures.py checks the file"
+    ),
     # docs/benchmarks.md: the probe's speed against an earlier tree
     "mkdir -p /tmp/base && git archive f38df7f | tar -x -C /tmp/base": Elsewhere(
         "prepares the earlier tree for the benchmark below (a git checkout; CI's clone may be "

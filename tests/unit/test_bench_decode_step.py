@@ -32,3 +32,19 @@ def test_weight_bytes_counts_every_linear_weight_at_the_width_its_product_reads(
     parameters = DEFAULT_CONFIG["num_hidden_layers"] * per_layer + len(tokenizer) * hidden
     # float16 products multiply the widened float32 weight (float16_cpu): four bytes each.
     assert weight_bytes(engine.model) == parameters * width
+
+
+def test_measure_finds_the_products_in_the_profile(tmp_path: object) -> None:
+    """A short run on the embedded model: the profiler's product operators are found (a step
+    with no product time would publish an infinite rate), and the step splits into them and
+    the rest."""
+    from precision_plugin.probe.tiny_model import save_default_model
+    from tests.benchmarks.bench_decode_step import measure
+
+    path = save_default_model(tmp_path / "tiny")  # type: ignore[operator]
+    result = measure(str(path), "bfloat16", [1, 2], steps=4)
+    assert set(result["rows"]) == {"1", "2"}
+    for cell in result["rows"].values():
+        assert 0 < cell["products_ms"] < cell["step_ms"]
+        assert cell["other_ms"] == pytest.approx(cell["step_ms"] - cell["products_ms"])
+        assert cell["operators_per_step"] > 0
