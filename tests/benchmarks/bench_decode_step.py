@@ -1,8 +1,10 @@
 """Where a rollout decode step's time goes: the probe's HF engine's wall time per step, by dtype
 and by the rows in the batch, and how much of it the linear layers' products take.
 
-    .venv/bin/python -m tests.benchmarks.bench_decode_step --model ./smollm2-135m \
+    .venv/bin/python -m tests.benchmarks.bench_decode_step [--model ./smollm2-135m] \
         [--steps 128] [--rows 1,8] [--threads 1] [--json FILE]
+
+Without ``--model`` it measures the probe's embedded model.
 
 Each dtype gets the probe's own rollout copy (``HFRolloutEngine``: packed, fused products and
 the plugin's attention); prompts of 8 tokens, ``--steps`` tokens each (EOS suppressed), so the
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -112,28 +116,68 @@ def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[st
     return result
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def row_counts(text: str) -> list[int]:
+    """An argparse type: a comma list of row counts, each at least 1 (``1,8``)."""
+    try:
+        return [positive(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of whole numbers of at least 1 (e.g. 1,8), got {text!r}"
+        ) from None
+
+
+def checkpoint(text: str) -> str:
+    """An argparse type: a local HF checkpoint folder (the probe's own check)."""
+    from precision_plugin.errors import PrecisionConfigError
+    from precision_plugin.probe.inputs import check_model_dir
+
+    try:
+        return str(check_model_dir(text))
+    except PrecisionConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main() -> dict[str, Any]:
     """Measure, print a line per dtype and row count (``--json FILE``: also write them)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True, help="local HF checkpoint folder")
-    parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--rows", default="1,8", help="comma list of batch row counts")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--model", type=checkpoint, help="local HF checkpoint folder (default: the embedded model)"
+    )
+    parser.add_argument("--steps", type=positive, default=128)
+    parser.add_argument("--rows", type=row_counts, default="1,8", help="batch row counts")
+    parser.add_argument("--threads", type=positive, default=1, help="torch threads")
     add_json_option(parser)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    rows = [int(r) for r in options.rows.split(",")]
-    result: dict[str, Any] = {
-        "settings": {
-            "model": options.model,
-            "steps": options.steps,
-            "rows": rows,
-            "threads": options.threads,
-            "prompt_tokens": 8,
-        },
-        "stream_gb_s": stream_rate(),
-        "dtypes": {dtype: measure(options.model, dtype, rows, options.steps) for dtype in DTYPES},
-    }
+    rows = options.rows
+    with tempfile.TemporaryDirectory() as scratch:
+        model = options.model
+        if model is None:
+            from precision_plugin.probe.tiny_model import save_default_model
+
+            model = str(save_default_model(Path(scratch) / "embedded"))
+        result: dict[str, Any] = {
+            "settings": {
+                "model": options.model or "embedded",
+                "steps": options.steps,
+                "rows": rows,
+                "threads": options.threads,
+                "prompt_tokens": 8,
+            },
+            "stream_gb_s": stream_rate(),
+            "dtypes": {dtype: measure(model, dtype, rows, options.steps) for dtype in DTYPES},
+        }
     print(f"one core sums float32 at {result['stream_gb_s']:.1f} GB/s")
     write_json(options.json, result, "tests.benchmarks.bench_decode_step")
     return result

@@ -48,3 +48,27 @@ def test_measure_finds_the_products_in_the_profile(tmp_path: object) -> None:
         assert 0 < cell["products_ms"] < cell["step_ms"]
         assert cell["other_ms"] == pytest.approx(cell["step_ms"] - cell["products_ms"])
         assert cell["operators_per_step"] > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--steps", "0", "--steps: expected a whole number of at least 1, got '0'"),
+        ("--threads", "two", "--threads: expected a whole number of at least 1, got 'two'"),
+        ("--rows", "1,x", "--rows: expected a comma list of whole numbers of at least 1"),
+        ("--rows", "8,0", "--rows: expected a comma list of whole numbers of at least 1"),
+        ("--model", "/no/such/folder", "--model: model: '/no/such/folder' does not exist"),
+    ],
+)
+def test_bad_options_stop_with_one_line_naming_the_option(
+    option: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: object
+) -> None:
+    from tests.benchmarks import bench_decode_step
+
+    monkeypatch.setattr("sys.argv", ["bench_decode_step", option, value])
+    with pytest.raises(SystemExit) as stop:
+        bench_decode_step.main()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert message in err
+    assert "Traceback" not in err
