@@ -324,3 +324,47 @@ def test_attribution_options_without_attribute_are_refused_not_ignored(
     err = capsys.readouterr().err
     assert f"{option}: " in err and "without --attribute; add --attribute" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_rollout_samples_stop_each_prompt_at_its_budget_with_the_same_tokens(dtype: str) -> None:
+    """The attribution's own rollout (``--rollout`` settings) lets a prompt leave the batch at
+    its budget, as the probe's rollout does, instead of decoding every prompt to the longest
+    length: each sample is, bit for bit, the full-length decode cut to its budget. 4 prompts,
+    budgets 3-40 tokens, top-p 0.9 with processed log-probs and an fp8 KV cache, the embedded
+    test Llama. One thread: with more, PyTorch's float32 flash attention splits its work by
+    batch x heads, so a row's last bits depend on how many rows share the batch (what the
+    ``batch`` cause measures), and a row left alone would differ from the full batch's."""
+    from unittest import mock
+
+    import torch
+
+    from precision_plugin.probe.attribution import measure
+    from precision_plugin.probe.attribution.settings import parse_rollout
+    from precision_plugin.probe.engine import HFRolloutEngine
+
+    model = llama()
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
+    budgets = [40, 10, 25, 3]
+    settings = parse_rollout("top_p=0.9,logprobs_mode=processed_logprobs,kv_cache_dtype=fp8_e4m3")
+    options = {"max_new_tokens": 40, "min_new_tokens": 40, "seed": 3}
+    decoded: list[int] = []
+    generate = HFRolloutEngine.generate
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        samples = generate(self, *args, **kwargs)
+        decoded.append(sum(len(s.completion_ids) for s in samples))
+        return samples
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with mock.patch.object(HFRolloutEngine, "generate", counted):
+            cut = measure.rollout_samples(model, prompts, budgets, dtype, settings, **options)
+        full = measure.rollout_samples(model, prompts, [40] * 4, dtype, settings, **options)
+    finally:
+        torch.set_num_threads(threads)
+    assert decoded == [sum(budgets)]  # each prompt's own budget, no more
+    for alone, whole, budget in zip(cut, full, budgets, strict=True):
+        assert alone.completion_ids == whole.completion_ids[:budget]
+        assert alone.logprobs == whole.logprobs[:budget]

@@ -129,7 +129,9 @@ def rollout_samples(
     min_new_tokens: int,
     seed: int,
 ) -> list[RolloutSample]:
-    """Sample with the HF engine running ``settings`` (all prompts in one batch, KV cache)."""
+    """Sample with the HF engine running ``settings`` (all prompts in one batch, KV cache);
+    prompt ``i`` stops at ``budgets[i]`` tokens and leaves the batch, as in the probe's own
+    rollout, rather than decoding to ``max_new_tokens`` and being cut afterwards."""
     from precision_plugin.probe.engine import HFRolloutEngine
 
     device = str(next(master.parameters()).device)
@@ -142,6 +144,7 @@ def rollout_samples(
             seed,
             sampling=settings.sampling(),
             min_new_tokens=min_new_tokens,
+            budgets=list(budgets),
         )
     finally:
         engine.close()
