@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from precision_plugin.cli.argtypes import positive_int
 from tests.benchmarks.report import add_json_option, write_json
 
 #: Operators whose self time is a linear layer's product in the rollout copy.
@@ -98,7 +99,7 @@ def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[st
         step = statistics.median(walls) / steps
         products, operators = _profiled(engine, prompts, steps)
         products /= steps
-        result["rows"][str(count)] = {
+        cell = {
             "step_ms": step * 1e3,
             "products_ms": products * 1e3,
             "products_share": products / step,
@@ -106,31 +107,21 @@ def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[st
             "other_ms": (step - products) * 1e3,
             "operators_per_step": operators / steps,
         }
+        result["rows"][str(count)] = cell
         print(
-            f"{dtype:<9} {count} rows  {step * 1e3:6.1f} ms/step  products "
-            f"{products * 1e3:5.1f} ms ({read / products / 1e9:4.1f} GB/s)  other "
-            f"{(step - products) * 1e3:5.1f} ms  {operators / steps:,.0f} operators/step",
+            f"{dtype:<9} {count} rows  {cell['step_ms']:6.1f} ms/step  products "
+            f"{cell['products_ms']:5.1f} ms ({cell['products_gb_s']:4.1f} GB/s)  other "
+            f"{cell['other_ms']:5.1f} ms  {cell['operators_per_step']:,.0f} operators/step",
             flush=True,
         )
     engine.close()
     return result
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
-
-
 def row_counts(text: str) -> list[int]:
     """An argparse type: a comma list of row counts, each at least 1 (``1,8``)."""
     try:
-        return [positive(part) for part in text.split(",")]
+        return [positive_int(part) for part in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expected a comma list of whole numbers of at least 1 (e.g. 1,8), got {text!r}"
@@ -154,9 +145,9 @@ def main() -> dict[str, Any]:
     parser.add_argument(
         "--model", type=checkpoint, help="local HF checkpoint folder (default: the embedded model)"
     )
-    parser.add_argument("--steps", type=positive, default=128)
+    parser.add_argument("--steps", type=positive_int, default=128)
     parser.add_argument("--rows", type=row_counts, default="1,8", help="batch row counts")
-    parser.add_argument("--threads", type=positive, default=1, help="torch threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     add_json_option(parser)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)

@@ -53,8 +53,8 @@ def test_measure_finds_the_products_in_the_profile(tmp_path: object) -> None:
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--steps", "0", "--steps: expected a whole number of at least 1, got '0'"),
-        ("--threads", "two", "--threads: expected a whole number of at least 1, got 'two'"),
+        ("--steps", "0", "--steps: '0' is not a positive integer; pass a number >= 1"),
+        ("--threads", "two", "--threads: 'two' is not a positive integer; pass a number >= 1"),
         ("--rows", "1,x", "--rows: expected a comma list of whole numbers of at least 1"),
         ("--rows", "8,0", "--rows: expected a comma list of whole numbers of at least 1"),
         ("--model", "/no/such/folder", "--model: model: '/no/such/folder' does not exist"),

@@ -148,10 +148,7 @@ def rollout_samples(
         )
     finally:
         engine.close()
-    return [
-        RolloutSample(s.prompt_ids, s.completion_ids[:b], s.logprobs[:b], s.meta)
-        for s, b in zip(samples, budgets, strict=True)
-    ]
+    return samples
 
 
 def _flip_share(base: list[Any], other: list[Any]) -> float:
