@@ -105,6 +105,24 @@ def fake_quantize(x: Any, fmt: str) -> Any:
     return x.clamp(-top, top).to(f8).to(x.dtype)
 
 
+def quantized_entries(key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+    """``key`` and ``value`` (``[..., positions, head_dim]``, the cache's filled part) with
+    every entry rounded to ``fmt``, as an fp8 KV cache stores them.
+
+    Rounding is idempotent (every float8 value is exact in float16, bfloat16 and float32), so
+    entries rounded when they entered the cache need no second rounding: outside autograd only
+    the ``new`` last positions are rounded, in place, into the cache itself, and a decode step
+    costs one position per layer instead of the whole cache (same values bit for bit:
+    ``tests/unit/test_attribution.py``). Tensors that record gradients are rounded whole,
+    into new tensors."""
+    if key.requires_grad or value.requires_grad:
+        return fake_quantize(key, fmt), fake_quantize(value, fmt)
+    new = min(new, key.shape[-2])
+    for t in (key, value):
+        t[..., -new:, :] = fake_quantize(t[..., -new:, :], fmt)
+    return key, value
+
+
 def quantized_kv_cache(model: Any, fmt: str) -> str:
     """Make ``model``'s attention see keys and values rounded to ``fmt``; returns the name of
     the attention implementation registered for it."""
@@ -123,9 +141,8 @@ def quantized_kv_cache(model: Any, fmt: str) -> str:
             wrapped = ALL_ATTENTION_FUNCTIONS[inner]
 
         def attention(module: Any, query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> Any:
-            return wrapped(
-                module, query, fake_quantize(key, fmt), fake_quantize(value, fmt), *args, **kw
-            )
+            key, value = quantized_entries(key, value, query.shape[-2], fmt)
+            return wrapped(module, query, key, value, *args, **kw)
 
         AttentionInterface.register(name, attention)
         # The mask is built per implementation: the same as the wrapped one's (else none is).
