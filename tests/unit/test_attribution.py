@@ -169,7 +169,24 @@ def test_probe_attribute_with_rollout_settings_writes_the_section(
         assert data["consequence"]["advice"].startswith(f"do: change {setting} first")
     else:
         assert decision["change_first"] == "" and decision["decided_by"] != "attribution"
-    printed = " ".join(capsys.readouterr().out.split())
+    captured = capsys.readouterr()
+    printed = " ".join(captured.out.split())
+    # The progress names each pass while the attribution runs: its own rollouts, the one Adam
+    # step, then each dtype's causes in the order they are measured.
+    phases = [
+        line.split("] ", 1)[1].rsplit(" ", 1)[0]
+        for line in captured.err.splitlines()
+        if "attribution" in line and "] " in line
+    ]
+    assert phases == [
+        "float32: attribution: rollout with the --rollout settings",
+        "bfloat16: attribution: rollout with the --rollout settings",
+        "attribution: one Adam step for stale_weights (lr 1e-06)",
+        *[f"{dtype}: attribution{cause}" for dtype in ("float32", "bfloat16") for cause in (
+            "", ": trainer side", ": dtype", ": batch", ": decode", ": sampling",
+            *((": lm_head", ": rope") if dtype == "bfloat16" else ()), ": kv_cache",
+            ": stale_weights")],
+    ]  # fmt: skip
     assert "why it is still off" in printed and "change first" in printed
     assert f"(decided by {decision['decided_by']})" in printed
     assert printed.count("do: ") == 1
@@ -368,3 +385,50 @@ def test_rollout_samples_stop_each_prompt_at_its_budget_with_the_same_tokens(dty
     for alone, whole, budget in zip(cut, full, budgets, strict=True):
         assert alone.completion_ids == whole.completion_ids[:budget]
         assert alone.logprobs == whole.logprobs[:budget]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv"),
+    [("float32", "fp8_e4m3"), ("float16", "fp8_e4m3"), ("bfloat16", "fp8_e4m3"),
+     ("float16", "fp8_e5m2")],
+)  # fmt: skip
+def test_fp8_kv_cache_rounds_each_entry_once_with_the_same_samples(dtype: str, kv: str) -> None:
+    """The fp8 KV cache's rounding is idempotent, so each key and value is rounded once, when
+    it enters the cache (the prompt's positions in the prefill, then one position per decode
+    step), not the whole cache at every step: the samples are, bit for bit, those of rounding
+    the whole cache each step. 3 prompts, 12 tokens each, the embedded test Llama, one thread."""
+    from unittest import mock
+
+    import torch
+
+    from precision_plugin.probe.attribution import measure, variants
+    from precision_plugin.probe.attribution.settings import parse_rollout
+
+    model = llama()
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
+    settings = parse_rollout(f"top_p=0.9,kv_cache_dtype={kv}")
+    options = {"max_new_tokens": 12, "min_new_tokens": 12, "seed": 1}
+    lengths: list[int] = []
+    quantize = variants.fake_quantize
+
+    def counted(x: Any, fmt: str) -> Any:
+        lengths.append(x.shape[-2])
+        return quantize(x, fmt)
+
+    def whole(key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+        return quantize(key, fmt), quantize(value, fmt)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with mock.patch.object(variants, "fake_quantize", counted):
+            once = measure.rollout_samples(model, prompts, [12] * 3, dtype, settings, **options)
+        with mock.patch.object(variants, "quantized_entries", whole):
+            every = measure.rollout_samples(model, prompts, [12] * 3, dtype, settings, **options)
+    finally:
+        torch.set_num_threads(threads)
+    # the prompts' 4 (left-padded) positions once, then 1 per decode step: 2 calls per layer
+    assert sorted(set(lengths)) == [1, 4]
+    assert len(lengths) == 2 * model.config.num_hidden_layers * 12
+    assert [s.completion_ids for s in once] == [s.completion_ids for s in every]
+    assert [s.logprobs for s in once] == [s.logprobs for s in every]

@@ -174,6 +174,7 @@ def attribute_dtype(
     recorded_decode: bool = False,
     stale: dict[str, Any] | None = None,
     trainer: Sequence[Sequence[float]] | None = None,
+    phase: Callable[[str], None] | None = None,
 ) -> DtypeAttribution:
     """Attribute ``samples``' mismatch (rollout ``dtype`` with ``settings``) to its causes.
 
@@ -187,8 +188,11 @@ def attribute_dtype(
     dict); ``None`` takes that step here, on ``samples``. ``trainer``: the trainer's log-probs
     of ``samples`` already computed the way ``pi`` is (the probe's own trainer forward with the
     default rollout settings: the same scorer, bit for bit); ``None`` scores them here.
+    ``phase``: called with ``"<dtype>: attribution: <cause>"`` before each cause's pass (the
+    probe's progress line).
     """
     started = time.perf_counter()
+    announce = phase if phase is not None else (lambda what: None)
     seqs = sequences_of(samples)
     mu = [list(s.logprobs) for s in samples]
     vocab = int(master.get_output_embeddings().out_features)
@@ -208,7 +212,9 @@ def attribute_dtype(
                 f"trainer log-probs of these same samples, or trainer=None to score them here."
             )
     else:
+        announce(f"{dtype}: attribution: trainer side")
         pi = HFScorer(master, autocast=dtype, transform=train_t).score(seqs)
+    announce(f"{dtype}: attribution: dtype")
     base_model = apply_switches(_copy(master, dtype), master, dtype)
     base_scorer = HFScorer(base_model, transform=train_t)
     moe = bool(routers(master))
@@ -240,6 +246,7 @@ def attribute_dtype(
     n = len(seqs)
     prefill_n = base
     if n > 1:
+        announce(f"{dtype}: attribution: batch")
         batched = HFScorer(base_model, batch_size=n, transform=train_t)
         with trainer_kernels():
             rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
@@ -248,11 +255,13 @@ def attribute_dtype(
     if recorded_decode and settings == RolloutSettings():
         decoded = mu
     else:
+        announce(f"{dtype}: attribution: decode")
         decoded = HFScorer(base_model, incremental=True, batch_size=n, transform=train_t).score(
             seqs
         )
     add("decode", decoded, prefill_n, True)
     if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
+        announce(f"{dtype}: attribution: sampling")
         with trainer_kernels():
             processed = HFScorer(base_model, transform=engine_t).score(seqs)
         add("sampling", processed, base, True)
@@ -267,6 +276,8 @@ def attribute_dtype(
     for cause, key, hypothetical, what in plan:
         if cause == "router" and not moe:
             continue
+        if switched[key] is not None or (what_if and hypothetical is not None):
+            announce(f"{dtype}: attribution: {cause}")
         if switched[key] is not None:
             scores, flips = variant(**{key: switched[key]})
             add(cause, scores, base, True, flips=flips)
@@ -274,6 +285,7 @@ def attribute_dtype(
             scores, flips = variant(**{key: hypothetical})
             add(cause, scores, base, False, what, flips)
     if learning_rate is not None:
+        announce(f"{dtype}: attribution: stale_weights")
         weights = stale if stale is not None else stepped_weights(master, seqs, learning_rate, seed)
         with trainer_kernels():
             stale = HFScorer(apply_switches(_copy(master, dtype, weights), master, dtype),
@@ -366,16 +378,19 @@ def attribute(
     tick: Callable[[str], None] | None = None,
     recorded_decode: bool = False,
     trainer: dict[str, Sequence[Sequence[float]]] | None = None,
+    phase: Callable[[str], None] | None = None,
 ) -> AttributionReport:
     """[`attribute_dtype`][precision_plugin.probe.attribution.measure.attribute_dtype] for each
     dtype (``recorded_decode`` and ``trainer``, per dtype, as there), and the first setting to
     change. The stale-weights step is taken once, on the first dtype's samples, and shared by
-    every dtype."""
+    every dtype. ``tick`` is called once per dtype, ``phase`` before each pass within one."""
     started = time.perf_counter()
     report = AttributionReport(settings, learning_rate)
     stale = None
     for dtype, samples in samples_by_dtype.items():
         if stale is None:
+            if phase is not None:
+                phase(f"attribution: one Adam step for stale_weights (lr {learning_rate:g})")
             stale = stepped_weights(master, sequences_of(samples), learning_rate, seed)
         if tick is not None:
             tick(f"{dtype}: attribution")
@@ -383,7 +398,7 @@ def attribute(
             master, samples, dtype, settings,
             min_new_tokens=min_new_tokens, learning_rate=learning_rate, seed=seed,
             recorded_decode=recorded_decode, stale=stale,
-            trainer=None if trainer is None else trainer.get(dtype),
+            trainer=None if trainer is None else trainer.get(dtype), phase=phase,
         )  # fmt: skip
     report.first = first_change(
         {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}

@@ -40,6 +40,8 @@ def attribute_probe(
     for dtype, result in results.items():
         if not result.samples:
             continue
+        if not reuse:
+            tick(f"{dtype}: attribution: rollout with the --rollout settings", 0)
         samples[dtype] = (
             result.samples
             if reuse
@@ -58,6 +60,7 @@ def attribute_probe(
         learning_rate=wanted.learning_rate,
         seed=config.seed,
         tick=lambda what: tick(what, 1),
+        phase=lambda what: tick(what, 0),
         recorded_decode=reuse,
         # the probe's trainer forward scored these very samples as the attribution's trainer
         # side does (default settings): its log-probs are reused, not computed again
