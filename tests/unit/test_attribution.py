@@ -415,7 +415,7 @@ def test_fp8_kv_cache_rounds_each_entry_once_with_the_same_samples(dtype: str, k
         lengths.append(x.shape[-2])
         return quantize(x, fmt)
 
-    def whole(key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+    def whole(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
         return quantize(key, fmt), quantize(value, fmt)
 
     threads = torch.get_num_threads()
@@ -432,3 +432,56 @@ def test_fp8_kv_cache_rounds_each_entry_once_with_the_same_samples(dtype: str, k
     assert len(lengths) == 2 * model.config.num_hidden_layers * 12
     assert [s.completion_ids for s in once] == [s.completion_ids for s in every]
     assert [s.logprobs for s in once] == [s.logprobs for s in every]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "sliding window", "static"])
+def test_fp8_kv_cache_on_caches_that_do_not_append_in_place_rounds_them_whole(cache: str) -> None:
+    """transformers' own caches are not memory the last call rounded, now longer by the new
+    positions (``DynamicCache`` copies on append; a sliding-window layer keeps only a window;
+    ``StaticCache`` hands attention its whole buffer, the new positions written where they
+    belong, not last), so each call rounds what attention sees whole: the logits of a prompt
+    and 6 decode steps equal, bit for bit, those of rounding everything at every call. A tiny
+    2-layer Mistral (window 3 for the sliding case, 16 positions for the static one), float32."""
+    import inspect
+    from unittest import mock
+
+    import torch
+    from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
+
+    from precision_plugin.probe.attribution import variants
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        initializer_range=0.2, sliding_window=3 if cache == "sliding window" else None,
+    )  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    variants.quantized_kv_cache(model, "float8_e4m3fn")
+
+    # transformers >= 5.2x names the KV cache ``cache`` (``past_key_values`` is deprecated).
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def decode() -> list[Any]:
+        past = (
+            StaticCache(config=config, max_cache_len=16)
+            if cache == "static"
+            else DynamicCache(config=config)
+        )
+        ids = torch.tensor([[5, 9, 11, 2]])
+        logits = []
+        with torch.inference_mode():
+            for _ in range(7):
+                out = model(input_ids=ids, use_cache=True, **{name: past})
+                logits.append(out.logits[:, -1])
+                ids = out.logits[:, -1:].argmax(-1)
+        return logits
+
+    def whole(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+        return variants.fake_quantize(key, fmt), variants.fake_quantize(value, fmt)
+
+    once = decode()
+    with mock.patch.object(variants, "quantized_entries", whole):
+        every = decode()
+    for a, b in zip(once, every, strict=True):
+        assert torch.equal(a, b)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -105,21 +106,38 @@ def fake_quantize(x: Any, fmt: str) -> Any:
     return x.clamp(-top, top).to(f8).to(x.dtype)
 
 
-def quantized_entries(key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
-    """``key`` and ``value`` (``[..., positions, head_dim]``, the cache's filled part) with
-    every entry rounded to ``fmt``, as an fp8 KV cache stores them.
+#: Per attention module: the cache memory its last call rounded (key and value addresses,
+#: strides and leading shape) and how many positions of it.
+_ROUNDED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def quantized_entries(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+    """``key`` and ``value`` (``[..., positions, head_dim]``, the cache's filled part, seen by
+    ``module``'s attention with ``new`` new positions last) with every entry rounded to ``fmt``,
+    as an fp8 KV cache stores them.
 
     Rounding is idempotent (every float8 value is exact in float16, bfloat16 and float32), so
-    entries rounded when they entered the cache need no second rounding: outside autograd only
-    the ``new`` last positions are rounded, in place, into the cache itself, and a decode step
-    costs one position per layer instead of the whole cache (same values bit for bit:
-    ``tests/unit/test_attribution.py``). Tensors that record gradients are rounded whole,
+    outside autograd the entries are rounded in place, into the cache itself, and an entry
+    rounded once is not rounded again: when ``key`` and ``value`` are the same memory this
+    module's last call rounded, now exactly ``new`` positions longer (a cache that appends in
+    place, as the probe's preallocated one does), only those positions are rounded, so a decode
+    step costs one position per layer instead of the whole cache. Any other cache (one that
+    copies on append, keeps a sliding window, or was reallocated) is rounded whole, which is
+    correct for any layout. The same values bit for bit as rounding the whole cache at every
+    call (``tests/unit/test_attribution.py``). Tensors that record gradients are rounded whole,
     into new tensors."""
     if key.requires_grad or value.requires_grad:
         return fake_quantize(key, fmt), fake_quantize(value, fmt)
-    new = min(new, key.shape[-2])
+    length = key.shape[-2]
+    new = min(new, length)
+    memory = (key.data_ptr(), value.data_ptr(), key.stride(), value.stride(), key.shape[:-2])
+    last = _ROUNDED.get(module)
+    start = length - new if last is not None and last == (memory, length - new) else 0
     for t in (key, value):
-        t[..., -new:, :] = fake_quantize(t[..., -new:, :], fmt)
+        t[..., start:, :] = fake_quantize(t[..., start:, :], fmt)
+    _ROUNDED[module] = (memory, length)
     return key, value
 
 
@@ -141,7 +159,7 @@ def quantized_kv_cache(model: Any, fmt: str) -> str:
             wrapped = ALL_ATTENTION_FUNCTIONS[inner]
 
         def attention(module: Any, query: Any, key: Any, value: Any, *args: Any, **kw: Any) -> Any:
-            key, value = quantized_entries(key, value, query.shape[-2], fmt)
+            key, value = quantized_entries(module, key, value, query.shape[-2], fmt)
             return wrapped(module, query, key, value, *args, **kw)
 
         AttentionInterface.register(name, attention)
