@@ -108,9 +108,7 @@ def fake_quantize(x: Any, fmt: str) -> Any:
 
 #: Per attention module: the cache memory its last call rounded (key and value addresses,
 #: strides and leading shape) and how many positions of it.
-_ROUNDED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], int]] = (
-    weakref.WeakKeyDictionary()
-)
+_ROUNDED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()
 
 
 def quantized_entries(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
