@@ -452,6 +452,22 @@ def _decode_step(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+@view("kv-rounding")
+def _kv_rounding(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_kv_rounding.py``: the attribution's own rollout with no fp8 KV
+    cache, with each entry rounded once, and with the whole cache rounded every step."""
+    settings = data["settings"]
+    rows = ["| fp8 KV cache | rollout wall time |", "|---|---|"]
+    rows += [f"| {name} | {seconds:,.1f} s |" for name, seconds in data["seconds"].items()]
+    rows.append("")
+    rows.append(
+        f"{settings['prompts']} prompts x {settings['tokens']:,} tokens, {settings['dtype']}, "
+        f"{settings['threads']} thread(s). The two fp8 variants sampled the same tokens and "
+        f"log-probs: {'yes' if data['same_samples'] else 'no'}."
+    )
+    return "\n".join(rows)
+
+
 @view("probe-scale")
 def _probe_scale(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_probe_scale.py``: peak RSS and wall time per case."""

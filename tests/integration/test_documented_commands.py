@@ -148,6 +148,14 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "it rewrites a published results file; tests/unit/test_bench_decode_step.py runs its "
         "measure() on the embedded model and tests/unit/test_published_figures.py checks the file"
     ),
+    # docs/attribution.md: what the fp8 KV cache's emulation costs
+    ".venv/bin/python -m tests.benchmarks.bench_kv_rounding --model ./smollm2-135m --tokens 256 "
+    "--json docs/results/bench-kv-rounding.json": Elsewhere(
+        "three SmolLM2 rollouts of 8 x 256 tokens: about 2 minutes on 2 CPU cores, and as "
+        "written it rewrites a published results file; tests/unit/test_bench_kv_rounding.py runs "
+        "its measure() on the embedded model and tests/unit/test_attribution.py pins the equal "
+        "samples"
+    ),
     # docs/benchmarks.md: the probe's speed against an earlier tree
     "mkdir -p /tmp/base && git archive f38df7f | tar -x -C /tmp/base": Elsewhere(
         "prepares the earlier tree for the benchmark below (a git checkout; CI's clone may be "
