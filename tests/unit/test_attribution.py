@@ -485,3 +485,20 @@ def test_fp8_kv_cache_on_caches_that_do_not_append_in_place_rounds_them_whole(ca
         every = decode()
     for a, b in zip(once, every, strict=True):
         assert torch.equal(a, b)
+
+
+def test_fp8_kv_rounding_of_expanded_keys_returns_new_tensors() -> None:
+    """Keys and values that are an expanded view (one memory location for several elements,
+    as a cache sharing them across heads could hand over) cannot be rounded in place: they are
+    rounded into new tensors, the inputs untouched. Pinned values: 0.3 -> 0.3125 in e4m3."""
+    import torch
+
+    from precision_plugin.probe.attribution.variants import quantized_entries
+
+    key = torch.full((1, 1, 1, 4), 0.3).expand(1, 2, 3, 4)
+    value = torch.full((1, 2, 3, 4), 0.3)
+    module = torch.nn.Identity()
+    got_key, got_value = quantized_entries(module, key, value, 1, "float8_e4m3fn")
+    assert torch.equal(got_key, torch.full((1, 2, 3, 4), 0.3125))
+    assert torch.equal(got_value, torch.full((1, 2, 3, 4), 0.3125))
+    assert torch.equal(key, torch.full((1, 2, 3, 4), 0.3))  # the input is left as it was

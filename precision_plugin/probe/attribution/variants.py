@@ -111,6 +111,11 @@ def fake_quantize(x: Any, fmt: str) -> Any:
 _ROUNDED: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], int]] = weakref.WeakKeyDictionary()
 
 
+def _writable(t: Any) -> bool:
+    """Whether writing into ``t`` in place writes each element once (no expanded dimension)."""
+    return all(stride != 0 or size == 1 for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
 def quantized_entries(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
     """``key`` and ``value`` (``[..., positions, head_dim]``, the cache's filled part, seen by
     ``module``'s attention with ``new`` new positions last) with every entry rounded to ``fmt``,
@@ -124,9 +129,9 @@ def quantized_entries(module: Any, key: Any, value: Any, new: int, fmt: str) -> 
     step costs one position per layer instead of the whole cache. Any other cache (one that
     copies on append, keeps a sliding window, or was reallocated) is rounded whole, which is
     correct for any layout. The same values bit for bit as rounding the whole cache at every
-    call (``tests/unit/test_attribution.py``). Tensors that record gradients are rounded whole,
-    into new tensors."""
-    if key.requires_grad or value.requires_grad:
+    call (``tests/unit/test_attribution.py``). Tensors that record gradients, and tensors whose
+    elements share memory (an expanded view), are rounded whole, into new tensors."""
+    if key.requires_grad or value.requires_grad or not (_writable(key) and _writable(value)):
         return fake_quantize(key, fmt), fake_quantize(value, fmt)
     length = key.shape[-2]
     new = min(new, length)
