@@ -10,6 +10,15 @@ import torch
 from precision_plugin.probe.attribution import RolloutSettings, attribute_dtype, rollout_samples
 from tests.tiny import tiny_llama
 
+
+def round_whole_cache(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
+    """The reference for ``variants.quantized_entries``: every key and value the attention sees
+    rounded again at each call, into new tensors (the first fp8 KV emulation)."""
+    from precision_plugin.probe.attribution.variants import fake_quantize
+
+    return fake_quantize(key, fmt), fake_quantize(value, fmt)
+
+
 PROMPTS = [[5, 9, 17, 3, 22, 40], [7, 7, 31, 2], [11, 60, 33, 8, 1]]
 NEW_TOKENS = 24
 

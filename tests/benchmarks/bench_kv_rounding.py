@@ -25,17 +25,11 @@ from unittest import mock
 import torch
 
 from precision_plugin.cli.argtypes import positive_int
+from tests.attribution_cases import round_whole_cache
 from tests.benchmarks.bench_decode_step import checkpoint
 from tests.benchmarks.report import add_json_option, write_json
 
 VARIANTS = ("no fp8 cache", "rounded once", "whole cache every step")
-
-
-def _whole_cache(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
-    """The earlier emulation: every cached key and value rounded again at each call."""
-    from precision_plugin.probe.attribution.variants import fake_quantize
-
-    return fake_quantize(key, fmt), fake_quantize(value, fmt)
 
 
 def measure(model_path: str, dtype: str, tokens: int, prompts: int) -> dict[str, Any]:
@@ -57,7 +51,7 @@ def measure(model_path: str, dtype: str, tokens: int, prompts: int) -> dict[str,
             "temperature=1" if name == "no fp8 cache" else "kv_cache_dtype=fp8"
         )
         patch = (
-            mock.patch.object(variants, "quantized_entries", _whole_cache)
+            mock.patch.object(variants, "quantized_entries", round_whole_cache)
             if name == "whole cache every step"
             else contextlib.nullcontext()
         )

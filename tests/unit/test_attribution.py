@@ -16,7 +16,7 @@ from precision_plugin.probe.attribution import (
     parse_rollout,
 )
 from precision_plugin.probe.attribution.fixes import change_evidence, setting_name
-from tests.attribution_cases import CASES, llama, ranking, run, run_case
+from tests.attribution_cases import CASES, llama, ranking, round_whole_cache, run, run_case
 
 # Each run: 3 prompts x 24 tokens (decode: 1 prompt), seed 0. The injected cause's k3 over the
 # next row's, measured with AVX2 and with ATEN_CPU_CAPABILITY=default (SSE4.1): dtype 13x
@@ -415,15 +415,12 @@ def test_fp8_kv_cache_rounds_each_entry_once_with_the_same_samples(dtype: str, k
         lengths.append(x.shape[-2])
         return quantize(x, fmt)
 
-    def whole(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
-        return quantize(key, fmt), quantize(value, fmt)
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with mock.patch.object(variants, "fake_quantize", counted):
             once = measure.rollout_samples(model, prompts, [12] * 3, dtype, settings, **options)
-        with mock.patch.object(variants, "quantized_entries", whole):
+        with mock.patch.object(variants, "quantized_entries", round_whole_cache):
             every = measure.rollout_samples(model, prompts, [12] * 3, dtype, settings, **options)
     finally:
         torch.set_num_threads(threads)
@@ -477,11 +474,8 @@ def test_fp8_kv_cache_on_caches_that_do_not_append_in_place_rounds_them_whole(ca
                 ids = out.logits[:, -1:].argmax(-1)
         return logits
 
-    def whole(module: Any, key: Any, value: Any, new: int, fmt: str) -> tuple[Any, Any]:
-        return variants.fake_quantize(key, fmt), variants.fake_quantize(value, fmt)
-
     once = decode()
-    with mock.patch.object(variants, "quantized_entries", whole):
+    with mock.patch.object(variants, "quantized_entries", round_whole_cache):
         every = decode()
     for a, b in zip(once, every, strict=True):
         assert torch.equal(a, b)

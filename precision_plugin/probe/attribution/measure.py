@@ -232,7 +232,8 @@ def attribute_dtype(
         d = log_ratio(side, reference)
         measured.append((cause, d, in_total, what, flips, equal.fraction, equal.total))
 
-    def variant(**switch: Any) -> tuple[list[list[float]], float | None]:
+    def variant(cause: str, **switch: Any) -> tuple[list[list[float]], float | None]:
+        announce(f"{dtype}: attribution: {cause}")
         model = apply_switches(_copy(master, dtype), master, dtype, **switch)
         scorer = HFScorer(model, transform=train_t)  # checks its LM head outside the record
         with trainer_kernels(), recorded_routes(model) as seen:
@@ -276,13 +277,11 @@ def attribute_dtype(
     for cause, key, hypothetical, what in plan:
         if cause == "router" and not moe:
             continue
-        if switched[key] is not None or (what_if and hypothetical is not None):
-            announce(f"{dtype}: attribution: {cause}")
         if switched[key] is not None:
-            scores, flips = variant(**{key: switched[key]})
+            scores, flips = variant(cause, **{key: switched[key]})
             add(cause, scores, base, True, flips=flips)
         elif what_if and hypothetical is not None:
-            scores, flips = variant(**{key: hypothetical})
+            scores, flips = variant(cause, **{key: hypothetical})
             add(cause, scores, base, False, what, flips)
     if learning_rate is not None:
         announce(f"{dtype}: attribution: stale_weights")
@@ -386,11 +385,11 @@ def attribute(
     every dtype. ``tick`` is called once per dtype, ``phase`` before each pass within one."""
     started = time.perf_counter()
     report = AttributionReport(settings, learning_rate)
+    announce = phase if phase is not None else (lambda what: None)
     stale = None
     for dtype, samples in samples_by_dtype.items():
         if stale is None:
-            if phase is not None:
-                phase(f"attribution: one Adam step for stale_weights (lr {learning_rate:g})")
+            announce(f"attribution: one Adam step for stale_weights (lr {learning_rate:g})")
             stale = stepped_weights(master, sequences_of(samples), learning_rate, seed)
         if tick is not None:
             tick(f"{dtype}: attribution")
