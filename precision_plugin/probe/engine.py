@@ -7,6 +7,7 @@ vocabulary, no top-k/top-p), so it can be compared with the trainer's full-seque
 
 from __future__ import annotations
 
+import copy as copying
 import functools
 import inspect
 from typing import Any
@@ -73,6 +74,11 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 class HFRolloutEngine:
     """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
 
+    ``model`` is left as it was: the engine converts a deep copy (its weights, its linear layers'
+    classes), and the copy's tensors are ordinary ones even where ``model`` was built under
+    ``torch.inference_mode()``. ``copy=False`` converts ``model`` itself, in place, for a caller
+    that made the model for the engine (``from_pretrained``, TRL's ``HFRollout``): no second copy
+    of the weights in memory.
     The copy is [`cast_model`][precision_plugin.buffers.cast_model]'s: the weights in ``dtype``,
     the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
     model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
@@ -97,12 +103,22 @@ class HFRolloutEngine:
     name = "hf"
 
     def __init__(
-        self, model: Any, dtype: str, device: str, *, float32_buffers: bool = True
+        self,
+        model: Any,
+        dtype: str,
+        device: str,
+        *,
+        float32_buffers: bool = True,
+        copy: bool = True,
     ) -> None:
         import torch
 
         from precision_plugin.buffers import cast_model
 
+        if copy or _holds_inference_tensors(model):
+            # An inference tensor has no version counter, which the packed layers read to see
+            # a weight synced in place; a deep copy made here holds ordinary tensors.
+            model = copying.deepcopy(model)
         self.dtype = dtype
         self.device = device
         self.model = cast_model(model, dtype, device, float32=float32_buffers).eval()
@@ -129,7 +145,7 @@ class HFRolloutEngine:
     ) -> HFRolloutEngine:
         """Load ``model_path`` and keep a ``dtype`` copy of its weights on ``device``."""
         model, _ = load_causal_lm(model_path, device)
-        return cls(model, dtype, device, float32_buffers=float32_buffers)
+        return cls(model, dtype, device, float32_buffers=float32_buffers, copy=False)
 
     def generate(
         self,
@@ -293,6 +309,12 @@ class HFRolloutEngine:
         self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+
+def _holds_inference_tensors(model: Any) -> bool:
+    """Whether any parameter or buffer of ``model`` was made under ``torch.inference_mode()``."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return any(getattr(t, "is_inference", lambda: False)() for t in tensors)
 
 
 @checked(dtype=dtype_name, device=torch_device, seed=at_least(0))

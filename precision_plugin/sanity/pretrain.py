@@ -9,7 +9,6 @@ task strings (answer tokens only in the loss) and stopped as soon as its sampled
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ def sampled_accuracy(
     """Share of ``problems`` answered exactly by one float32 sample each, at temperature 1."""
     from precision_plugin.probe.engine import HFRolloutEngine
 
-    engine = HFRolloutEngine(copy.deepcopy(model), "float32", "cpu")
+    engine = HFRolloutEngine(model, "float32", "cpu")
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
     samples = engine.generate(prompts, task.max_completion_tokens, seed)
     engine.close()

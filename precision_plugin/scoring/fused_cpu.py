@@ -50,7 +50,13 @@ def _compute_dtype(dtype: Any) -> Any:
 def fusable(in_features: int, sizes: tuple[int, ...], dtype: Any, bias: bool) -> bool:
     """Whether one packed product over weights of ``sizes`` output rows stacked gives, split,
     each weight's own packed product bit for bit (``dtype``: the layers' weight dtype; checked
-    once per shape on seeded random values, for 1 to ``MIN_ROWS + 1`` rows and a prefill's 40)."""
+    once per shape on seeded random values, for 1 to ``MIN_ROWS + 1`` rows and a prefill's 40,
+    outside the caller's dispatch modes)."""
+    with packed_cpu.outside_dispatch_modes():
+        return _fuses(in_features, sizes, dtype, bias)
+
+
+def _fuses(in_features: int, sizes: tuple[int, ...], dtype: Any, bias: bool) -> bool:
     import torch
 
     generator = torch.Generator().manual_seed(0)

@@ -34,6 +34,7 @@ __all__ = [
     "MIN_ROWS",
     "PACK_ROWS",
     "pack_linears",
+    "outside_dispatch_modes",
     "packed_product",
     "rows_for",
     "trainer_kernels",
@@ -88,6 +89,20 @@ def _available() -> bool:
     )
 
 
+@contextlib.contextmanager
+def outside_dispatch_modes() -> Iterator[None]:
+    """While open, the caller's ``TorchDispatchMode``s (a memory tracker, a FLOP counter) are
+    set aside. Packing is a layout of the plugin's own copy, and :func:`rows_for` (and
+    ``fused_cpu.fusable``) a check of the CPU's kernel on random values: under a mode that
+    cannot handle oneDNN's opaque packed tensor they failed, and the failure was read as "this
+    CPU cannot pack" and cached for the whole process, so every later rollout multiplied
+    unpacked (other kernels, other numbers)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
 def pack(weight: Any) -> Any | None:
     """``weight`` (``[out, in]``, CPU) laid out for oneDNN's kernel, or ``None`` where this
     PyTorch or CPU cannot pack its dtype."""
@@ -96,7 +111,8 @@ def pack(weight: Any) -> Any | None:
     if not _available() or weight.device.type != "cpu":
         return None
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        with outside_dispatch_modes():
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
     except RuntimeError:  # e.g. bfloat16 on a CPU without AVX512-BW
         return None
 
@@ -112,22 +128,24 @@ def rows_for(in_features: int, out_features: int, dtype: Any) -> int | None:
     """Fewest rows a packed product of this shape needs for a row's value not to depend on the
     row count: 1 where the kernel is batch-invariant (AVX2, AVX512), :data:`MIN_ROWS`
     where it is so only from there (older CPUs), ``None`` where not even then or not packable
-    (the caller keeps ``F.linear``). Checked once per shape on seeded random values."""
+    (the caller keeps ``F.linear``). Checked once per shape on seeded random values, outside
+    the caller's dispatch modes."""
     import torch
 
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
-    rows = torch.randn(2 * MIN_ROWS + 3, in_features, generator=generator).to(dtype)
-    packed = pack(weight)
-    if packed is None:
-        return None
-    full = _product(rows, packed, None)
-    for fewest in (1, MIN_ROWS):
-        if all(
-            torch.equal(_product(rows[:count], packed, None), full[:count])
-            for count in range(fewest, MIN_ROWS + 2)
-        ):
-            return fewest
+    with outside_dispatch_modes():
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+        rows = torch.randn(2 * MIN_ROWS + 3, in_features, generator=generator).to(dtype)
+        packed = pack(weight)
+        if packed is None:
+            return None
+        full = _product(rows, packed, None)
+        for fewest in (1, MIN_ROWS):
+            if all(
+                torch.equal(_product(rows[:count], packed, None), full[:count])
+                for count in range(fewest, MIN_ROWS + 2)
+            ):
+                return fewest
     return None
 
 
@@ -179,10 +197,11 @@ def packed_product(x: Any, packed: Any, bias: Any, fewest: int) -> Any:
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
 
-def stamp(weight: Any) -> tuple[int, int]:
+def stamp(weight: Any) -> tuple[int, int | None]:
     """What identifies ``weight``'s values: its storage and in-place version (a weight synced in
     place, as a rollout copy is each step, gets a new version and is packed again)."""
-    return (weight.data_ptr(), weight._version)
+    # An inference-mode tensor keeps no version counter (nor may it change outside that mode).
+    return (weight.data_ptr(), None if weight.is_inference() else weight._version)
 
 
 @functools.cache

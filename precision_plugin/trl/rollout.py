@@ -170,7 +170,7 @@ class HFRollout:
                     f"(use_vllm=True) or TRL's own generate (no rollout_func) for QLoRA."
                 )
 
-            self.engine = HFRolloutEngine(_inference_copy(learner), self.dtype, device)
+            self.engine = HFRolloutEngine(_inference_copy(learner), self.dtype, device, copy=False)
             self._sources = {**dict(learner.named_parameters()), **dict(learner.named_buffers())}
         else:
             wanted = torch_dtype(self.dtype)

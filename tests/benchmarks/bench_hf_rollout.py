@@ -79,7 +79,7 @@ def main() -> dict[str, Any]:
     torch.set_num_threads(options.threads)
     dtype = getattr(torch, options.dtype)
     model = _model(dtype)
-    engine = HFRolloutEngine(_model(torch.float32), options.dtype, "cpu")
+    engine = HFRolloutEngine(_model(torch.float32), options.dtype, "cpu", copy=False)
     torch.manual_seed(1)
     prompts = torch.randint(1, 32000, (options.batch, 16))
     tokens = options.batch * options.new_tokens

@@ -93,7 +93,8 @@ def test_batch_one_engine_is_certified_and_a_padding_engine_is_not(model) -> Non
 
 
 def test_level_three_needs_train_equal_to_rollout_bit_for_bit(model) -> None:
-    engine = HFRolloutEngine(model, "float32", "cpu")
+    # The engine takes the learner itself (no copy): train and rollout are one float32 model.
+    engine = HFRolloutEngine(model, "float32", "cpu", copy=False)
     canary = _canary()
     rollout = HFScorer(engine.model, batch_size=1)
     invariance = certify_batch_invariance(rollout, canary, 8)

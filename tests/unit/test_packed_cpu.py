@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from precision_plugin.scoring import packed_cpu
 from precision_plugin.scoring.packed_cpu import pack_linears, rows_for
@@ -130,3 +132,34 @@ def test_trainer_kernels_multiply_as_the_trainer_does() -> None:
         with trainer_kernels():
             out = rollout(x.half())
     assert out.dtype == torch.float16 and torch.equal(out, expected)
+
+
+class _StorageReadingMode(TorchDispatchMode):
+    """Reads every output's storage, as a memory tracker does: oneDNN's opaque packed tensor
+    has none, so a pack run under this mode raises."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                tensor.untyped_storage()
+        return out
+
+
+def test_a_callers_dispatch_mode_does_not_turn_packing_off() -> None:
+    """A layer first run under the caller's dispatch mode still packs, multiplies as the same
+    layer run without it, bit for bit, and leaves the process-wide kernel check intact (a shape
+    no other test uses, so the check runs under the mode)."""
+    features = (48, 112)
+    x = torch.randn(5, features[0], generator=torch.Generator().manual_seed(4))
+    plain = _layer(torch.float32, features)
+    pack_linears(plain)
+    watched = _layer(torch.float32, features)
+    pack_linears(watched)
+    with torch.inference_mode():
+        with _StorageReadingMode():
+            out = watched(x)
+        expected = plain(x)
+    assert watched._packed is not None and watched._packed[1] is not None
+    assert rows_for(*features, torch.float32) in (1, 16)
+    assert torch.equal(out, expected)

@@ -104,3 +104,42 @@ def test_float32_engine_logprobs_match_a_full_forward(checkpoint: str) -> None:
     train = trainer_logprobs(model, samples, "float32", "cpu")
     for s, t in zip(samples, train, strict=True):
         assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(t), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_engine_leaves_the_callers_model_as_it_was(checkpoint: str, dtype: str) -> None:
+    """The engine converts its own deep copy: the model handed to it keeps its float32
+    weights, bit for bit, and its plain ``nn.Linear`` layers."""
+    model, _ = load_causal_lm(checkpoint, "cpu")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    classes = {name: type(m) for name, m in model.named_modules()}
+    engine = HFRolloutEngine(model, dtype, "cpu")
+    engine.generate(_prompts(checkpoint, 2), 8, seed=0)
+    assert {name: type(m) for name, m in model.named_modules()} == classes
+    assert type(model.lm_head) is torch.nn.Linear
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype and torch.equal(after[key], value), key
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(p.dtype == getattr(torch, dtype) for p in engine.model.parameters())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_model_built_under_inference_mode_samples_as_any_other(
+    checkpoint: str, dtype: str
+) -> None:
+    """Inference tensors have no version counter (which the packed layers read); the engine's
+    copy holds ordinary tensors, so the same weights give the same samples, bit for bit, with
+    the default copy and with ``copy=False``."""
+    prompts = _prompts(checkpoint, 3)
+    model, _ = load_causal_lm(checkpoint, "cpu")
+    expected = HFRolloutEngine(model, dtype, "cpu").generate(prompts, 12, seed=4)
+    with torch.inference_mode():
+        frozen = LlamaForCausalLM(model.config).eval()
+        frozen.load_state_dict(model.state_dict())
+    assert all(p.is_inference() for p in frozen.parameters())
+    for copy in (True, False):
+        got = HFRolloutEngine(frozen, dtype, "cpu", copy=copy).generate(prompts, 12, seed=4)
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in expected]
+        assert [s.logprobs for s in got] == [s.logprobs for s in expected]

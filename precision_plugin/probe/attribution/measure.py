@@ -135,7 +135,7 @@ def rollout_samples(
     from precision_plugin.probe.engine import HFRolloutEngine
 
     device = str(next(master.parameters()).device)
-    engine = HFRolloutEngine(copy.deepcopy(master), dtype, device)
+    engine = HFRolloutEngine(master, dtype, device)
     apply_switches(engine.model, master, dtype, **present_switches(settings, dtype))
     try:
         samples = engine.generate(
