@@ -65,12 +65,15 @@ def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Before a long run: ``--json`` and ``--plot`` writable, and the results kept somewhere."""
+    """Before a long run: ``--json``, ``--plot`` and (the probe's) ``--attribution-plot``
+    writable, and the results kept somewhere."""
     check_output_path(args.json, "--json")
-    if args.plot is not None:
-        from precision_plugin.probe.plot import image_formats
+    figures = {"--plot": args.plot, "--attribution-plot": getattr(args, "attribution_plot", None)}
+    for option, path in figures.items():
+        if path is not None:
+            from precision_plugin.probe.plot import image_formats
 
-        check_output_path(args.plot, "--plot", image_formats())
+            check_output_path(path, option, image_formats())
     if not stdout_usable() and (args.json is None or args.json == "-"):
         raise OutputLost(
             "stdout is closed and no --json FILE was given, so the results would be lost; "
@@ -81,7 +84,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     prompts = getattr(args, "prompts", None)
     distinct_paths(
         {"--prompts": prompts} if prompts is not None else {},
-        {"--json": args.json, "--plot": args.plot},
+        {"--json": args.json, **figures},
     )
 
 

@@ -163,6 +163,25 @@ BAD_ARGS = {
         lambda tmp: ["probe", "--plot", str(tmp / "fig.txt")],
         "txt extension is not an image format",
     ),
+    "attribution plot not an image": (
+        lambda tmp: ["probe", "--attribute", "--attribution-plot", str(tmp / "why.txt")],
+        "--attribution-plot: cannot write",
+    ),
+    "attribution plot dir missing": (
+        lambda tmp: ["probe", "--attribute", "--attribution-plot", str(tmp / "no" / "why.png")],
+        "does not exist",
+    ),
+    "attribution plot is the plot": (
+        lambda tmp: [
+            "probe",
+            "--attribute",
+            "--plot",
+            str(tmp / "fig.png"),
+            "--attribution-plot",
+            str(tmp / "fig.png"),
+        ],
+        "is the same file as the output --plot",
+    ),
     "bad device": (lambda tmp: ["probe", "--device", "tpu9"], "device"),
     "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the probe runs on"),
     "absent gpu index": (lambda tmp: ["probe", "--device", "cuda:99"], "device: 'cuda:99'"),
@@ -343,3 +362,16 @@ def test_a_stopped_probe_removes_its_temporary_model(tmp_path: Path, sig, code, 
     assert proc.returncode == code, err
     assert err.rstrip().endswith(f"precision-plugin: {said}") and "Traceback" not in err
     assert list(tmp_path.glob("precision-probe-*")) == []
+
+
+@pytest.mark.parametrize("case", sorted(c for c in BAD_ARGS if c.startswith("attribution plot")))
+def test_an_attribution_plot_path_is_refused_before_the_run(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The figure is written after minutes of attribution: its path is checked first, as
+    --plot's and --json's are (a missing folder was an error after the run, a .txt a
+    matplotlib traceback)."""
+    build, _ = BAD_ARGS[case]
+    assert main(build(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "loading the trainer model" not in err and "rollout" not in err, err
