@@ -97,8 +97,11 @@ def outside_dispatch_modes() -> Iterator[None]:
     cannot handle oneDNN's opaque packed tensor they failed, and the failure was read as "this
     CPU cannot pack" and cached for the whole process, so every later rollout multiplied
     unpacked (other kernels, other numbers)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+    except ImportError:  # a PyTorch without it (it is internal): the modes stay
+        yield
+        return
     with _disable_current_modes():
         yield
 
