@@ -34,7 +34,6 @@ __all__ = [
     "MIN_ROWS",
     "PACK_ROWS",
     "pack_linears",
-    "outside_dispatch_modes",
     "packed_product",
     "rows_for",
     "trainer_kernels",
