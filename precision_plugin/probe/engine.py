@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy as copying
 import functools
 import inspect
+import itertools
 from typing import Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch_device
@@ -313,8 +314,7 @@ class HFRolloutEngine:
 
 def _holds_inference_tensors(model: Any) -> bool:
     """Whether any parameter or buffer of ``model`` was made under ``torch.inference_mode()``."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return any(getattr(t, "is_inference", lambda: False)() for t in tensors)
+    return any(t.is_inference() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 @checked(dtype=dtype_name, device=torch_device, seed=at_least(0))

@@ -32,13 +32,6 @@ __all__ = ["SharedInputProduct", "fusable", "fuse_shared_inputs"]
 T = TypeVar("T")
 
 
-def _version(tensor: Any) -> int | None:
-    """``tensor``'s in-place version; ``None`` for an inference-mode tensor (which keeps none:
-    then the same object is taken as the same values, as a layer's forward never changes its
-    input between its projections)."""
-    return None if tensor.is_inference() else tensor._version
-
-
 def _compute_dtype(dtype: Any) -> Any:
     """The dtype a packed product runs in: a float16 layer's widened float32, else its own."""
     import torch
@@ -115,7 +108,7 @@ class SharedInputProduct:
 
     def __call__(self, member: Any, input: Any) -> Any | None:
         kept = self._kept
-        if kept is not None and kept[0] is input and kept[1] == _version(input):
+        if kept is not None and kept[0] is input and kept[1] == packed_cpu.version(input):
             out = kept[2].pop(member, None)
             if out is not None:
                 return out
@@ -132,7 +125,7 @@ class SharedInputProduct:
             zip(self.members, (p.contiguous() for p in out.split(self.sizes, -1)), strict=True)
         )
         mine = parts.pop(member)
-        self._kept = (input, _version(input), parts)
+        self._kept = (input, packed_cpu.version(input), parts)
         return mine
 
 

@@ -199,11 +199,16 @@ def packed_product(x: Any, packed: Any, bias: Any, fewest: int) -> Any:
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
 
+def version(tensor: Any) -> int | None:
+    """``tensor``'s in-place version; ``None`` for an inference-mode tensor, which keeps none
+    (nor may it change outside that mode): the same object is then taken as the same values."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def stamp(weight: Any) -> tuple[int, int | None]:
     """What identifies ``weight``'s values: its storage and in-place version (a weight synced in
     place, as a rollout copy is each step, gets a new version and is packed again)."""
-    # An inference-mode tensor keeps no version counter (nor may it change outside that mode).
-    return (weight.data_ptr(), None if weight.is_inference() else weight._version)
+    return (weight.data_ptr(), version(weight))
 
 
 @functools.cache

@@ -247,10 +247,11 @@ INTERNAL: dict[str, set[str]] = {
     },
     "precision_plugin.master_weights": {"prepare_model_once"},
     "precision_plugin.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
-    # the layer classes' shared pieces, read by float16_cpu (outside_dispatch_modes: fused_cpu)
+    # the layer classes' shared pieces, read by float16_cpu (outside_dispatch_modes and
+    # version: fused_cpu)
     "precision_plugin.scoring.packed_cpu": {
         "pack", "stamp", "packed_weight", "recording", "swap_linears", "packing",
-        "outside_dispatch_modes",
+        "outside_dispatch_modes", "version",
     },
     "precision_plugin.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
