@@ -38,8 +38,20 @@ EXIT_OUTPUT, EXIT_INTERRUPTED = ExitCode.OUTPUT, ExitCode.INTERRUPTED
 EXIT_TERMINATED = ExitCode.TERMINATED
 
 
+class _NotCpuAutodetect(logging.Filter):
+    """Drops DeepSpeed's "Setting accelerator to CPU" warning (printed on importing it, which
+    transformers does): the commands say themselves which device they run on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
 def _quiet_transformers() -> None:
-    """Hide transformers' per-load progress bars: the probe shows its own."""
+    """Hide transformers' per-load progress bars (the probe shows its own) and DeepSpeed's
+    accelerator guess."""
+    deepspeed_log = logging.getLogger("DeepSpeed")  # the name DeepSpeed's logger is made with
+    if not any(isinstance(f, _NotCpuAutodetect) for f in deepspeed_log.filters):
+        deepspeed_log.addFilter(_NotCpuAutodetect())
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:  # pragma: no cover - transformers is a core dependency

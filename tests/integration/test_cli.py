@@ -63,7 +63,9 @@ def test_probe_on_a_saved_model_writes_json_and_png(
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     out = " ".join(captured.out.split())
-    assert "float32 (the self-check)" in out and "bfloat16 at 2,048 tokens: a batch of 64 keeps" in out
+    assert (
+        "float32 (the self-check)" in out and "bfloat16 at 2,048 tokens: a batch of 64 keeps" in out
+    )
     assert "do: " in out and "layerwise" not in out  # the table and its lines
     data = json.loads(out_json.read_text())
     assert data["model"] == str(qwen_checkpoint) and data["engine"] == "hf"
@@ -217,6 +219,27 @@ def test_bad_input_is_one_line_and_exit_2(
     assert lines[0].startswith("precision-plugin: error: ")
     assert expected in lines[0]
     assert "Traceback" not in err
+
+
+def test_deepspeed_cpu_guess_is_not_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    # Importing DeepSpeed (transformers does, in the probe) warns that it falls back to the CPU;
+    # in a fresh process that was a second line before every probe's output and error. The
+    # command line drops that one record of DeepSpeed's logger and keeps the others.
+    import logging
+
+    main(["probe", "--max-new-tokens", "5000"])  # any model-loading command installs the filter
+    capsys.readouterr()
+    deepspeed_log = logging.getLogger("DeepSpeed")
+    seen: list[str] = []
+    catcher = logging.Handler()
+    catcher.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    deepspeed_log.addHandler(catcher)
+    try:
+        deepspeed_log.warning("Setting accelerator to CPU. If you have GPU or other ...")
+        deepspeed_log.warning("another DeepSpeed warning")
+    finally:
+        deepspeed_log.removeHandler(catcher)
+    assert seen == ["another DeepSpeed warning"]
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,15 +100,14 @@ def k3_interval(
     seed: int = BOOTSTRAP_SEED,
 ) -> K3:
     """k3 (``mean(e^-d - 1 + d)`` over tokens) of per-sequence log-ratios ``d``, with a 95 %
-    percentile bootstrap interval that resamples whole sequences."""
+    percentile bootstrap interval that resamples whole sequences; NaN for all three when there
+    is no token (no estimate, where :func:`decompose` gives a total of 0 tokens)."""
     import torch
 
     rows = [r for r in log_ratios if len(r)]
     if not rows:
         return K3(math.nan, math.nan, math.nan)
-    sums = torch.tensor(
-        [math.fsum(k3_term(-x) for x in r) for r in rows], dtype=torch.float64
-    )
+    sums = torch.tensor([math.fsum(k3_term(-x) for x in r) for r in rows], dtype=torch.float64)
     counts = torch.tensor([len(r) for r in rows], dtype=torch.float64)
     value = float(sums.sum() / counts.sum())
     generator = torch.Generator().manual_seed(seed)
