@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> object:
     """slime's and AReaL's names under their public path ``precision_plugin.sglang``."""
     if name in ("areal_overrides", "check_areal_config"):

@@ -76,7 +76,10 @@ def message(call) -> str:
         ({"margin": -1}, ("'margin'", "overflow.margin_bits", "[0, 16]")),
         ({"margin": math.nan}, ("'margin'", "not a finite number")),
         ({"policy": "fp8"}, ("'policy'", "fp8", "float16")),
-        ({"policy": 5}, ("'policy'", "int 5", "a PrecisionPolicy, a dict of its keys, a dtype name or None")),
+        (
+            {"policy": 5},
+            ("'policy'", "int 5", "a PrecisionPolicy, a dict of its keys, a dtype name or None"),
+        ),
         ({"policy": {"dtyp": "fp16"}}, ("'policy'", "Did you mean 'dtype'")),
         ({"mode": "c"}, ("'mode'", "one of 'a', 'b'")),
         ({"rows": [[1.0], [2.0, "x"]]}, ("'rows'", "item [1][1] is str 'x'", "a float")),
@@ -204,7 +207,9 @@ def test_relations_check_parameters_against_each_other() -> None:
     # Each parameter's own check comes first, and names that parameter alone.
     with pytest.raises(PrecisionConfigError, match=r"^fit\(\): argument 'lengths' got \[-1\]"):
         fit([-1], [0.1, 0.2])
-    with pytest.raises(PrecisionConfigError, match=r"argument 'sums' got 'ab', which is not a list"):
+    with pytest.raises(
+        PrecisionConfigError, match=r"argument 'sums' got 'ab', which is not a list"
+    ):
         fit([1], "ab")
 
     @checked(same_shape("a", "b", "mask", fix="the same tokens"))

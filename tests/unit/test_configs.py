@@ -183,5 +183,7 @@ def test_a_field_of_the_programs_own_config_object_is_never_a_typo():
     read = VERL.read_mapping({"actor_rollout_ref": {"rollout": RolloutConfig()}}, "a section")
     assert read == {"actor_rollout_ref.rollout.tensor_model_parallel_size": 2}
     written = {"actor_rollout_ref": {"rollout": {"moe_tensor_parallel_size": 1}}}
-    with pytest.raises(PrecisionConfigError, match=r"did you mean 'actor_rollout_ref\.rollout\.tensor_model"):
+    with pytest.raises(
+        PrecisionConfigError, match=r"did you mean 'actor_rollout_ref\.rollout\.tensor_model"
+    ):
         VERL.read_mapping(written, "ppo.yaml")

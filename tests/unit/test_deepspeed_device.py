@@ -153,7 +153,9 @@ def test_a_pending_cpu_build_is_announced_with_its_cache_folder(monkeypatch, tmp
     assert folder.startswith(str(tmp_path))
     assert device.pending_cpu_build() == folder
     finding = next(f for f in precision_doctor(PrecisionPolicy()) if "compiles" in f.message)
-    assert finding.status == "info" and folder in finding.message and "2-5 minutes" in finding.message
+    assert (
+        finding.status == "info" and folder in finding.message and "2-5 minutes" in finding.message
+    )
     (tmp_path / folder / "deepspeed_shm_comm.so").write_bytes(b"")  # built once: no more notice
     assert device.pending_cpu_build() is None
     assert not any("compiles" in f.message for f in precision_doctor(PrecisionPolicy()))

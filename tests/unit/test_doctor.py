@@ -151,10 +151,17 @@ def test_only_the_frameworks_a_run_uses_block(register, capsys: pytest.CaptureFi
     assert data["frameworks"] == ["accelerate", "transformers", "trl"]  # what TRL runs on
     found = [f for f in data["findings"] if f["framework"] == "fakefw"]
     assert [(f["status"], f["message"]) for f in found] == [
-        ("warning", "blocked (bfloat16) (not blocking: your run does not use fakefw, by --frameworks)")
+        (
+            "warning",
+            "blocked (bfloat16) (not blocking: your run does not use fakefw, by --frameworks)",
+        )
     ]
     assert rc == (1 if data["errors"] else 0)
-    assert all(f["framework"] in data["frameworks"] + ["accelerator"] for f in data["findings"] if f["status"] == "error")
+    assert all(
+        f["framework"] in data["frameworks"] + ["accelerator"]
+        for f in data["findings"]
+        if f["status"] == "error"
+    )
     rc, data = _doctor_json(capsys, "--dtype", "bf16", "--frameworks", "TRL, fakefw")
     assert rc == 1 and "fakefw" in data["frameworks"]
     assert [f["status"] for f in data["findings"] if f["framework"] == "fakefw"] == ["error"]
@@ -164,7 +171,10 @@ def test_a_blocking_problem_of_an_unnamed_framework_suggests_frameworks(register
     register(_Plugin([Finding("fakefw", "error", "blocked", fix="do X")]), "test-error")
     assert main(["doctor", "--dtype", "bf16"]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "Not running fakefw? Say what your run uses, e.g. precision-plugin doctor --frameworks trl,vllm" in out
+    assert (
+        "Not running fakefw? Say what your run uses, e.g. precision-plugin doctor --frameworks trl,vllm"
+        in out
+    )
 
 
 @pytest.mark.parametrize("value", ["bogus", "", "trl,,nope"])

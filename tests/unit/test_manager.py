@@ -186,7 +186,10 @@ def test_enable_reads_env_when_no_policy_given(monkeypatch):
 
 
 def test_enable_bad_input_is_clear():
-    with pytest.raises(pp.PrecisionConfigError, match=r"argument .policy. got int 3, expected a PrecisionPolicy, a dict of its keys, a dtype name or None"):
+    with pytest.raises(
+        pp.PrecisionConfigError,
+        match=r"argument .policy. got int 3, expected a PrecisionPolicy, a dict of its keys, a dtype name or None",
+    ):
         pp.enable(3)  # type: ignore[arg-type]
     with pytest.raises(pp.PrecisionConfigError, match="dtype: 'fp8'"):
         pp.enable(dtype="fp8")

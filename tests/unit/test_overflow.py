@@ -284,7 +284,10 @@ def test_policy_overflow_section_round_trips_and_validates():
 @pytest.mark.parametrize(
     ("batch", "raised"),
     [
-        (torch.ones(1, 4, dtype=torch.long), "RuntimeError: mat1 and mat2 must have the same dtype"),
+        (
+            torch.ones(1, 4, dtype=torch.long),
+            "RuntimeError: mat1 and mat2 must have the same dtype",
+        ),
         (torch.ones(1, 7), "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x7 and 4x4)"),
         ({"input_ids": torch.ones(1, 4)}, "TypeError: Sequential.forward() got an unexpected"),
     ],
@@ -295,7 +298,9 @@ def test_a_batch_the_model_refuses_is_the_batches_error_and_leaves_no_hook(batch
     with pytest.raises(PrecisionConfigError) as info:
         headroom(model, [torch.ones(1, 4), batch])
     text = str(info.value)
-    assert text.startswith("headroom(): argument 'batches': the model's forward failed on batch 1 (")
+    assert text.startswith(
+        "headroom(): argument 'batches': the model's forward failed on batch 1 ("
+    )
     assert raised in text and "\n" not in text
     assert text.endswith(
         "pass what the model takes: a tensor of input ids (model(ids)) or a dict of its keyword "

@@ -128,7 +128,9 @@ def test_disable_leaves_a_variable_changed_since_enable(monkeypatch):
 
 
 def test_wrong_kind_of_policy_is_refused_at_once():
-    with pytest.raises(pp.PrecisionConfigError, match=r"PrecisionCallback\(\): argument .policy. got int 3"):
+    with pytest.raises(
+        pp.PrecisionConfigError, match=r"PrecisionCallback\(\): argument .policy. got int 3"
+    ):
         PrecisionCallback(3)  # type: ignore[arg-type]
     with pytest.raises(pp.PrecisionConfigError, match="dtype"):
         PrecisionCallback("fp8")

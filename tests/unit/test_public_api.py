@@ -155,8 +155,15 @@ EXEMPT_OBJECTS: dict[str, str] = {
         f"precision_plugin.scoring.float16_cpu.{name}": "called by the plugin's own engines on "
         "models and tensors they built (and by transformers, per layer and decode step, for "
         "float16_attention); a check per call would sit in the decode loop"
-        for name in ("widen_float16", "widen_float16_linears", "widen_float16_attention",
-                     "float16_autocast_linears", "float16_attention", "sdpa_float16", "widened")
+        for name in (
+            "widen_float16",
+            "widen_float16_linears",
+            "widen_float16_attention",
+            "float16_autocast_linears",
+            "float16_attention",
+            "sdpa_float16",
+            "widened",
+        )
     },
     **{
         f"precision_plugin.scoring.packed_cpu.{name}": "called by the plugin's own engines on "

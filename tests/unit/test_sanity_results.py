@@ -319,9 +319,10 @@ def test_the_figure_has_an_ess_panel_from_the_steps_telemetry(tmp_path):
     assert len(points) == data["config"]["steps"]
     step, mean, low, high = points[10]
     expected = [
-        1.0 - next(s for s in seed["runs"]["bfloat16"]["steps"] if s["step"] == step)[
-            "telemetry"
-        ]["ess"]
+        1.0
+        - next(s for s in seed["runs"]["bfloat16"]["steps"] if s["step"] == step)["telemetry"][
+            "ess"
+        ]
         for seed in data["seeds"]
     ]
     assert mean == pytest.approx(sum(expected) / len(expected), rel=1e-12)

@@ -95,6 +95,8 @@ def test_token_sequences_a_scorer_cannot_read_are_refused() -> None:
         TokenSequence((1,), (-2,))
     model = tiny_llama(num_hidden_layers=1).eval()
     vocab = model.get_input_embeddings().num_embeddings
-    with pytest.raises(PrecisionConfigError, match=rf"token id {vocab} is past the model's {vocab}"):
+    with pytest.raises(
+        PrecisionConfigError, match=rf"token id {vocab} is past the model's {vocab}"
+    ):
         HFScorer(model).score([TokenSequence((1,), (vocab,))])
     assert HFScorer(model).score([TokenSequence((1,), ())]) == [[]]

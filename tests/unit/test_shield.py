@@ -16,7 +16,9 @@ from precision_plugin.trl import telemetry
 
 
 def _overflow() -> ForwardOverflowError:
-    return ForwardOverflowError("x", module="m", module_class="L", step=0, input_max=1.0, kind="inf")
+    return ForwardOverflowError(
+        "x", module="m", module_class="L", step=0, input_max=1.0, kind="inf"
+    )
 
 
 @pytest.mark.parametrize(
