@@ -16,6 +16,7 @@ from precision_plugin.probe.attribution import (
     parse_rollout,
 )
 from precision_plugin.probe.attribution.fixes import change_evidence, setting_name
+from precision_plugin.probe.attribution.settings import changed_settings
 from tests.attribution_cases import CASES, llama, ranking, round_whole_cache, run, run_case
 
 # Each run: 3 prompts x 24 tokens (decode: 1 prompt), seed 0. The injected cause's k3 over the
@@ -81,6 +82,8 @@ def test_decomposition_refuses_other_tokens() -> None:
         ("lm_head_fp32=maybe", ["lm_head_fp32='maybe'", "true or false"]),
         ("temperature", ["not KEY=VALUE", "--rollout top_p=0.9"]),
         ("top_p=0.9,top_p=0.8", ["'top_p' is given twice"]),
+        ("", ["'' names no setting", "leave --rollout out"]),
+        (" , ", ["' , ' names no setting"]),
     ],
 )
 def test_rollout_bad_input_names_the_key_and_the_fix(text: str, words: list[str]) -> None:
@@ -107,6 +110,37 @@ def test_rollout_parses_vllm_names() -> None:
         kv_cache_dtype="fp8", lm_head_fp32=True,
     )  # fmt: skip
     assert got.kv_format == "float8_e4m3fn" and got.head_dtype == "float32"
+
+
+def test_rollout_top_k_is_read_exactly_and_settings_show_only_what_changed() -> None:
+    assert parse_rollout("top_k=99999999999999999999999").top_k == 99999999999999999999999
+    assert parse_rollout("top_k=1_000").top_k == 1000 and parse_rollout("top_k=1e3").top_k == 1000
+    # True == 1 == 1.0 in Python: a filter on values alone called these settings "defaults".
+    given = parse_rollout("lm_head_fp32=true,top_k=1").to_dict()
+    assert changed_settings(given) == {"top_k": 1, "lm_head_fp32": True}
+    assert changed_settings(RolloutSettings().to_dict()) == {}
+    assert changed_settings({**RolloutSettings().to_dict(), "temperature": 0.5}) == {
+        "temperature": 0.5
+    }
+
+
+def test_repeated_rollout_options_add_up_and_a_key_in_two_is_refused(capsys: Any) -> None:
+    import argparse
+
+    from precision_plugin.probe.attribution.cli import add_attribution_options, attribution_settings
+
+    parser = argparse.ArgumentParser()
+    add_attribution_options(parser)
+    args = parser.parse_args(["--rollout", "top_p=0.9", "--rollout", "kv_cache_dtype=fp8"])
+    settings = attribution_settings(args)
+    assert settings is not None
+    assert settings.rollout == RolloutSettings(top_p=0.9, kv_cache_dtype="fp8")
+    twice = parser.parse_args(["--rollout", "top_p=0.9", "--rollout", "top_p=0.8"])
+    with pytest.raises(PrecisionConfigError, match="'top_p' is given twice"):
+        attribution_settings(twice)
+    empty = parser.parse_args(["--rollout", "top_p=0.9", "--rollout", ""])
+    with pytest.raises(PrecisionConfigError, match="names no setting"):
+        attribution_settings(empty)
 
 
 def test_first_change_is_the_largest_settable_cause_in_a_total() -> None:

@@ -24,10 +24,12 @@ def add_attribution_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rollout",
+        action="append",
         metavar="KEY=VALUE,...",
         help="the rollout's own settings, under vLLM's names ("
         + ", ".join(ROLLOUT_KEYS)
-        + "); applied to the rollout side and attributed (implies --attribute)",
+        + "); applied to the rollout side and attributed (implies --attribute); may be "
+        "repeated, a key at most once in all",
     )
     parser.add_argument(
         "--learning-rate",
@@ -75,7 +77,13 @@ def attribution_settings(args: argparse.Namespace) -> AttributionSettings | None
                     f"KEY=VALUE,...), or drop {option}."
                 )
         return None
-    rollout = parse_rollout(args.rollout) if args.rollout is not None else None
+    rollout = None
+    if args.rollout is not None:
+        for piece in args.rollout:
+            if not piece.replace(",", "").strip():
+                parse_rollout(piece)  # refuses it: names no setting
+        # Repeated --rollout options add up; a key in two of them is "given twice".
+        rollout = parse_rollout(",".join(args.rollout))
     rate = DEFAULT_LEARNING_RATE if args.learning_rate is None else args.learning_rate
     if rollout is None:
         return AttributionSettings(learning_rate=rate)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin.probe.attribution.fixes import CAUSES
+from precision_plugin.probe.attribution.settings import changed_settings
 
 _COLORS = dict(zip(
     (*CAUSES, "interaction", "residual"),
@@ -76,14 +77,8 @@ def plot_attribution(section: Mapping[str, Any], path: str | Path, title: str = 
     right.set_xticks(range(len(causes)), causes, rotation=30, ha="right")
     right.set_ylabel("k3 (nats/token)")
     right.set_title("each cause alone (hatched: what-if, not in this rollout)")
-    rollout = (
-        ", ".join(
-            f"{k}={v}"
-            for k, v in section["rollout"].items()
-            if v not in (None, False, 1.0, 0, "auto", "raw_logprobs")
-        )
-        or "defaults"
-    )
+    changed = changed_settings(section["rollout"])
+    rollout = ", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"
     fig.suptitle(title or f"why it is still off (rollout: {rollout})", fontsize=12)
     fig.tight_layout()
     out = Path(path).expanduser()

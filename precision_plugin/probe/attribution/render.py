@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin.probe.attribution.fixes import FIX_ORDER
+from precision_plugin.probe.attribution.settings import changed_settings
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -46,8 +47,7 @@ def render_attribution_table(
     from rich.table import Table
 
     rollout = section.get("rollout", {})
-    changed = {k: v for k, v in rollout.items() if v not in (None, False, 1.0, 0, "auto",
-                                                                  "raw_logprobs")}  # fmt: skip
+    changed = changed_settings(rollout)
     table = Table(
         title="why it is still off: the mismatch by cause (--attribute)",
         caption=escape(_caption(section, changed, decision)),

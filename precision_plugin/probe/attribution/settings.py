@@ -16,6 +16,7 @@ under any compute dtype, float32 included.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -118,6 +119,21 @@ class RolloutSettings:
         return asdict(self)
 
 
+def changed_settings(rollout: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a rollout-settings dict (``RolloutSettings.to_dict()``, or a results
+    file's ``attribution.rollout``) that differ from :class:`RolloutSettings`' defaults, in
+    order: ``True`` is not the default ``1.0`` or ``0`` here, though Python finds them equal."""
+    defaults = {f.name: f.default for f in fields(RolloutSettings)}
+    return {
+        key: value
+        for key, value in rollout.items()
+        if key not in defaults
+        or not (
+            isinstance(value, bool) == isinstance(defaults[key], bool) and value == defaults[key]
+        )
+    }
+
+
 @checked
 def parse_rollout(text: str) -> RolloutSettings:
     """``"top_p=0.9,logprobs_mode=processed_logprobs"`` -> :class:`RolloutSettings`.
@@ -126,6 +142,12 @@ def parse_rollout(text: str) -> RolloutSettings:
     and the fix for an unknown key, a repeated key or a value of the wrong kind.
     """
     values: dict[str, Any] = {}
+    if not text.replace(",", "").strip():
+        raise PrecisionConfigError(
+            f"--rollout: {text!r} names no setting; pass KEY=VALUE pairs, e.g. "
+            f"--rollout top_p=0.9,logprobs_mode=processed_logprobs (or leave --rollout out for "
+            f"the defaults)."
+        )
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
@@ -139,7 +161,7 @@ def parse_rollout(text: str) -> RolloutSettings:
             known = "; ".join(f"{k}: {v}" for k, v in ROLLOUT_KEYS.items())
             raise PrecisionConfigError(
                 f"--rollout: unknown key {key!r}; the keys are vLLM's names plus lm_head_fp32: "
-                f"{known}."
+                f"{known}; e.g. --rollout top_p=0.9,kv_cache_dtype=fp8."
             )
         if key in values:
             raise PrecisionConfigError(f"--rollout: {key!r} is given twice; pass it once.")
@@ -158,6 +180,8 @@ def _value(key: str, raw: str) -> Any:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
+    elif kind == "int" and raw.lstrip("+-").replace("_", "").isdigit():
+        return int(raw)  # exactly, however large (float() would round it)
     elif kind in ("float", "int"):
         try:
             number = float(raw)
