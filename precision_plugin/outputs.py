@@ -27,10 +27,23 @@ STDOUT = "-"
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and a
-    rename; the temporary file is removed when anything fails. Returns the path."""
+    rename; the temporary file is removed when anything fails. Returns the path.
+
+    A link is written through (the file it points to is replaced, the link kept); the file
+    keeps its permissions, and a new one gets the usual ones (0666 less the umask), not the
+    temporary file's 0600."""
     target = Path(path).expanduser()
+    if target.is_symlink():
+        target = target.resolve()
+    if target.exists():
+        mode = target.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

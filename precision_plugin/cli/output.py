@@ -48,12 +48,47 @@ def check_output_path(path: str | None, option: str, formats: Sequence[str] = ()
             f"{option}: cannot write {path!r}: no write permission for {where}; pass a path "
             f"you can write"
         )
+    if not target.exists():
+        _check_creatable(path, option, parent)
     suffix = target.suffix.lower().lstrip(".")
     if formats and suffix not in formats:
         raise UsageError(
             f"{option}: cannot write {path!r}: {suffix or 'no'} extension is not an image format "
             f"matplotlib writes; use .png (or one of {', '.join(sorted(formats))})"
         )
+
+
+def _check_creatable(path: str, option: str, folder: Path) -> None:
+    """Refuse a folder where no file can be created (``/proc``, a read-only mount), which the
+    permission bits do not show: by creating and removing a temporary file there."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".precision-plugin-check."):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"{option}: cannot write {path!r}: no file can be created in folder "
+            f"{str(folder)!r} ({exc.strerror or exc}); pass a path in another folder"
+        ) from None
+
+
+def _check_not_in_model(args: argparse.Namespace, outputs: dict[str, str | None]) -> None:
+    """Refuse an output path that is an existing file of the ``--model`` folder (its
+    ``config.json``, weights or tokenizer): the results would replace part of the checkpoint."""
+    model = getattr(args, "model", None)
+    if not isinstance(model, str) or not Path(model).expanduser().is_dir():
+        return
+    folder = Path(model).expanduser().resolve()
+    for option, path in outputs.items():
+        if path is None or path == "-":
+            continue
+        target = Path(path).expanduser()
+        if target.is_file() and folder in target.resolve().parents:
+            raise UsageError(
+                f"{option}: {path!r} is a file of the --model folder {model!r}; writing there "
+                f"would replace part of the checkpoint; pass a path outside it"
+            )
 
 
 def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
@@ -79,6 +114,7 @@ def check_outputs(args: argparse.Namespace) -> None:
             "stdout is closed and no --json FILE was given, so the results would be lost; "
             "pass --json FILE, or run with stdout open"
         )
+    _check_not_in_model(args, {"--json": args.json, **figures})
     from precision_plugin.outputs import distinct_paths
 
     prompts = getattr(args, "prompts", None)

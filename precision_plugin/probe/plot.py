@@ -39,11 +39,18 @@ def require_matplotlib() -> Any:
 
 
 def image_formats() -> tuple[str, ...]:
-    """File extensions matplotlib can write (``png``, ``pdf``, ``svg``, ...); needs matplotlib."""
+    """File extensions matplotlib can write here (``png``, ``pdf``, ``svg``, ...; ``pgf`` only
+    where its TeX program is installed, since it fails at the save); needs matplotlib."""
     require_matplotlib()
+    import shutil
+
+    import matplotlib
     from matplotlib.figure import Figure
 
-    return tuple(Figure().canvas.get_supported_filetypes())
+    formats = tuple(Figure().canvas.get_supported_filetypes())
+    if shutil.which(str(matplotlib.rcParams.get("pgf.texsystem", "xelatex"))) is None:
+        formats = tuple(f for f in formats if f != "pgf")
+    return formats
 
 
 def plot_probe(result: Any, path: str | Path) -> Path:

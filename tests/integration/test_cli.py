@@ -161,6 +161,20 @@ BAD_ARGS = {
         "does not exist",
     ),
     "json is a folder": (lambda tmp: ["probe", "--json", str(tmp)], "is a folder"),
+    "json replaces the model's config": (
+        lambda tmp: [
+            "probe",
+            "--model",
+            str(_checkpoint(tmp)),
+            "--json",
+            str(tmp / "ckpt" / "config.json"),
+        ],
+        "is a file of the --model folder",
+    ),
+    "json where no file can be made": (
+        lambda tmp: ["probe", "--json", "/proc/results.json"],
+        "no file can be created in folder '/proc'",
+    ),
     "plot not an image": (
         lambda tmp: ["probe", "--plot", str(tmp / "fig.txt")],
         "txt extension is not an image format",
@@ -199,6 +213,14 @@ BAD_ARGS = {
     "unknown command": (lambda tmp: ["train"], "invalid choice"),
     "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
 }
+
+
+def _checkpoint(tmp: Path) -> Path:
+    """A folder that looks like a checkpoint (the output check runs before any load)."""
+    folder = tmp / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    return folder
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ARGS))

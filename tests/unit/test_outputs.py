@@ -27,6 +27,26 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+def test_write_atomic_keeps_the_files_mode_and_writes_through_a_link(tmp_path):
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    kept.chmod(0o640)
+    write_atomic(kept, "new")
+    assert kept.read_text() == "new" and kept.stat().st_mode & 0o7777 == 0o640
+    umask = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "fresh.json", "x")  # not mkstemp's 0600
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "fresh.json").stat().st_mode & 0o7777 == 0o640
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_atomic(link, "through")
+    assert link.is_symlink() and real.read_text() == "through"
+
+
 def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("hi\n")
@@ -84,3 +104,16 @@ def test_a_command_whose_reader_has_gone_says_so_and_exits_74(tmp_path):
         "precision-plugin: error: cannot write the output: Broken pipe (the reader of the output "
         "has gone)."
     )
+
+
+def test_pgf_is_an_image_format_only_where_its_tex_program_is_installed(monkeypatch):
+    # matplotlib lists pgf but its save fails after the whole run without xelatex: the path
+    # check before the run must refuse it then.
+    import shutil
+
+    from precision_plugin.probe.plot import image_formats
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "pgf" not in image_formats() and "png" in image_formats()
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert "pgf" in image_formats()
