@@ -530,3 +530,33 @@ def test_fp8_kv_rounding_of_expanded_keys_returns_new_tensors() -> None:
     assert torch.equal(got_key, torch.full((1, 2, 3, 4), 0.3125))
     assert torch.equal(got_value, torch.full((1, 2, 3, 4), 0.3125))
     assert torch.equal(key, torch.full((1, 2, 3, 4), 0.3))  # the input is left as it was
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_table_keeps_every_digit_and_word_in_a_file_or_narrow_console(width: int) -> None:
+    # In a file (100 columns) the table was wider than the console: the intervals lost their
+    # exponents ("5.7e-…"), cause names their ends and the caption whole words. Now only the
+    # fix column folds onto more lines.
+    import io
+    import json
+    import re
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from precision_plugin.probe.attribution.render import _interval, render_attribution_table
+
+    path = Path(__file__).parents[2] / "docs/results/attribution-smollm2-1024-rollout.json"
+    section = json.loads(path.read_text())["attribution"]
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_attribution_table(section))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text
+    flat = re.sub(r"\s+", " ", text)
+    for block in section["dtypes"].values():
+        for cause, row in block["causes"].items():
+            assert _interval(row) in text
+            assert (cause if row["in_total"] else f"({cause})") in text
+    assert "interaction = covariances between causes" in flat
+    assert "the shares add up to 100%." in flat

@@ -54,42 +54,63 @@ def render_attribution_table(
         caption_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for header, justify in (
+    rows = _rows(section)
+    for i, (header, justify) in enumerate((
         ("dtype", "left"), ("cause", "left"), ("k3 [95% CI]", "right"), ("share", "right"),
         ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
-    ):  # fmt: skip
-        wide = header.startswith("fix")
-        table.add_column(
-            header,
-            justify=justify,
-            no_wrap=True,
-            overflow="ellipsis",
-            max_width=36 if wide else None,
-            min_width=None if wide else len(header),
-        )
+    )):  # fmt: skip
+        if header.startswith("fix"):
+            # The one column that wraps: on a narrow console or in a file (100 columns) the
+            # fixes fold onto more lines and every number keeps all its digits.
+            table.add_column(header, justify=justify, overflow="fold", min_width=16)
+            continue
+        widest = max((len(_plain(row[i])) for row in rows), default=0)
+        table.add_column(header, justify=justify, no_wrap=True, min_width=max(len(header), widest))
+    for row, end in zip(rows, _section_ends(section), strict=True):
+        table.add_row(*row, end_section=end)
+    return table
+
+
+def _plain(cell: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(cell).plain
+
+
+def _section_ends(section: Mapping[str, Any]) -> list[bool]:
+    ends: list[bool] = []
+    for block in section.get("dtypes", {}).values():
+        ends += [False] * (len(block["causes"]) + 2) + [True]
+    return ends
+
+
+def _rows(section: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The table's cells (markup), a dtype's causes, interaction, residual and total."""
+    from rich.markup import escape
+
+    rows: list[tuple[str, ...]] = []
     for dtype, block in section.get("dtypes", {}).items():
         first = True
         for cause, row in block["causes"].items():
-            k3 = _interval(row)
             name = cause if row["in_total"] else f"({cause})"
             flips = row.get("expert_flips")
             if flips is not None:
                 name += f", experts flip {flips:.1%}"
-            table.add_row(
-                _SHORT.get(dtype, dtype) if first else "", name, k3, _share(row["share"]),
+            rows.append((
+                _SHORT.get(dtype, dtype) if first else "", name, _interval(row),
+                _share(row["share"]),
                 f"{row['bitwise_equal']:.1%}" if row["bitwise_equal"] is not None else "-",
                 escape(_fix(row["fixes"]) if row["in_total"] else f"if {row.get('what_if', '')}"),
-            )  # fmt: skip
+            ))  # fmt: skip
             first = False
         for term in ("interaction", "residual"):
-            table.add_row("", term, "", _share(block[term]["share"]), "", "")
+            rows.append(("", term, "", _share(block[term]["share"]), "", ""))
         total = block["total"]
-        table.add_row(
+        rows.append((
             "", "[bold]total[/]", _interval(total), "100%",
             f"{total['bitwise_equal']:.1%}" if total["bitwise_equal"] is not None else "-", "",
-            end_section=True,
-        )  # fmt: skip
-    return table
+        ))  # fmt: skip
+    return rows
 
 
 def _caption(
