@@ -294,6 +294,43 @@ def test_layerwise_places_the_largest_cause() -> None:
     assert "rotary_emb" in line, line
 
 
+def test_layerwise_places_nothing_where_no_forward_cause_adds_anything() -> None:
+    # float32 with the rollout's defaults: the dtype row is exactly 0 (the rows are measured
+    # with the trainer's kernels), so there is no cause to place; the replay used to run the
+    # rollout's own kernels and "placed" their summation order as the dtype cause.
+    import types
+
+    from precision_plugin.policy import OverflowSettings
+    from precision_plugin.probe.attribution import rollout_samples
+    from precision_plugin.probe.attribution.probe import LAYER_CAUSES, where_it_parts
+    from tests.attribution_cases import NEW_TOKENS, PROMPTS
+
+    model = llama()
+    settings = RolloutSettings()
+    report = run(model, "float32", settings)
+    assert next(r for r in report.rows if r.cause == "dtype").part == 0.0
+    samples = rollout_samples(
+        model, PROMPTS, [NEW_TOKENS] * 3, "float32", settings,
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
+    )  # fmt: skip
+    config = types.SimpleNamespace(overflow=OverflowSettings())
+    line = where_it_parts(model, report, samples, settings, config)
+    assert line == (
+        f"no cause inside one forward ({', '.join(LAYER_CAUSES)}) adds to this total; nothing "
+        f"to place along the layers."
+    )
+    # Had the dtype row a part, its replay runs the trainer's kernels on both sides, as the row
+    # was measured: a float32 copy then equals the trainer at every stage.
+    import dataclasses
+
+    report.rows[:] = [
+        dataclasses.replace(r, part=1e-12) if r.cause == "dtype" else r for r in report.rows
+    ]
+    line = where_it_parts(model, report, samples, settings, config)
+    assert line is not None and "the largest that is, dtype" in line
+    assert "median stage 0 u" in line and "largest local error 0 u" in line, line
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
     dtype: str, tmp_path: Any

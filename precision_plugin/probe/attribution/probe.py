@@ -9,6 +9,7 @@ from precision_plugin.probe.attribution.measure import attribute, rollout_sample
 from precision_plugin.probe.attribution.report import AttributionReport, DtypeAttribution
 from precision_plugin.probe.attribution.settings import AttributionSettings, RolloutSettings
 from precision_plugin.probe.attribution.variants import apply_switches
+from precision_plugin.scoring.packed_cpu import trainer_kernels
 
 
 def attribute_probe(
@@ -95,10 +96,16 @@ def where_it_parts(
         (r for r in block.rows if r.in_total and r.share is not None),
         key=lambda r: -r.share,  # type: ignore[operator]
     )
-    placeable = [r for r in rows if r.cause in LAYER_CAUSES]
+    # A cause whose row is exactly 0 has nothing to place (float32's dtype row, for one).
+    placeable = [r for r in rows if r.cause in LAYER_CAUSES and r.part > 0]
     sample = longest(samples)
-    if not placeable or sample is None:
+    if sample is None:
         return None
+    if not placeable:
+        return (
+            "no cause inside one forward (" + ", ".join(LAYER_CAUSES) + ") adds to this "
+            "total; nothing to place along the layers."
+        )
     cause = placeable[0].cause
     dtype = block.dtype
     device = str(next(model.parameters()).device)
@@ -110,8 +117,11 @@ def where_it_parts(
                "lm_head": "head_dtype"}[cause]  # fmt: skip
         switch = {key: present_switches(settings, dtype)[key]}
         trainer, rollout = base, apply_switches(_copy(model, dtype), model, dtype, **switch)
-    found = replay(trainer, rollout, sample, dtype, device,
-                   margin_bits=config.overflow.margin_bits)  # fmt: skip
+    # With the trainer's kernels on both sides, as the rows are measured: otherwise the replay
+    # places the rollout kernels' summation order, which is no cause (float32's dtype row is 0).
+    with trainer_kernels():
+        found = replay(trainer, rollout, sample, dtype, device,
+                       margin_bits=config.overflow.margin_bits)  # fmt: skip
     lead = f"largest cause {rows[0].cause}" + (
         f" is not inside one forward; the largest that is, {cause}" if rows[0].cause != cause
         else ""
