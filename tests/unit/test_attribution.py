@@ -597,3 +597,25 @@ def test_the_table_keeps_every_digit_and_word_in_a_file_or_narrow_console(width:
             assert (cause if row["in_total"] else f"({cause})") in text
     assert "interaction = covariances between causes" in flat
     assert "the shares add up to 100%." in flat
+
+
+def test_one_sequence_gives_no_interval_and_a_note_for_the_missing_batch_row(
+    tmp_path: Any, capsys: Any
+) -> None:
+    import json
+
+    from precision_plugin.cli import main
+    from precision_plugin.probe.attribution import k3_interval
+
+    # k3 of the log-ratios 0.1 and -0.2: (e^-0.1 - 1 + 0.1 + e^0.2 - 1 - 0.2) / 2.
+    one = k3_interval([[0.1, -0.2]])
+    assert one.value == (math.expm1(-0.1) + 0.1 + math.expm1(0.2) - 0.2) / 2
+    assert math.isnan(one.low) and math.isnan(one.high)  # resampling one sequence repeats it
+    out = tmp_path / "one.json"
+    argv = ["probe", "--attribute", "--num-prompts", "1", "--max-new-tokens", "2"]
+    assert main([*argv, "--dtypes", "float32", "--json", str(out)]) == 0
+    capsys.readouterr()
+    section = json.loads(out.read_text())["attribution"]
+    assert any(n.startswith("attribution: one sequence: no batch row") for n in section["notes"])
+    rows = section["dtypes"]["float32"]["causes"]
+    assert "batch" not in rows and rows["dtype"]["k3_interval"] == [None, None]

@@ -101,7 +101,8 @@ def k3_interval(
 ) -> K3:
     """k3 (``mean(e^-d - 1 + d)`` over tokens) of per-sequence log-ratios ``d``, with a 95 %
     percentile bootstrap interval that resamples whole sequences; NaN for all three when there
-    is no token (no estimate, where :func:`decompose` gives a total of 0 tokens)."""
+    is no token (no estimate, where :func:`decompose` gives a total of 0 tokens), and a NaN
+    interval from one sequence (resampling one sequence only repeats it)."""
     import torch
 
     rows = [r for r in log_ratios if len(r)]
@@ -110,6 +111,8 @@ def k3_interval(
     sums = torch.tensor([math.fsum(k3_term(-x) for x in r) for r in rows], dtype=torch.float64)
     counts = torch.tensor([len(r) for r in rows], dtype=torch.float64)
     value = float(sums.sum() / counts.sum())
+    if len(rows) < 2:
+        return K3(value, math.nan, math.nan)
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(rows), (resamples, len(rows)), generator=generator)
     estimates = sums[picks].sum(1) / counts[picks].sum(1)

@@ -37,6 +37,12 @@ def attribute_probe(
             f"attribution: the {config.engine} engine cannot be switched cause by cause from "
             f"here; the HF engine stands in for it (its samples, its KV cache)."
         )
+    if len(prompts) < 2:
+        notes.append(
+            "attribution: one sequence: no batch row (a sequence alone against inside its "
+            "batch needs two) and no intervals (they resample whole sequences); pass "
+            "--num-prompts 2 or more."
+        )
     samples: dict[str, Any] = {}
     for dtype, result in results.items():
         if not result.samples:
