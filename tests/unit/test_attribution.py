@@ -619,3 +619,21 @@ def test_one_sequence_gives_no_interval_and_a_note_for_the_missing_batch_row(
     assert any(n.startswith("attribution: one sequence: no batch row") for n in section["notes"])
     rows = section["dtypes"]["float32"]["causes"]
     assert "batch" not in rows and rows["dtype"]["k3_interval"] == [None, None]
+
+
+@pytest.mark.parametrize(("rate", "noted"), [(1e-300, True), (1e-3, False)])
+def test_a_step_that_moves_no_weight_is_noted(rate: float, noted: bool) -> None:
+    from precision_plugin.probe.attribution import attribute, rollout_samples
+    from tests.attribution_cases import NEW_TOKENS, PROMPTS
+
+    model = llama()
+    samples = rollout_samples(
+        model, PROMPTS, [NEW_TOKENS] * 3, "float32", RolloutSettings(),
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
+    )  # fmt: skip
+    report = attribute(model, {"float32": samples}, RolloutSettings(),
+                       min_new_tokens=NEW_TOKENS, learning_rate=rate)  # fmt: skip
+    stale = next(r for r in report.dtypes["float32"].rows if r.cause == "stale_weights")
+    assert (stale.part == 0.0) is noted
+    note = f"stale_weights: one Adam step at lr {rate:g} changed no weight"
+    assert any(n.startswith(note) for n in report.notes) is noted

@@ -391,6 +391,12 @@ def attribute(
         if stale is None:
             announce(f"attribution: one Adam step for stale_weights (lr {learning_rate:g})")
             stale = stepped_weights(master, sequences_of(samples), learning_rate, seed)
+            if _unchanged(master, stale):
+                report.notes.append(
+                    f"stale_weights: one Adam step at lr {learning_rate:g} changed no weight "
+                    f"(each move is below the weight's float32 rounding), so the row is 0; pass "
+                    f"the --learning-rate you train at."
+                )
         if tick is not None:
             tick(f"{dtype}: attribution")
         report.dtypes[dtype] = attribute_dtype(
@@ -405,6 +411,14 @@ def attribute(
     )  # fmt: skip
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _unchanged(master: Any, stepped: dict[str, Any]) -> bool:
+    """Whether the stepped state dict equals ``master``'s, every tensor bit for bit."""
+    import torch
+
+    own = master.state_dict()
+    return all(torch.equal(own[k], v) for k, v in stepped.items() if k in own)
 
 
 __all__ = [
