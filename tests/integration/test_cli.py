@@ -210,6 +210,14 @@ BAD_ARGS = {
         lambda tmp: ["probe", "--max-new-tokens", "8", "--min-new-tokens", "9"],
         "min-new-tokens: 9",
     ),
+    "learning rate past float": (
+        lambda tmp: ["probe", "--attribute", "--learning-rate", "1e400"],
+        "--learning-rate: '1e400' is not a number in (0, 1]",
+    ),
+    "learning rate zero": (
+        lambda tmp: ["probe", "--attribute", "--learning-rate", "0"],
+        "--learning-rate: '0' is not a number in (0, 1]",
+    ),
     "unknown command": (lambda tmp: ["train"], "invalid choice"),
     "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
 }

@@ -33,7 +33,7 @@ def add_attribution_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--learning-rate",
-        type=float,
+        type=_learning_rate,
         default=None,
         metavar="LR",
         help="learning rate of the one Adam step the stale_weights row measures "
@@ -44,6 +44,22 @@ def add_attribution_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.png",
         help="with --attribute: write the figure of the mismatch by cause (needs matplotlib)",
     )
+
+
+def _learning_rate(text: str) -> float:
+    """A number in (0, 1], refused as the user typed it (``float('1e400')`` is inf)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number in (0, 1]; pass the rate you train at, e.g. "
+            f"--learning-rate {DEFAULT_LEARNING_RATE:g} (the default)"
+        )
+    return value
 
 
 def write_attribution_plot(args: argparse.Namespace, result: Any, model: str) -> str | None:
