@@ -11,10 +11,20 @@ import copy as copying
 import functools
 import inspect
 import itertools
-from typing import Any
+from typing import Annotated, Any
 
-from precision_plugin.boundary import at_least, checked, dtype_name, duck, torch_device
+from precision_plugin.boundary import (
+    Invalid,
+    Validator,
+    at_least,
+    checked,
+    dtype_name,
+    duck,
+    torch_device,
+)
+from precision_plugin.constraints import AtMost
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.probe.inputs import resolve_device
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
 from precision_plugin.scoring import float16_cpu, packed_cpu
@@ -32,8 +42,34 @@ __all__ = [
     "load_causal_lm",
 ]
 
+#: Largest seed a torch generator takes (64 bits); prompt ``i`` is seeded with ``seed + i``.
+_MAX_TORCH_SEED = 2**64 - 1
 
-@checked(device=torch_device)
+
+def _usable_device(value: Any) -> Any:
+    torch_device(value)
+    try:
+        resolve_device(str(value))  # the probe's check: a device torch has on this machine
+    except PrecisionConfigError as exc:
+        # Its words are the CLI's ("pass --device ..."): keep the reason, give this API's fix.
+        reason = str(exc).removeprefix(f"device: {str(value)!r} ").rsplit("; pass", 1)[0]
+        raise Invalid(
+            f"cannot be used on this machine ({reason.removeprefix('was asked for but ')}); "
+            f"pass 'cpu' or a device torch sees here"
+        ) from None
+    return value
+
+
+#: A device name torch parses (``"cpu"``, ``"cuda:1"``) and has on this machine: ``"cuda"``
+#: without a CUDA GPU is one error here, not torch's assertion deep in the first ``.to()``.
+_USABLE_DEVICE = Validator(
+    "a torch device this machine has, such as 'cpu' or 'cuda:0'",
+    _usable_device,
+    ("gpu0", "", "cuda:99"),
+)
+
+
+@checked(device=_USABLE_DEVICE)
 def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     """Load a local HF causal-LM checkpoint in float32 on ``device``, in eval mode.
 
@@ -70,7 +106,7 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 @checked(
     model=duck("config", "forward", what="a transformers causal LM (from_pretrained)"),
     dtype=dtype_name,
-    device=torch_device,
+    device=_USABLE_DEVICE,
 )
 class HFRolloutEngine:
     """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
@@ -148,6 +184,11 @@ class HFRolloutEngine:
         model, _ = load_causal_lm(model_path, device)
         return cls(model, dtype, device, float32_buffers=float32_buffers, copy=False)
 
+    @checked(
+        max_new_tokens=at_least(1, why="the most tokens a completion may have"),
+        seed=at_least(0),
+        min_new_tokens=at_least(0),
+    )
     def generate(
         self,
         prompts: list[list[int]],
@@ -155,7 +196,7 @@ class HFRolloutEngine:
         seed: int,
         *,
         sampling: SamplingSettings | None = None,
-        min_new_tokens: int = 0,
+        min_new_tokens: Annotated[int, AtMost("max_new_tokens")] = 0,
         budgets: list[int] | None = None,
     ) -> list[RolloutSample]:
         """Sample one completion per prompt; a completion stops after its first EOS token.
@@ -186,8 +227,13 @@ class HFRolloutEngine:
             )
         if not prompts:
             return []
-        if any(not p for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        self._check_prompts(prompts)
+        if seed + len(prompts) - 1 > _MAX_TORCH_SEED:
+            raise PrecisionConfigError(
+                f"HFRolloutEngine.generate(): seed {seed} is too large: prompt i is sampled with "
+                f"seed + i, and with {len(prompts)} prompt(s) that passes torch's largest seed "
+                f"(2**64 - 1); pass a seed <= {_MAX_TORCH_SEED - len(prompts) + 1}."
+            )
         caps = [max_new_tokens] * len(prompts) if budgets is None else list(budgets)
         if len(caps) != len(prompts) or any(
             isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= max_new_tokens
@@ -212,6 +258,29 @@ class HFRolloutEngine:
             return self._generate_batch(
                 ids, real, caps, generators, sampling, min_new_tokens, prompts
             )
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        """Refuse an empty prompt and a token id the model has no embedding for."""
+        embeddings = getattr(self.model, "get_input_embeddings", lambda: None)()
+        vocab = getattr(embeddings, "num_embeddings", None)
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise PrecisionConfigError(
+                    f"HFRolloutEngine.generate(): prompt {i} is empty, so the first token has "
+                    f"nothing to be sampled from; pass at least one token per prompt (e.g. the "
+                    f"BOS id)."
+                )
+            low, top = min(prompt), max(prompt)
+            if low < 0:
+                raise PrecisionConfigError(
+                    f"HFRolloutEngine.generate(): token id {low} in prompt {i} is negative; "
+                    f"pass the tokenizer's ids (0 and up)."
+                )
+            if isinstance(vocab, int) and top >= vocab:
+                raise PrecisionConfigError(
+                    f"HFRolloutEngine.generate(): token id {top} in prompt {i} is past the "
+                    f"model's {vocab} embeddings; pass ids from this model's tokenizer."
+                )
 
     def _attention_mask(self, ids: Any, real: Any) -> Any:
         """The prompt's attention mask: its real tokens (``real``: 1, left padding: 0)."""
@@ -317,7 +386,7 @@ def _holds_inference_tensors(model: Any) -> bool:
     return any(t.is_inference() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
-@checked(dtype=dtype_name, device=torch_device, seed=at_least(0))
+@checked(dtype=dtype_name, device=_USABLE_DEVICE, seed=at_least(0))
 def hf_engine_factory(
     model_path: str, dtype: str, device: str, seed: int, *, float32_buffers: bool = True
 ) -> HFRolloutEngine:

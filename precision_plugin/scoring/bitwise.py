@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import _show, checked
 from precision_plugin.errors import PrecisionConfigError
 
 
@@ -24,18 +24,40 @@ class BitwiseEqual:
         return self.equal / self.total if self.total else float("nan")
 
 
-def _bits(value: float) -> bytes:
-    # float32 bits: both sides' log-probs are float32 values carried as Python floats; -0.0 and
-    # 0.0 differ here, as they do bit for bit.
-    return struct.pack("<f", value)
+def _holds_exactly(value: int) -> bool:
+    """Whether a float64 holds the integer ``value`` exactly."""
+    try:
+        return float(value) == value
+    except OverflowError:
+        return False
+
+
+def _doubles(row: Sequence[float], side: str, index: int) -> array:
+    """``row`` as float64 values; an integer no float64 holds exactly (past 2**53, or past
+    float range) is refused, as its bits would be those of another number."""
+    for j, v in enumerate(row):
+        if isinstance(v, int) and not _holds_exactly(v):
+            raise PrecisionConfigError(
+                f"bitwise_equal(): {side}[{index}][{j}] is the integer {_show(v)}, which no "
+                f"float64 holds exactly, so it has no bits to compare; pass the log-probs as "
+                f"floats."
+            )
+    return array("d", row)
+
+
+def _words(values: array) -> memoryview:
+    """The float64 bit patterns of ``values`` as unsigned 64-bit integers."""
+    return memoryview(values).cast("B").cast("Q")
 
 
 @checked
 def bitwise_equal(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> BitwiseEqual:
-    """Count the tokens whose log-probs in ``a`` and ``b`` have the same float32 bits.
+    """Count the tokens whose log-probs in ``a`` and ``b`` have the same float64 bits.
 
-    ``a`` and ``b`` hold one list of per-token log-probs per sequence, for the same tokens. A NaN
-    equals nothing. This is a strictly stronger check than a zero mean difference.
+    ``a`` and ``b`` hold one list of per-token log-probs per sequence, for the same tokens
+    (Python floats; a float32 tensor's values, converted with ``tolist()``, are exact, so
+    comparing float64 bits compares their float32 bits). A NaN equals nothing, and ``-0.0``
+    differs from ``0.0``. This is a strictly stronger check than a zero mean difference.
     """
     if [len(r) for r in a] != [len(r) for r in b]:
         raise PrecisionConfigError(
@@ -44,8 +66,11 @@ def bitwise_equal(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) ->
             f"of the same tokens on both sides."
         )
     equal = total = 0
-    for ra, rb in zip(a, b, strict=True):
-        for x, y in zip(ra, rb, strict=True):
-            total += 1
-            equal += x == x and _bits(x) == _bits(y)
+    for i, (ra, rb) in enumerate(zip(a, b, strict=True)):
+        xa, xb = _doubles(ra, "a", i), _doubles(rb, "b", i)
+        total += len(xa)
+        # x == x leaves out NaN, whose bits may match but which equals nothing.
+        equal += sum(
+            1 for x, p, q in zip(xa, _words(xa), _words(xb), strict=True) if p == q and x == x
+        )
     return BitwiseEqual(equal, total)

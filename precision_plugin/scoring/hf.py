@@ -28,7 +28,14 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
+from precision_plugin.boundary import (
+    _show,
+    at_least,
+    checked,
+    dtype_name,
+    torch_device,
+    torch_module,
+)
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin.scoring.interface import TokenSequence
@@ -128,12 +135,31 @@ class HFScorer:
                 f"pass ids from this model's tokenizer."
             )
         todo = [i for i, s in enumerate(sequences) if s.completion_ids]
+        self._check_lengths(sequences, todo)
         run = self._decode if self.incremental else self._prefill
         for first in range(0, len(todo), self.batch_size):
             rows = todo[first : first + self.batch_size]
             for i, logp in zip(rows, run([sequences[i] for i in rows]), strict=True):
                 out[i] = logp
         return out
+
+    def _check_lengths(self, sequences: Sequence[TokenSequence], todo: list[int]) -> None:
+        """Refuse a sequence longer than the model's ``max_position_embeddings`` (where its
+        config names one): past it, positions the model never learned give numbers with no
+        error of their own."""
+        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            return
+        for i in todo:
+            prompt, completion = len(sequences[i].prompt_ids), len(sequences[i].completion_ids)
+            if prompt + completion > limit:
+                raise PrecisionConfigError(
+                    f"HFScorer.score(): sequence {i} is {prompt + completion} tokens long "
+                    f"(prompt {prompt} + completion {completion}), and the model reads at most "
+                    f"max_position_embeddings={limit} tokens, prompt and completion together; "
+                    f"shorten it to at most {limit} tokens."
+                )
 
     def _padded(self, seqs: list[list[int]]) -> tuple[Any, Any, Any]:
         import torch
@@ -324,6 +350,16 @@ class LMHead:
             logits = self.logits(hidden[at : at + step]).float()
             where = None if positions is None else positions[at : at + step]
             logp = transform(logits, where)
+            if not isinstance(logp, torch.Tensor) or logp.shape != logits.shape:
+                name = getattr(transform, "__qualname__", type(transform).__name__)
+                found = (
+                    f"shape {tuple(logp.shape)}" if isinstance(logp, torch.Tensor) else _show(logp)
+                )
+                raise PrecisionConfigError(
+                    f"HFScorer.score(): transform {name!r} returned {found} for float32 logits "
+                    f"of shape {tuple(logits.shape)} (positions, vocabulary); it must return "
+                    f"one log-prob per logit, a tensor of that same shape (as log_softmax does)."
+                )
             parts.append(logp.gather(-1, targets[at : at + step, None]).squeeze(-1))
             del logits, logp
         return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)

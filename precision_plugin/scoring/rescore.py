@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import at_least, checked
+from precision_plugin.boundary import _show, at_least, checked, same_length
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.bitwise import BitwiseEqual, bitwise_equal
 from precision_plugin.scoring.interface import Scorer, TokenSequence
 
@@ -32,7 +33,15 @@ class BatchRescore:
         )  # fmt: skip
 
 
-@checked(batch_size=at_least(1), seed=at_least(0))
+@checked(
+    same_length(
+        "sequences",
+        "alone",
+        fix="pass one row of log-probs per sequence in alone (or leave alone out)",
+    ),
+    batch_size=at_least(1),
+    seed=at_least(0),
+)
 def batch_rescore(
     scorer: Scorer,
     sequences: Sequence[TokenSequence],
@@ -49,14 +58,48 @@ def batch_rescore(
     pass). Works with any [`Scorer`][precision_plugin.scoring.Scorer].
     """
     seqs = list(sequences)
-    single = [list(r) for r in alone] if alone is not None else [
-        scorer.score([s])[0] for s in seqs
-    ]  # fmt: skip
+    if alone is not None:
+        single = [list(r) for r in alone]
+        for i, (row, seq) in enumerate(zip(single, seqs, strict=True)):
+            if len(row) != len(seq.completion_ids):
+                raise PrecisionConfigError(
+                    f"batch_rescore(): alone[{i}] holds {len(row)} log-probs, but sequences[{i}] "
+                    f"has {len(seq.completion_ids)} completion tokens; pass in alone each "
+                    f"sequence's log-probs scored alone, in the order of sequences (or leave "
+                    f"alone out)."
+                )
+    else:
+        single = [_scored(scorer, seqs, [i])[0] for i in range(len(seqs))]
     order = list(range(len(seqs)))
     random.Random(seed).shuffle(order)
     batched: list[list[float]] = [[] for _ in seqs]
     for first in range(0, len(order), batch_size):
         rows = order[first : first + batch_size]
-        for i, logp in zip(rows, scorer.score([seqs[i] for i in rows]), strict=True):
-            batched[i] = list(logp)
+        for i, logp in zip(rows, _scored(scorer, seqs, rows), strict=True):
+            batched[i] = logp
     return BatchRescore(batch_size, single, batched, bitwise_equal(single, batched))
+
+
+def _scored(scorer: Scorer, seqs: list[TokenSequence], rows: list[int]) -> list[list[float]]:
+    """``scorer``'s log-probs of ``seqs[i]`` for ``i`` in ``rows`` (one call), checked to hold
+    one row per sequence and one log-prob per completion token."""
+    label = getattr(scorer, "name", None) or type(scorer).__name__
+    got = scorer.score([seqs[i] for i in rows])
+    try:
+        out = [list(r) for r in got]
+    except TypeError:
+        out = None
+    if out is None or len(out) != len(rows):
+        found = f"{len(out)} row(s)" if out is not None else _show(got)
+        raise PrecisionConfigError(
+            f"batch_rescore(): scorer {label!r} returned {found} for {len(rows)} sequence(s); "
+            f"its score() must return one list of log-probs per sequence, in order."
+        )
+    for i, row in zip(rows, out, strict=True):
+        if len(row) != len(seqs[i].completion_ids):
+            raise PrecisionConfigError(
+                f"batch_rescore(): scorer {label!r} returned {len(row)} log-probs for "
+                f"sequences[{i}], which has {len(seqs[i].completion_ids)} completion tokens; "
+                f"its score() must return one log-prob per completion token."
+            )
+    return out
