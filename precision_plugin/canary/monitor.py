@@ -50,7 +50,7 @@ VERDICT_CODES: dict[str | None, int] = {
 
 
 def _bits(rows: Sequence[Sequence[float]]) -> bytes:
-    return b"".join(struct.pack(f"<{len(r)}f", *r) for r in rows)
+    return b"".join(struct.pack(f"<{len(r)}d", *r) for r in rows)
 
 
 @checked

@@ -82,7 +82,7 @@ def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
 @checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE)
 def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, float]:
     """The per-batch ``bitwise_equal_frac`` (the share of masked tokens whose learner and
-    rollout log-probs have the same float32 bits) and ``k3_kl`` (the canary's k3 over them):
+    rollout log-probs are bit-identical) and ``k3_kl`` (the canary's k3 over them):
     verl ``(old_log_probs, rollout_log_probs, response_mask)``, OpenRLHF
     ``(action_log_probs, rollout_log_probs, action_mask)``."""
     a, b = masked_rows(learner, mask), masked_rows(rollout, mask)

@@ -19,11 +19,12 @@ from precision_plugin.scoring import (
 from tests.tiny import tiny_llama
 
 
-def test_bitwise_equal_counts_float32_bits() -> None:
+def test_bitwise_equal_counts_float64_bits() -> None:
     got = bitwise_equal([[0.5, -0.0, math.nan], [1.0]], [[0.5, 0.0, math.nan], [1.0 + 1e-12]])
-    # 0.5 equal; -0.0 vs 0.0 differ in bits; NaN equals nothing; 1.0 + 1e-12 rounds to 1.0f.
-    assert (got.equal, got.total) == (2, 4)
-    assert got.fraction == 0.5
+    # 0.5 equal; -0.0 vs 0.0 differ in bits; NaN equals nothing; 1.0 + 1e-12 is another float
+    # (packed as float32 it was "equal": the values differ, so they are not bit-identical).
+    assert (got.equal, got.total) == (1, 4)
+    assert got.fraction == 0.25
 
 
 def test_bitwise_equal_refuses_different_shapes() -> None:
