@@ -353,6 +353,50 @@ def _torch_device(value: Any) -> Any:
 torch_device = Validator("a torch device such as 'cpu' or 'cuda:1'", _torch_device, ("gpu0", ""))
 
 
+def device_problem(device: Any) -> str | None:
+    """Why torch cannot run on ``device`` on this machine ("it is not a torch device (...)",
+    "torch sees no CUDA GPU (torch 2.x)", ...); ``None`` where it can. Device types other than
+    cpu, cuda, mps and xpu are refused: nothing here runs on them."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        return f"it is not a torch device ({' '.join(str(exc).split())})"
+    xpu = getattr(torch, "xpu", None)
+    counts = {
+        "cpu": 1,
+        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "mps": 1 if torch.backends.mps.is_available() else 0,
+        "xpu": xpu.device_count() if xpu is not None and xpu.is_available() else 0,
+    }
+    if parsed.type not in counts:
+        return "it is not a device the plugin runs on (cpu, cuda, mps or xpu)"
+    found = counts[parsed.type]
+    if found == 0:
+        label = "CUDA GPU" if parsed.type == "cuda" else f"{parsed.type} device"
+        return f"torch sees no {label} (torch {torch.__version__})"
+    if parsed.index is not None and parsed.index >= found:
+        return f"torch sees {found} {parsed.type} device(s) (indices 0..{found - 1})"
+    return None
+
+
+def _usable_device(value: Any) -> Any:
+    problem = device_problem(value)
+    if problem is not None:
+        raise Invalid(
+            f"cannot be used on this machine: {problem}; pass 'cpu' or a device torch sees here"
+        )
+    return value
+
+
+#: A device torch parses and has on this machine (``"cuda"`` without a CUDA GPU is refused
+#: here, not by torch's assertion at the first ``.to()``).
+usable_device = Validator(
+    "a torch device this machine has, such as 'cpu' or 'cuda:0'", _usable_device, ("gpu0", "")
+)
+
+
 def each(item: Validator) -> Validator:
     """Every item of a collection passes ``item`` (the value is passed on unchanged)."""
 

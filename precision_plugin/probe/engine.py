@@ -13,18 +13,9 @@ import inspect
 import itertools
 from typing import Annotated, Any
 
-from precision_plugin.boundary import (
-    Invalid,
-    Validator,
-    at_least,
-    checked,
-    dtype_name,
-    duck,
-    torch_device,
-)
+from precision_plugin.boundary import at_least, checked, dtype_name, duck, usable_device
 from precision_plugin.constraints import AtMost
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.probe.inputs import resolve_device
 from precision_plugin.rollout import RolloutEngine, RolloutSample
 from precision_plugin.sampling import LogitsProcessor, SamplingSettings
 from precision_plugin.scoring import float16_cpu, packed_cpu
@@ -46,30 +37,7 @@ __all__ = [
 _MAX_TORCH_SEED = 2**64 - 1
 
 
-def _usable_device(value: Any) -> Any:
-    torch_device(value)
-    try:
-        resolve_device(str(value))  # the probe's check: a device torch has on this machine
-    except PrecisionConfigError as exc:
-        # Its words are the CLI's ("pass --device ..."): keep the reason, give this API's fix.
-        reason = str(exc).removeprefix(f"device: {str(value)!r} ").rsplit("; pass", 1)[0]
-        raise Invalid(
-            f"cannot be used on this machine ({reason.removeprefix('was asked for but ')}); "
-            f"pass 'cpu' or a device torch sees here"
-        ) from None
-    return value
-
-
-#: A device name torch parses (``"cpu"``, ``"cuda:1"``) and has on this machine: ``"cuda"``
-#: without a CUDA GPU is one error here, not torch's assertion deep in the first ``.to()``.
-_USABLE_DEVICE = Validator(
-    "a torch device this machine has, such as 'cpu' or 'cuda:0'",
-    _usable_device,
-    ("gpu0", "", "cuda:99"),
-)
-
-
-@checked(device=_USABLE_DEVICE)
+@checked(device=usable_device)
 def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     """Load a local HF causal-LM checkpoint in float32 on ``device``, in eval mode.
 
@@ -106,7 +74,7 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 @checked(
     model=duck("config", "forward", what="a transformers causal LM (from_pretrained)"),
     dtype=dtype_name,
-    device=_USABLE_DEVICE,
+    device=usable_device,
 )
 class HFRolloutEngine:
     """Rollout with a KV-cache sampling loop over its own copy of the weights in ``dtype``.
@@ -386,7 +354,7 @@ def _holds_inference_tensors(model: Any) -> bool:
     return any(t.is_inference() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
-@checked(dtype=dtype_name, device=_USABLE_DEVICE, seed=at_least(0))
+@checked(dtype=dtype_name, device=usable_device, seed=at_least(0))
 def hf_engine_factory(
     model_path: str, dtype: str, device: str, seed: int, *, float32_buffers: bool = True
 ) -> HFRolloutEngine:

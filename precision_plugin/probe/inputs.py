@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, duck, non_empty
+from precision_plugin.boundary import at_least, checked, device_problem, duck, non_empty
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import UserJSONError, parse_json
 
@@ -56,35 +56,12 @@ def resolve_device(device: str) -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    problem = device_problem(device)
+    if problem is not None:
         raise PrecisionConfigError(
-            f"device: {device!r} is not a torch device ({exc}); pass cpu, cuda, cuda:1 or auto."
-        ) from None
-    xpu = getattr(torch, "xpu", None)
-    counts = {
-        "cpu": 1,
-        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "mps": 1 if torch.backends.mps.is_available() else 0,
-        "xpu": xpu.device_count() if xpu is not None and xpu.is_available() else 0,
-    }
-    if parsed.type not in counts:
-        raise PrecisionConfigError(
-            f"device: {device!r} is not a device the probe runs on; pass cpu, cuda, cuda:1, "
-            f"mps, xpu or auto."
-        )
-    found = counts[parsed.type]
-    if found == 0:
-        label = "CUDA GPU" if parsed.type == "cuda" else f"{parsed.type} device"
-        raise PrecisionConfigError(
-            f"device: {device!r} was asked for but torch sees no {label} "
-            f"(torch {torch.__version__}); pass --device cpu or auto."
-        )
-    if parsed.index is not None and parsed.index >= found:
-        raise PrecisionConfigError(
-            f"device: {device!r} was asked for but torch sees {found} {parsed.type} device(s) "
-            f"(indices 0..{found - 1}); pass one of those or auto."
+            f"device: {device!r} cannot be used: {problem}; pass --device cpu, a device this "
+            f"machine has "
+            f"(cuda, cuda:1, mps, xpu) or auto."
         )
     return device
 

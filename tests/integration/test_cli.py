@@ -199,7 +199,7 @@ BAD_ARGS = {
         "is the same file as the output --plot",
     ),
     "bad device": (lambda tmp: ["probe", "--device", "tpu9"], "device"),
-    "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the probe runs on"),
+    "meta device": (lambda tmp: ["probe", "--device", "meta"], "not a device the plugin runs on"),
     "absent gpu index": (lambda tmp: ["probe", "--device", "cuda:99"], "device: 'cuda:99'"),
     "too many tokens": (lambda tmp: ["probe", "--max-new-tokens", "5000"], "max_position"),
     "missing prompts file": (
