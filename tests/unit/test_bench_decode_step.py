@@ -37,7 +37,8 @@ def test_weight_bytes_counts_every_linear_weight_at_the_width_its_product_reads(
 def test_measure_finds_the_products_in_the_profile(tmp_path: object) -> None:
     """A short run on the embedded model: the profiler's product operators are found (a step
     with no product time would publish an infinite rate), and the step splits into them and
-    the rest."""
+    the rest. The products are compared with the profiled run's own step: the unprofiled
+    median is other runs, and a loaded machine made it shorter than the profiled products."""
     from precision_plugin.probe.tiny_model import save_default_model
     from tests.benchmarks.bench_decode_step import measure
 
@@ -45,7 +46,7 @@ def test_measure_finds_the_products_in_the_profile(tmp_path: object) -> None:
     result = measure(str(path), "bfloat16", [1, 2], steps=4)
     assert set(result["rows"]) == {"1", "2"}
     for cell in result["rows"].values():
-        assert 0 < cell["products_ms"] < cell["step_ms"]
+        assert 0 < cell["products_ms"] < cell["profiled_step_ms"]
         assert cell["other_ms"] == pytest.approx(cell["step_ms"] - cell["products_ms"])
         assert cell["operators_per_step"] > 0
 
