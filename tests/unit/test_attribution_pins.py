@@ -1,0 +1,142 @@
+"""Exact values of the attribution's small pieces, each computed here independently: the
+log-ratio's direction, the bootstrap's quantiles, the batch rescore's order and difference, the
+k3 term's overflow edge, the settings' defaults and switches, the fixes' keys, the first change,
+the table's interval cell and the two sides' log-prob conventions. (A mutation pass planted
+one-line bugs in each; these are the tests that catch them.)"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from precision_plugin.metrics.k3 import _LARGEST, k3_term
+from precision_plugin.probe.attribution import RolloutSettings, k3_interval, parse_rollout
+from precision_plugin.probe.attribution.decompose import log_ratio
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, CAUSES, first_change
+from precision_plugin.probe.attribution.measure import (
+    DEFAULT_LEARNING_RATE,
+    _half_mean_sq,
+    engine_transform,
+    trainer_transform,
+)
+from precision_plugin.probe.attribution.render import _interval
+from precision_plugin.probe.attribution.settings import AttributionSettings
+from precision_plugin.scoring import TokenSequence, batch_rescore
+from precision_plugin.scoring.bitwise import BitwiseEqual
+from precision_plugin.scoring.rescore import BatchRescore
+
+
+def test_log_ratio_is_side_minus_reference_and_equal_infinities_are_zero() -> None:
+    got = log_ratio([[-1.0, -2.0, -math.inf]], [[-1.5, -2.0, -math.inf]])
+    assert got == [[0.5, 0.0, 0.0]]
+
+
+def test_k3_interval_is_the_2_5_and_97_5_percentiles_of_sequence_resamples() -> None:
+    rows = [[0.1, -0.2], [0.3], [-0.05, 0.02, 0.4], [0.0]]
+    got = k3_interval(rows, resamples=500, seed=7)
+    # The same bootstrap written out: resample whole sequences, ratio of summed terms to tokens.
+    sums = torch.tensor(
+        [math.fsum(math.expm1(-x) + x for x in r) for r in rows], dtype=torch.float64
+    )
+    counts = torch.tensor([float(len(r)) for r in rows], dtype=torch.float64)
+    picks = torch.randint(0, 4, (500, 4), generator=torch.Generator().manual_seed(7))
+    estimates = sums[picks].sum(1) / counts[picks].sum(1)
+    assert got.low == float(torch.quantile(estimates, 0.025))
+    assert got.high == float(torch.quantile(estimates, 0.975))
+    assert got.value == float(sums.sum() / counts.sum())
+
+
+class _Recording:
+    """A scorer that remembers which sequences shared each call."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def score(self, sequences: Sequence[TokenSequence]) -> list[list[float]]:
+        self.calls.append([s.prompt_ids[0] for s in sequences])
+        return [[-1.0] * len(s.completion_ids) for s in sequences]
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_batch_rescore_batches_in_the_seeded_shuffled_order(seed: int) -> None:
+    seqs = [TokenSequence((i,), (1, 2)) for i in range(7)]
+    scorer = _Recording()
+    batch_rescore(scorer, seqs, 3, seed=seed, alone=[[-1.0, -1.0]] * 7)
+    order = list(range(7))
+    random.Random(seed).shuffle(order)
+    assert scorer.calls == [order[0:3], order[3:6], order[6:7]]
+
+
+def test_max_abs_diff_is_the_largest_absolute_difference() -> None:
+    got = BatchRescore(1, [[0.0, 1.0]], [[0.5, 0.75]], BitwiseEqual(0, 2))
+    assert got.max_abs_diff == 0.5  # |0 - 0.5|, larger than |1 - 0.75|; not max(a - b) = 0.25
+
+
+def test_k3_term_is_finite_up_to_the_largest_float64_exponent() -> None:
+    assert k3_term(_LARGEST) == math.expm1(_LARGEST) - _LARGEST
+    assert k3_term(math.nextafter(_LARGEST, math.inf)) == math.inf
+
+
+def test_settings_defaults_and_switches() -> None:
+    assert AttributionSettings().learning_rate == DEFAULT_LEARNING_RATE == 1e-6
+    assert AttributionSettings(learning_rate=1.0).learning_rate == 1.0  # (0, 1]: 1 is in
+    assert not RolloutSettings(top_k=-1).samples_differently  # -1 is vLLM's "off", as 0
+    assert RolloutSettings(top_k=5).samples_differently
+    for text in ("false", "False", "0", "no", "off"):
+        assert parse_rollout(f"lm_head_fp32={text}").lm_head_fp32 is False
+
+
+def test_each_cause_is_in_the_table_with_its_engines_spelling() -> None:
+    assert tuple(CAUSE_TABLE) == CAUSES == (
+        "dtype", "decode", "batch", "lm_head", "sampling", "rope", "kv_cache", "router",
+        "stale_weights",
+    )  # fmt: skip
+    kv = CAUSE_TABLE["kv_cache"].fixes
+    assert kv["vLLM"] == "--kv-cache-dtype auto" and kv["--rollout"] == "kv_cache_dtype=auto"
+    assert kv["verl"] == "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=auto"
+    head = CAUSE_TABLE["lm_head"].fixes
+    assert head["TRL"].startswith("cast_lm_head_to_fp32=True")
+    assert head["SGLang"].startswith("--enable-fp32-lm-head")
+
+
+def _row(share: float, in_total: bool = True) -> dict[str, object]:
+    return {"share": share, "k3": 1e-3, "in_total": in_total}
+
+
+def test_first_change_skips_the_dtype_outside_bfloat16_and_causes_of_no_share() -> None:
+    # float32 alone: its dtype row is no setting to change (float16 is the remedy); kv_cache is.
+    got = first_change({"float32": {"dtype": _row(0.9), "kv_cache": _row(0.1)}})
+    assert got is not None and (got.dtype, got.cause) == ("float32", "kv_cache")
+    assert first_change({"bfloat16": {"kv_cache": _row(0.0), "sampling": _row(-0.1)}}) is None
+    got = first_change({"bfloat16": {"dtype": _row(0.7), "kv_cache": _row(0.2)}})
+    assert got is not None and got.cause == "dtype"
+
+
+def test_the_interval_cell_reads_value_low_high() -> None:
+    row = {"k3": 1.5e-3, "k3_interval": [1.04e-3, 2.06e-3]}
+    assert _interval(row) == "1.50e-03 [1.0e-03, 2.1e-03]"
+    assert _interval({"k3": None, "k3_interval": [None, None]}) == "- [-, -]"
+
+
+def test_half_mean_square_is_half_the_mean_of_squares() -> None:
+    assert _half_mean_sq([[1.0, -3.0], [2.0]]) == (1 + 9 + 4) / 3 / 2
+    assert math.isnan(_half_mean_sq([[]]))
+
+
+def test_the_trainer_divides_by_the_temperature_and_the_engine_masks_eos_before_min() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]])
+    settings = RolloutSettings(temperature=0.5, logprobs_mode="processed_logprobs")
+    trainer = trainer_transform(settings)(logits, None)
+    assert torch.equal(trainer, (logits / 0.5).log_softmax(-1))
+    engine = engine_transform(settings, 4, [3], 2, "cpu")
+    # Completion positions 1 and 2 with min_new_tokens 2: EOS (id 3) is masked at 1 only.
+    got = engine(logits.clone(), torch.tensor([1, 2]))
+    assert got[0, 3] == -math.inf
+    assert torch.equal(got[0, :3], (logits[0, :3] / 0.5).log_softmax(-1))
+    assert torch.equal(got[1], (logits[1] / 0.5).log_softmax(-1))
