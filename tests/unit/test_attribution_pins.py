@@ -140,3 +140,23 @@ def test_the_trainer_divides_by_the_temperature_and_the_engine_masks_eos_before_
     assert got[0, 3] == -math.inf
     assert torch.equal(got[0, :3], (logits[0, :3] / 0.5).log_softmax(-1))
     assert torch.equal(got[1], (logits[1] / 0.5).log_softmax(-1))
+
+
+def test_the_reports_evidence_carries_the_shares_not_the_parts() -> None:
+    from precision_plugin.probe.attribution.decompose import K3
+    from precision_plugin.probe.attribution.report import (
+        AttributionReport,
+        CauseRow,
+        DtypeAttribution,
+    )
+
+    k3 = K3(1e-3, 5e-4, 2e-3)
+    rows = [
+        CauseRow("dtype", True, k3, part=2e-4, share=0.2, bitwise_equal=0.0, tokens=10),
+        CauseRow("kv_cache", True, k3, part=8e-4, share=0.8, bitwise_equal=0.0, tokens=10),
+    ]
+    block = DtypeAttribution("bfloat16", k3, 1e-3, 0.0, 10, rows, 0.0, 0.0, {})
+    report = AttributionReport(RolloutSettings(kv_cache_dtype="fp8"), 1e-6, {"bfloat16": block})
+    report.first = first_change({"bfloat16": {r.cause: _row(r.share) for r in rows}})
+    got = report.evidence()
+    assert got is not None and (got.cause, got.share, got.dtype_share) == ("kv_cache", 0.8, 0.2)
