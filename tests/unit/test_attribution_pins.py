@@ -160,3 +160,29 @@ def test_the_reports_evidence_carries_the_shares_not_the_parts() -> None:
     report.first = first_change({"bfloat16": {r.cause: _row(r.share) for r in rows}})
     got = report.evidence()
     assert got is not None and (got.cause, got.share, got.dtype_share) == ("kv_cache", 0.8, 0.2)
+
+
+def test_the_kv_cache_what_if_is_the_e4m3_cache_it_names() -> None:
+    # On the same samples the what-if row (no fp8 cache in this rollout) equals the row of a
+    # rollout that runs kv_cache_dtype=fp8_e4m3, bit for bit; e5m2 would give another value.
+    from precision_plugin.probe.attribution import rollout_samples
+    from precision_plugin.probe.attribution.measure import attribute_dtype
+    from tests.attribution_cases import NEW_TOKENS, PROMPTS, llama
+
+    model = llama()
+    samples = rollout_samples(
+        model, PROMPTS, [NEW_TOKENS] * 3, "float32", RolloutSettings(),
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
+    )  # fmt: skip
+    rows = {}
+    for settings, what_if in ((RolloutSettings(), True),
+                              (RolloutSettings(kv_cache_dtype="fp8_e4m3"), False)):  # fmt: skip
+        block = attribute_dtype(model, samples, "float32", settings,
+                                min_new_tokens=NEW_TOKENS, learning_rate=None, what_if=what_if)  # fmt: skip
+        rows[what_if] = block.row("kv_cache")
+    hypothetical, switched = rows[True], rows[False]
+    assert hypothetical is not None and switched is not None
+    assert not hypothetical.in_total and switched.in_total
+    assert "e4m3" in hypothetical.what_if
+    assert (hypothetical.part, hypothetical.k3.value) == (switched.part, switched.k3.value)
+    assert hypothetical.part > 0
