@@ -64,13 +64,19 @@ class BatchDependentNorm:
         return output.to(torch.bfloat16).float() if output.shape[0] > 1 else output
 
 
-def run(model: Any, dtype: str, settings: RolloutSettings, *, prompts: list[list[int]] = PROMPTS,
-        learning_rate: float | None = None, seed: int = 0) -> Any:  # fmt: skip
-    """Sample with ``settings`` and attribute, only the causes the rollout runs with."""
-    samples = rollout_samples(
+def sample(model: Any, dtype: str, settings: RolloutSettings, *,
+           prompts: list[list[int]] = PROMPTS, seed: int = 0) -> Any:  # fmt: skip
+    """The rollout's samples with ``settings``: ``NEW_TOKENS`` tokens per prompt."""
+    return rollout_samples(
         model, prompts, [NEW_TOKENS] * len(prompts), dtype, settings,
         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=seed,
     )  # fmt: skip
+
+
+def run(model: Any, dtype: str, settings: RolloutSettings, *, prompts: list[list[int]] = PROMPTS,
+        learning_rate: float | None = None, seed: int = 0) -> Any:  # fmt: skip
+    """Sample with ``settings`` and attribute, only the causes the rollout runs with."""
+    samples = sample(model, dtype, settings, prompts=prompts, seed=seed)
     return attribute_dtype(
         model, samples, dtype, settings,
         min_new_tokens=NEW_TOKENS, learning_rate=learning_rate, seed=seed, what_if=False,

@@ -17,7 +17,7 @@ from precision_plugin.probe.attribution import (
 )
 from precision_plugin.probe.attribution.fixes import change_evidence, setting_name
 from precision_plugin.probe.attribution.settings import changed_settings
-from tests.attribution_cases import CASES, llama, ranking, round_whole_cache, run, run_case
+from tests.attribution_cases import CASES, llama, ranking, round_whole_cache, run, run_case, sample
 
 # Each run: 3 prompts x 24 tokens (decode: 1 prompt), seed 0. The injected cause's k3 over the
 # next row's, measured with AVX2 and with ATEN_CPU_CAPABILITY=default (SSE4.1): dtype 13x
@@ -276,17 +276,12 @@ def test_layerwise_places_the_largest_cause() -> None:
     import types
 
     from precision_plugin.policy import OverflowSettings
-    from precision_plugin.probe.attribution import rollout_samples
     from precision_plugin.probe.attribution.probe import where_it_parts
-    from tests.attribution_cases import NEW_TOKENS, PROMPTS
 
     model = llama()
     settings = RolloutSettings(rope_dtype="bfloat16")
     report = run(model, "float32", settings)
-    samples = rollout_samples(
-        model, PROMPTS, [NEW_TOKENS] * 3, "float32", settings,
-        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
-    )  # fmt: skip
+    samples = sample(model, "float32", settings)
     config = types.SimpleNamespace(overflow=OverflowSettings())
     line = where_it_parts(model, report, samples, settings, config)
     assert line is not None and line.startswith("largest cause rope:")
@@ -301,18 +296,13 @@ def test_layerwise_places_nothing_where_no_forward_cause_adds_anything() -> None
     import types
 
     from precision_plugin.policy import OverflowSettings
-    from precision_plugin.probe.attribution import rollout_samples
     from precision_plugin.probe.attribution.probe import LAYER_CAUSES, where_it_parts
-    from tests.attribution_cases import NEW_TOKENS, PROMPTS
 
     model = llama()
     settings = RolloutSettings()
     report = run(model, "float32", settings)
     assert next(r for r in report.rows if r.cause == "dtype").part == 0.0
-    samples = rollout_samples(
-        model, PROMPTS, [NEW_TOKENS] * 3, "float32", settings,
-        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
-    )  # fmt: skip
+    samples = sample(model, "float32", settings)
     config = types.SimpleNamespace(overflow=OverflowSettings())
     line = where_it_parts(model, report, samples, settings, config)
     assert line == (
@@ -623,14 +613,11 @@ def test_one_sequence_gives_no_interval_and_a_note_for_the_missing_batch_row(
 
 @pytest.mark.parametrize(("rate", "noted"), [(1e-300, True), (1e-3, False)])
 def test_a_step_that_moves_no_weight_is_noted(rate: float, noted: bool) -> None:
-    from precision_plugin.probe.attribution import attribute, rollout_samples
-    from tests.attribution_cases import NEW_TOKENS, PROMPTS
+    from precision_plugin.probe.attribution import attribute
+    from tests.attribution_cases import NEW_TOKENS
 
     model = llama()
-    samples = rollout_samples(
-        model, PROMPTS, [NEW_TOKENS] * 3, "float32", RolloutSettings(),
-        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
-    )  # fmt: skip
+    samples = sample(model, "float32", RolloutSettings())
     report = attribute(model, {"float32": samples}, RolloutSettings(),
                        min_new_tokens=NEW_TOKENS, learning_rate=rate)  # fmt: skip
     stale = next(r for r in report.dtypes["float32"].rows if r.cause == "stale_weights")

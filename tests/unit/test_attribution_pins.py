@@ -165,15 +165,11 @@ def test_the_reports_evidence_carries_the_shares_not_the_parts() -> None:
 def test_the_kv_cache_what_if_is_the_e4m3_cache_it_names() -> None:
     # On the same samples the what-if row (no fp8 cache in this rollout) equals the row of a
     # rollout that runs kv_cache_dtype=fp8_e4m3, bit for bit; e5m2 would give another value.
-    from precision_plugin.probe.attribution import rollout_samples
     from precision_plugin.probe.attribution.measure import attribute_dtype
-    from tests.attribution_cases import NEW_TOKENS, PROMPTS, llama
+    from tests.attribution_cases import NEW_TOKENS, llama, sample
 
     model = llama()
-    samples = rollout_samples(
-        model, PROMPTS, [NEW_TOKENS] * 3, "float32", RolloutSettings(),
-        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, seed=0,
-    )  # fmt: skip
+    samples = sample(model, "float32", RolloutSettings())
     rows = {}
     for settings, what_if in ((RolloutSettings(), True),
                               (RolloutSettings(kv_cache_dtype="fp8_e4m3"), False)):  # fmt: skip
