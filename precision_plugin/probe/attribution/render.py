@@ -54,7 +54,8 @@ def render_attribution_table(
         caption_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    rows = _rows(section)
+    blocks = _blocks(section)
+    rows = [row for block in blocks for row in block]
     for i, (header, justify) in enumerate((
         ("dtype", "left"), ("cause", "left"), ("k3 [95% CI]", "right"), ("share", "right"),
         ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
@@ -66,8 +67,9 @@ def render_attribution_table(
             continue
         widest = max((len(_plain(row[i])) for row in rows), default=0)
         table.add_column(header, justify=justify, no_wrap=True, min_width=max(len(header), widest))
-    for row, end in zip(rows, _section_ends(section), strict=True):
-        table.add_row(*row, end_section=end)
+    for block in blocks:
+        for i, row in enumerate(block):
+            table.add_row(*row, end_section=i == len(block) - 1)
     return table
 
 
@@ -77,19 +79,15 @@ def _plain(cell: str) -> str:
     return Text.from_markup(cell).plain
 
 
-def _section_ends(section: Mapping[str, Any]) -> list[bool]:
-    ends: list[bool] = []
-    for block in section.get("dtypes", {}).values():
-        ends += [False] * (len(block["causes"]) + 2) + [True]
-    return ends
-
-
-def _rows(section: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """The table's cells (markup), a dtype's causes, interaction, residual and total."""
+def _blocks(section: Mapping[str, Any]) -> list[list[tuple[str, ...]]]:
+    """The table's cells (markup), one block of rows per dtype: its causes, interaction,
+    residual and total."""
     from rich.markup import escape
 
-    rows: list[tuple[str, ...]] = []
+    blocks: list[list[tuple[str, ...]]] = []
     for dtype, block in section.get("dtypes", {}).items():
+        rows: list[tuple[str, ...]] = []
+        blocks.append(rows)
         first = True
         for cause, row in block["causes"].items():
             name = cause if row["in_total"] else f"({cause})"
@@ -110,7 +108,7 @@ def _rows(section: Mapping[str, Any]) -> list[tuple[str, ...]]:
             "", "[bold]total[/]", _interval(total), "100%",
             f"{total['bitwise_equal']:.1%}" if total["bitwise_equal"] is not None else "-", "",
         ))  # fmt: skip
-    return rows
+    return blocks
 
 
 def _caption(
