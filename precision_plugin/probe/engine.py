@@ -212,6 +212,7 @@ class HFRolloutEngine:
                 f"({max_new_tokens}) per prompt ({len(prompts)}), got {budgets!r}; pass e.g. "
                 f"[{max_new_tokens}] * {len(prompts)}."
             )
+        self._check_context(prompts, caps)
         width = max(len(p) for p in prompts)
         ids = torch.tensor(
             [[self._pad] * (width - len(p)) + list(p) for p in prompts], device=self.device
@@ -248,6 +249,29 @@ class HFRolloutEngine:
                 raise PrecisionConfigError(
                     f"HFRolloutEngine.generate(): token id {top} in prompt {i} is past the "
                     f"model's {vocab} embeddings; pass ids from this model's tokenizer."
+                )
+
+    def _check_context(self, prompts: list[list[int]], caps: list[int]) -> None:
+        """Refuse a prompt whose completion could run past the model's
+        ``max_position_embeddings``: positions it never learned give log-probs with no error of
+        their own (the trainer's scorer refuses such a sequence too)."""
+        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            return
+        for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
+            if len(prompt) + cap > limit:
+                room = limit - len(prompt)
+                fix = (
+                    f"pass max_new_tokens <= {room} for it, or a shorter prompt"
+                    if room >= 1
+                    else f"shorten it to fewer than {limit} tokens"
+                )
+                raise PrecisionConfigError(
+                    f"HFRolloutEngine.generate(): prompt {i} is {len(prompt)} tokens and may get "
+                    f"{cap} new ones, {len(prompt) + cap} in all, but the model reads at most "
+                    f"max_position_embeddings={limit} tokens, prompt and completion together; "
+                    f"{fix}."
                 )
 
     def _attention_mask(self, ids: Any, real: Any) -> Any:

@@ -33,8 +33,8 @@ from precision_plugin.boundary import (
     at_least,
     checked,
     dtype_name,
-    torch_device,
     torch_module,
+    usable_device,
 )
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.float16_cpu import float16_autocast_linears
@@ -52,10 +52,12 @@ LogprobTransform = Callable[[Any, Any], Any]
 CHUNK_LOGITS = 1 << 24
 
 
-@checked(dtype=dtype_name, device=torch_device)
+@checked(dtype=dtype_name, device=usable_device)
 @contextlib.contextmanager
 def trainer_precision(dtype: str, device: str) -> Iterator[None]:
-    """Autocast to ``dtype`` as a mixed-precision trainer does (nothing for float32).
+    """Autocast to ``dtype`` as a mixed-precision trainer does (nothing for float32) on
+    ``device``, which must be one torch can run on here (torch's autocast would warn and run
+    float32 on a CUDA device the machine lacks; here that is one error).
 
     float16 on CPU multiplies as a GPU does (float32 accumulation, one rounding):
     [`float16_cpu`][precision_plugin.scoring.float16_cpu].

@@ -3,7 +3,8 @@ was asked and what was found, never a deep traceback or a silently wrong number.
 
 Covers ``bitwise_equal`` (float64 bits), ``batch_rescore`` (its ``alone`` rows and the scorer's
 answer), ``HFScorer`` (sequences past ``max_position_embeddings``, a transform of the wrong
-shape) and ``HFRolloutEngine`` (a device this machine lacks, prompt ids, counts and seeds).
+shape), ``HFRolloutEngine`` (a device this machine lacks, prompt ids, counts, seeds and the
+model's positions) and ``trainer_precision`` (a device this machine lacks).
 """
 
 from __future__ import annotations
@@ -236,3 +237,35 @@ def test_generate_bounds_are_exact(engine: HFRolloutEngine) -> None:
         engine.generate([[1, 2]], 1, last + 1)
     assert len(engine.generate([[1, 2], [3]], 1, last - 1)) == 2
     assert len(engine.generate([[VOCAB - 1]], 1, last)) == 1
+
+
+def test_generate_refuses_a_completion_past_max_position_embeddings(
+    engine: HFRolloutEngine,
+) -> None:
+    """Prompt plus the most new tokens it may get must fit the model's 16 positions, as the
+    trainer's scorer requires: 16 in all samples (and may run to the limit), 17 is refused by
+    the prompt's index with the most new tokens that would fit; a per-prompt budget counts."""
+    got = engine.generate([[1] * 10, [2] * 4], 6, 0, min_new_tokens=6)
+    assert [len(s.prompt_ids) + len(s.completion_ids) for s in got] == [16, 10]
+    with pytest.raises(
+        PrecisionConfigError,
+        match=r"prompt 1 is 11 tokens and may get 6 new ones, 17 in all.*"
+        r"max_position_embeddings=16.*max_new_tokens <= 5 for it",
+    ):
+        engine.generate([[1] * 4, [2] * 11], 6, 0)
+    assert len(engine.generate([[1] * 4, [2] * 11], 6, 0, budgets=[6, 5])) == 2
+    with pytest.raises(PrecisionConfigError, match=r"prompt 0 is 16 tokens.*shorten it to fewer"):
+        engine.generate([[1] * 16], 1, 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_trainer_precision_refuses_a_device_this_machine_lacks() -> None:
+    """torch's autocast on a missing CUDA device warns and runs float32: a float16 "trainer"
+    that silently scored in float32. It is one error naming the device; the CPU still works."""
+    from precision_plugin.scoring.hf import trainer_precision
+
+    refused = pytest.raises(PrecisionConfigError, match=r"'device' got 'cuda'.*torch sees no CUDA")
+    with refused, trainer_precision("float16", "cuda"):
+        pass
+    with trainer_precision("float16", "cpu"):
+        assert torch.is_autocast_enabled("cpu")
