@@ -624,3 +624,45 @@ def test_a_step_that_moves_no_weight_is_noted(rate: float, noted: bool) -> None:
     assert (stale.part == 0.0) is noted
     note = f"stale_weights: one Adam step at lr {rate:g} changed no weight"
     assert any(n.startswith(note) for n in report.notes) is noted
+
+
+def test_a_model_without_rope_frequencies_has_no_rope_row_and_a_note(tmp_path: Any) -> None:
+    """GPT-2 learns its positions: no inv_freq buffer, nothing for the rope cause to round. The
+    row is absent (it read as a measured 0 before), as the router's is for a dense model, and a
+    note says why; a RoPE model keeps its what-if row."""
+    import json
+
+    import torch
+    import transformers
+
+    from precision_plugin.cli import main
+    from precision_plugin.probe.attribution.variants import has_rope
+    from precision_plugin.probe.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(config).eval()
+    assert not has_rope(gpt2) and has_rope(llama())
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "gpt2.json"
+    argv = ["probe", "--model", str(tmp_path / "gpt2"), "--attribute", "--num-prompts", "2"]
+    assert main([*argv, "--max-new-tokens", "3", "--dtypes", "bfloat16", "--json", str(out)]) == 0
+    section = json.loads(out.read_text())["attribution"]
+    assert any("no RoPE frequencies" in n and "no rope row" in n for n in section["notes"])
+    causes = section["dtypes"]["bfloat16"]["causes"]
+    assert "rope" not in causes and "lm_head" in causes  # the other what-ifs stay
+    from precision_plugin.probe.attribution.measure import attribute_dtype
+    from tests.attribution_cases import NEW_TOKENS
+
+    model = llama()
+    samples = sample(model, "bfloat16", RolloutSettings())
+    block = attribute_dtype(model, samples, "bfloat16", RolloutSettings(),
+                            min_new_tokens=NEW_TOKENS, learning_rate=None, what_if=True)  # fmt: skip
+    rope = block.row("rope")
+    assert rope is not None and not rope.in_total

@@ -49,6 +49,7 @@ from precision_plugin.probe.attribution.report import (
 from precision_plugin.probe.attribution.settings import RolloutSettings
 from precision_plugin.probe.attribution.variants import (
     apply_switches,
+    has_rope,
     recorded_routes,
     routers,
     stepped_weights,
@@ -275,8 +276,8 @@ def attribute_dtype(
         ("router", "router_dtype", "float32" if low else None, "the router in float32"),
     )
     for cause, key, hypothetical, what in plan:
-        if cause == "router" and not moe:
-            continue
+        if (cause == "router" and not moe) or (cause == "rope" and not has_rope(master)):
+            continue  # nothing to switch: a dense model, learned or ALiBi positions
         if switched[key] is not None:
             scores, flips = variant(cause, **{key: switched[key]})
             add(cause, scores, base, True, flips=flips)

@@ -8,7 +8,7 @@ from typing import Any
 from precision_plugin.probe.attribution.measure import attribute, rollout_samples
 from precision_plugin.probe.attribution.report import AttributionReport, DtypeAttribution
 from precision_plugin.probe.attribution.settings import AttributionSettings, RolloutSettings
-from precision_plugin.probe.attribution.variants import apply_switches
+from precision_plugin.probe.attribution.variants import apply_switches, has_rope
 from precision_plugin.scoring.packed_cpu import trainer_kernels
 
 
@@ -42,6 +42,11 @@ def attribute_probe(
             "attribution: one sequence: no batch row (a sequence alone against inside its "
             "batch needs two) and no intervals (they resample whole sequences); pass "
             "--num-prompts 2 or more."
+        )
+    if not has_rope(model):
+        notes.append(
+            "attribution: the model keeps no RoPE frequencies (no inv_freq buffer: learned or "
+            "ALiBi positions), so there is no rope row."
         )
     samples: dict[str, Any] = {}
     for dtype, result in results.items():

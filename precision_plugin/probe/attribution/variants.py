@@ -70,16 +70,30 @@ def apply_switches(
     return model
 
 
+def _rope_buffers(model: Any) -> list[tuple[Any, str]]:
+    """``(module, name)`` of every RoPE ``inv_freq`` buffer of ``model`` (floating point)."""
+    return [
+        (module, name)
+        for module in model.modules()
+        for name, buf in module._buffers.items()
+        if buf is not None and name.endswith("inv_freq") and buf.is_floating_point()
+    ]
+
+
+def has_rope(model: Any) -> bool:
+    """Whether ``model`` keeps RoPE frequencies (``inv_freq`` buffers); False for learned or
+    ALiBi positions (GPT-2, OPT, BLOOM), which have nothing for the ``rope`` cause to round."""
+    return bool(_rope_buffers(model))
+
+
 def round_rope(model: Any, rounding: str) -> int:
     """Round every RoPE ``inv_freq`` buffer of ``model`` to ``rounding`` (kept in its dtype);
     returns how many buffers."""
-    n = 0
-    for module in model.modules():
-        for name, buf in module._buffers.items():
-            if buf is not None and name.endswith("inv_freq") and buf.is_floating_point():
-                module._buffers[name] = buf.to(_torch_dtype(rounding)).to(buf.dtype)
-                n += 1
-    return n
+    found = _rope_buffers(model)
+    for module, name in found:
+        buf = module._buffers[name]
+        module._buffers[name] = buf.to(_torch_dtype(rounding)).to(buf.dtype)
+    return len(found)
 
 
 def head_in(model: Any, master: Any, dtype: str) -> None:
