@@ -182,3 +182,42 @@ def test_the_kv_cache_what_if_is_the_e4m3_cache_it_names() -> None:
     assert "e4m3" in hypothetical.what_if
     assert (hypothetical.part, hypothetical.k3.value) == (switched.part, switched.k3.value)
     assert hypothetical.part > 0
+
+
+def test_the_batch_row_is_the_batched_scores_against_the_scores_alone() -> None:
+    # A controlled engine rounds the final norm to bfloat16 whenever more than one sequence
+    # shares the forward: the batch row is log p(batched) - log p(alone), on the rollout copy
+    # with the trainer's kernels, scored here without the attribution's code. Its k3 is not
+    # symmetric in the sides (a third-order term), so the sides swapped give another value.
+    from precision_plugin.probe.attribution.measure import _copy, attribute_dtype
+    from precision_plugin.scoring import HFScorer
+    from precision_plugin.scoring.interface import sequences_of
+    from precision_plugin.scoring.packed_cpu import trainer_kernels
+    from tests.attribution_cases import NEW_TOKENS, BatchDependentNorm, llama, sample
+
+    model = llama()
+    model.model.norm.register_forward_hook(BatchDependentNorm())
+    samples = sample(model, "float32", RolloutSettings())
+    report = attribute_dtype(model, samples, "float32", RolloutSettings(),
+                             min_new_tokens=NEW_TOKENS, learning_rate=None, what_if=False)  # fmt: skip
+    row = report.row("batch")
+    assert row is not None
+    seqs = sequences_of(samples)
+    copy = _copy(model, "float32")
+    with trainer_kernels():
+        alone = HFScorer(copy).score(seqs)
+        # in the batches and order the attribution uses (seed 0: its default)
+        batched = batch_rescore(
+            HFScorer(copy, batch_size=len(seqs)), seqs, len(seqs), alone=alone
+        ).batched
+    d = [
+        [b - a for b, a in zip(rb, ra, strict=True)] for rb, ra in zip(batched, alone, strict=True)
+    ]
+    swapped = [[-x for x in r] for r in d]
+    tokens = sum(len(r) for r in d)
+    expected = math.fsum(math.expm1(-x) + x for r in d for x in r) / tokens
+    assert row.k3.value == pytest.approx(expected, rel=1e-12)
+    assert row.k3.value != pytest.approx(
+        math.fsum(math.expm1(-x) + x for r in swapped for x in r) / tokens, rel=1e-6
+    )
+    assert row.part == pytest.approx(math.fsum(x * x for r in d for x in r) / tokens / 2, rel=1e-12)
