@@ -4,6 +4,7 @@ asked and the fix), the one-line-error parser, and the usage error raised after 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import NoReturn
 
 from precision_plugin.cli.exit_codes import ExitCode
@@ -47,13 +48,13 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """A number > 0."""
+    """A finite number > 0 (``float('1e400')`` is inf: refused as the user typed it)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0; pass e.g. 1e-4")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0; pass e.g. 1e-4")
     return value
 
 

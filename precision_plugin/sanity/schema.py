@@ -31,6 +31,8 @@ SMOKE: dict[str, dict[str, Any]] = {
     "long": {"steps": 3, "seeds": (0,), "model_size": "tiny", "pretrain_target": 0.2,
              "pretrain_max_steps": 400, "num_problems": 16},
 }  # fmt: skip
+#: The largest seed: transformers' ``set_seed`` (GRPOTrainer's) seeds numpy, which takes 32 bits.
+MAX_SEED = 2**32 - 1
 #: The task of each preset.
 TASKS: dict[str, Task] = {"default": REVERSE, "long": SHIFT}
 
@@ -91,6 +93,11 @@ class SanityConfig:
         ):
             raise PrecisionConfigError(
                 f"seeds: {self.seeds!r}; pass distinct integers >= 0, e.g. (0, 1, 2)."
+            )
+        if max(seeds) > MAX_SEED:
+            raise PrecisionConfigError(
+                f"seeds: {max(seeds)} is out of range; pass seeds 0 .. {MAX_SEED} (the trainer's "
+                f"set_seed also seeds numpy, which takes 32 bits)."
             )
         object.__setattr__(self, "seeds", seeds)
         for name in ("steps", "num_problems", "prompts_per_step", "num_generations",

@@ -243,6 +243,24 @@ BAD_ARGS = {
         lambda tmp: ["gguf-checkpoint", _gguf(tmp), ""],
         "out: the path is empty",
     ),
+    # sanity: a seed numpy cannot take was a ValueError traceback from the trainer's set_seed;
+    # 1e400 parsed as inf and was refused as SanityConfig's argument, not the option
+    "sanity seed past 32 bits": (
+        lambda tmp: ["sanity", "--seed", str(2**32)],
+        "seeds: 4294967296 is out of range",
+    ),
+    "sanity seeds past 32 bits": (
+        lambda tmp: ["sanity", "--seeds", f"0,{2**70}"],
+        f"seeds: {2**70} is out of range",
+    ),
+    "sanity learning rate past float": (
+        lambda tmp: ["sanity", "--learning-rate", "1e400"],
+        "argument --learning-rate: '1e400' is not a finite number > 0",
+    ),
+    "sanity learning rate inf": (
+        lambda tmp: ["sanity", "--learning-rate", "inf"],
+        "argument --learning-rate: 'inf' is not a finite number > 0",
+    ),
 }
 
 
