@@ -53,7 +53,7 @@ def add_parser(sub: Any, engines: Sequence[str] = ()) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the arguments or the runtime env, or check the arguments after ``--`` (exit 1 on a
     contradiction)."""
-    from precision_plugin import openrlhf
+    from precision_plugin import frameworks, openrlhf
     from precision_plugin.manager import resolve_policy
 
     policy = resolve_policy()
@@ -64,8 +64,22 @@ def run(args: argparse.Namespace) -> int:
     if argv and not args.check:
         raise UsageError(f"unexpected arguments {argv!r}; to check them pass --check -- ARGS")
     if args.runtime_env:
+        if frameworks.openrlhf_param_dtype(policy) is None:
+            raise UsageError(
+                f"--runtime-env for a {policy.dtype} policy: OpenRLHF's learner runs bf16 or "
+                f"fp16 only, so the vLLM engines would sample in {policy.dtype} against a "
+                f"bf16/fp16 learner; pass --dtype float16 or bfloat16"
+            )
+        if args.openrlhf_version is not None:
+            raise UsageError(
+                f"--openrlhf-version {args.openrlhf_version!r}: the Ray runtime env is the same "
+                f"for every OpenRLHF version, so --runtime-env does not use it; drop "
+                f"--openrlhf-version (or --runtime-env, for that version's train_ppo_ray "
+                f"arguments)"
+            )
+        text = json.dumps(openrlhf.runtime_env(policy))  # its errors are bad input, not output
         with writing_stdout():
-            sys.stdout.write(json.dumps(openrlhf.runtime_env(policy)) + "\n")
+            sys.stdout.write(text + "\n")
         return ExitCode.OK
     if not args.check:
         lines = openrlhf.args(policy, openrlhf_version=args.openrlhf_version)

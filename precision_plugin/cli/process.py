@@ -10,6 +10,8 @@ import sys
 import threading
 from typing import Any
 
+from precision_plugin.errors import PrecisionPluginError
+
 PROG = "precision-plugin"
 
 
@@ -34,6 +36,8 @@ def writing_stdout() -> Any:
     try:
         yield
         sys.stdout.flush()
+    except PrecisionPluginError:  # bad input found while printing (a ValueError): exit 2
+        raise
     except (OSError, ValueError) as exc:  # ENOSPC, EPIPE; ValueError: closed underneath
         raise OutputLost(getattr(exc, "strerror", None) or str(exc)) from None
 

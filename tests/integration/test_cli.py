@@ -261,6 +261,16 @@ BAD_ARGS = {
         lambda tmp: ["sanity", "--learning-rate", "inf"],
         "argument --learning-rate: 'inf' is not a finite number > 0",
     ),
+    # openrlhf-args --runtime-env: a float32 policy (which OpenRLHF's learner cannot run) and a
+    # version it never reads were printed with exit 0
+    "openrlhf runtime env float32": (
+        lambda tmp: ["openrlhf-args", "--runtime-env", "--dtype", "float32"],
+        "--runtime-env for a float32 policy: OpenRLHF's learner runs bf16 or fp16 only",
+    ),
+    "openrlhf runtime env version": (
+        lambda tmp: ["openrlhf-args", "--runtime-env", "--openrlhf-version", "banana"],
+        "--openrlhf-version 'banana': the Ray runtime env is the same for every OpenRLHF",
+    ),
 }
 
 
