@@ -126,6 +126,7 @@ def config_policy(
     base = explicit if explicit is not None else PrecisionPolicy()
     section = cfg.get(SECTION)
     if section is None:
+        _check_no_misspelled_section(cfg)
         return base
     if not isinstance(section, Mapping):
         raise PrecisionConfigError(
@@ -149,6 +150,28 @@ def config_policy(
         )
         merged = merged.replace(dtype=explicit.dtype)
     return merged
+
+
+def _check_no_misspelled_section(cfg: Mapping[str, Any]) -> None:
+    """Refuse a top-level key that is the section's name misspelled (``"precision-plugin"``,
+    ``"PrecisionPlugin"``, ``"precision_plugins"``): DeepSpeed ignores unknown top-level keys,
+    so the policy in it would be dropped without a word."""
+    import difflib
+
+    def squashed(name: str) -> str:
+        return "".join(c for c in name.lower() if c.isalnum())
+
+    for key in cfg:
+        if not isinstance(key, str):
+            continue
+        if squashed(key) == squashed(SECTION) or difflib.get_close_matches(
+            key.lower(), [SECTION], n=1, cutoff=0.85
+        ):
+            raise PrecisionConfigError(
+                f'DeepSpeed config key "{key}" is not "{SECTION}", the section precision_plugin '
+                f"reads (DeepSpeed ignores unknown top-level keys, so its settings would be "
+                f'dropped); rename it to "{SECTION}".'
+            )
 
 
 @checked(cfg=fix_hint("pass a dict, or a path to a DeepSpeed JSON config"))

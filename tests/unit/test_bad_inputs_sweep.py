@@ -9,6 +9,22 @@ import pytest
 from precision_plugin import PrecisionConfigError
 
 
+@pytest.mark.parametrize("key", ["precision-plugin", "PrecisionPlugin", "precision_plugins"])
+def test_a_misspelled_deepspeed_section_is_refused(key: str) -> None:
+    # DeepSpeed ignores unknown top-level keys: the bf16 asked for was dropped, fp16 ran.
+    from precision_plugin.deepspeed import apply_config
+
+    with pytest.raises(PrecisionConfigError, match=f'key "{key}" is not "precision_plugin"'):
+        apply_config({key: {"dtype": "bfloat16"}})
+
+
+def test_deepspeed_keys_near_the_section_are_not_refused() -> None:
+    from precision_plugin.deepspeed import apply_config
+
+    cfg = {"prescale_gradients": False, "communication_data_type": "fp16", "zero_optimization": {}}
+    assert apply_config(cfg)["fp16"]["enabled"] is True
+
+
 def test_bad_input_found_while_printing_is_not_an_output_error() -> None:
     # PrecisionConfigError is a ValueError, which writing_stdout read as a closed stdout.
     from precision_plugin.cli.process import writing_stdout
