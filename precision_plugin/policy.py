@@ -212,7 +212,11 @@ class MetricSettings:
             self.canary_every >= 0, "metrics.canary_every", self.canary_every, "an integer >= 0"
         )
         require_field(
-            self.prob_diff_bad > 0, "metrics.prob_diff_bad", self.prob_diff_bad, "a number > 0"
+            0 < self.prob_diff_bad <= 1,
+            "metrics.prob_diff_bad",
+            self.prob_diff_bad,
+            "a number in (0, 1] (a mean gap between two probabilities is at most 1, so a "
+            "larger threshold is never reached)",
         )
         require_field(
             0 < self.prob_diff_ok <= self.prob_diff_bad,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from precision_plugin import PrecisionConfigError
+from precision_plugin import PrecisionConfigError, PrecisionPolicy
 
 
 @pytest.mark.parametrize("key", ["precision-plugin", "PrecisionPlugin", "precision_plugins"])
@@ -23,6 +23,14 @@ def test_deepspeed_keys_near_the_section_are_not_refused() -> None:
 
     cfg = {"prescale_gradients": False, "communication_data_type": "fp16", "zero_optimization": {}}
     assert apply_config(cfg)["fp16"]["enabled"] is True
+
+
+@pytest.mark.parametrize("bad", [1.5, 2.0])
+def test_prob_diff_bad_above_one_is_refused(bad: float) -> None:
+    # prob_diff_mean is a mean of |p - q| <= 1: a threshold above 1 never flags anything.
+    with pytest.raises(PrecisionConfigError, match=r"metrics.prob_diff_bad: .* in \(0, 1\]"):
+        PrecisionPolicy(metrics={"prob_diff_bad": bad})
+    assert PrecisionPolicy(metrics={"prob_diff_bad": 1.0}).metrics.prob_diff_bad == 1.0
 
 
 def test_bad_input_found_while_printing_is_not_an_output_error() -> None:
