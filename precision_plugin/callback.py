@@ -103,6 +103,10 @@ class PrecisionCallback(TrainerCallback):
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
+        if policy is None:
+            # A PRECISION_PLUGIN that says nothing the plugin reads is refused here, before
+            # train(): inside it the callback only warns, and the run would go unchecked.
+            resolve_policy(None)
         self._policy = policy
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
 
 
@@ -31,6 +32,14 @@ def test_prob_diff_bad_above_one_is_refused(bad: float) -> None:
     with pytest.raises(PrecisionConfigError, match=r"metrics.prob_diff_bad: .* in \(0, 1\]"):
         PrecisionPolicy(metrics={"prob_diff_bad": bad})
     assert PrecisionPolicy(metrics={"prob_diff_bad": 1.0}).metrics.prob_diff_bad == 1.0
+
+
+def test_callback_refuses_a_bad_env_policy_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was built, and inside train() every check then failed on the policy with a warning.
+    monkeypatch.setenv("PRECISION_PLUGIN", "fp8")
+    with pytest.raises(PrecisionConfigError, match="PRECISION_PLUGIN='fp8'"):
+        pp.PrecisionCallback()
+    assert pp.PrecisionCallback("bfloat16").policy.dtype == "bfloat16"  # an explicit policy wins
 
 
 def test_bad_input_found_while_printing_is_not_an_output_error() -> None:
