@@ -11,6 +11,7 @@ import copy as copying
 import functools
 import inspect
 import itertools
+import logging
 from typing import Annotated, Any
 
 from precision_plugin.boundary import at_least, checked, dtype_name, duck, usable_device
@@ -32,6 +33,8 @@ __all__ = [
     "hf_engine_factory",
     "load_causal_lm",
 ]
+
+log = logging.getLogger("precision_plugin")
 
 #: Largest seed a torch generator takes (64 bits); prompt ``i`` is seeded with ``seed + i``.
 _MAX_TORCH_SEED = 2**64 - 1
@@ -184,7 +187,9 @@ class HFRolloutEngine:
         ``max_tokens`` per request. A row that reaches its cap or EOS leaves the batch, as a
         finished request leaves vLLM's: the rows still running compute no more than they would
         have (each row's products and attention are its own; ``packed_cpu`` keeps the products
-        batch-invariant). Extra settings are keyword-only.
+        batch-invariant). A completion also stops where prompt and completion reach the model's
+        ``max_position_embeddings``, as vLLM stops a request at ``max_model_len`` (with a
+        warning). Extra settings are keyword-only.
         """
         torch = self._torch
         sampling = sampling if sampling is not None else SamplingSettings()
@@ -212,7 +217,7 @@ class HFRolloutEngine:
                 f"({max_new_tokens}) per prompt ({len(prompts)}), got {budgets!r}; pass e.g. "
                 f"[{max_new_tokens}] * {len(prompts)}."
             )
-        self._check_context(prompts, caps)
+        caps = self._fit_context(prompts, caps)
         width = max(len(p) for p in prompts)
         ids = torch.tensor(
             [[self._pad] * (width - len(p)) + list(p) for p in prompts], device=self.device
@@ -251,28 +256,37 @@ class HFRolloutEngine:
                     f"model's {vocab} embeddings; pass ids from this model's tokenizer."
                 )
 
-    def _check_context(self, prompts: list[list[int]], caps: list[int]) -> None:
-        """Refuse a prompt whose completion could run past the model's
-        ``max_position_embeddings``: positions it never learned give log-probs with no error of
-        their own (the trainer's scorer refuses such a sequence too)."""
+    def _fit_context(self, prompts: list[list[int]], caps: list[int]) -> list[int]:
+        """Each prompt's cap, cut where prompt and completion would pass the model's
+        ``max_position_embeddings``, as vLLM stops a request at ``max_model_len`` (finish reason
+        ``length``), with a warning: positions the model never learned would give log-probs with
+        no error of their own, and the trainer's scorer refuses such sequences. A prompt that
+        leaves no room for one new token is refused, as vLLM refuses it."""
         config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
         limit = getattr(config, "max_position_embeddings", None)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            return
+            return caps
+        fitted = []
         for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
-            if len(prompt) + cap > limit:
-                room = limit - len(prompt)
-                fix = (
-                    f"pass max_new_tokens <= {room} for it, or a shorter prompt"
-                    if room >= 1
-                    else f"shorten it to fewer than {limit} tokens"
-                )
+            room = limit - len(prompt)
+            if room < 1:
                 raise PrecisionConfigError(
-                    f"HFRolloutEngine.generate(): prompt {i} is {len(prompt)} tokens and may get "
-                    f"{cap} new ones, {len(prompt) + cap} in all, but the model reads at most "
-                    f"max_position_embeddings={limit} tokens, prompt and completion together; "
-                    f"{fix}."
+                    f"HFRolloutEngine.generate(): prompt {i} is {len(prompt)} tokens, and the "
+                    f"model reads at most max_position_embeddings={limit} tokens, prompt and "
+                    f"completion together, so no token fits after it; shorten it to fewer than "
+                    f"{limit} tokens."
                 )
+            fitted.append(min(cap, room))
+        cut = [i for i, (a, b) in enumerate(zip(caps, fitted, strict=True)) if a != b]
+        if cut:
+            i = cut[0]
+            log.warning(
+                "HFRolloutEngine.generate(): %d prompt(s) would pass max_position_embeddings=%d "
+                "before their %d new tokens; their completions stop at the limit, as vLLM stops "
+                "them at max_model_len (e.g. prompt %d, %d tokens: at most %d new tokens).",
+                len(cut), limit, caps[i], i, len(prompts[i]), fitted[i],
+            )  # fmt: skip
+        return fitted
 
     def _attention_mask(self, ids: Any, real: Any) -> Any:
         """The prompt's attention mask: its real tokens (``real``: 1, left padding: 0)."""

@@ -3,8 +3,8 @@ was asked and what was found, never a deep traceback or a silently wrong number.
 
 Covers ``bitwise_equal`` (float64 bits), ``batch_rescore`` (its ``alone`` rows and the scorer's
 answer), ``HFScorer`` (sequences past ``max_position_embeddings``, a transform of the wrong
-shape), ``HFRolloutEngine`` (a device this machine lacks, prompt ids, counts, seeds and the
-model's positions) and ``trainer_precision`` (a device this machine lacks).
+shape), ``HFRolloutEngine`` (a device this machine lacks, prompt ids, counts, seeds, a prompt
+that fills the model's positions) and ``trainer_precision`` (a device this machine lacks).
 """
 
 from __future__ import annotations
@@ -239,21 +239,26 @@ def test_generate_bounds_are_exact(engine: HFRolloutEngine) -> None:
     assert len(engine.generate([[VOCAB - 1]], 1, last)) == 1
 
 
-def test_generate_refuses_a_completion_past_max_position_embeddings(
-    engine: HFRolloutEngine,
+def test_generate_stops_a_completion_at_max_position_embeddings(
+    engine: HFRolloutEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Prompt plus the most new tokens it may get must fit the model's 16 positions, as the
-    trainer's scorer requires: 16 in all samples (and may run to the limit), 17 is refused by
-    the prompt's index with the most new tokens that would fit; a per-prompt budget counts."""
-    got = engine.generate([[1] * 10, [2] * 4], 6, 0, min_new_tokens=6)
+    """Prompt and completion stop at the model's 16 positions, as vLLM stops a request at
+    max_model_len (positions past it were sampled and scored before): 16 in all is the limit
+    itself, a longer one is cut there with a warning naming the limit; the other rows keep
+    their caps; a prompt that leaves no room for a token is refused."""
+    with caplog.at_level("WARNING", logger="precision_plugin"):
+        got = engine.generate([[1] * 10, [2] * 4], 6, 0, min_new_tokens=6)
     assert [len(s.prompt_ids) + len(s.completion_ids) for s in got] == [16, 10]
-    with pytest.raises(
-        PrecisionConfigError,
-        match=r"prompt 1 is 11 tokens and may get 6 new ones, 17 in all.*"
-        r"max_position_embeddings=16.*max_new_tokens <= 5 for it",
-    ):
-        engine.generate([[1] * 4, [2] * 11], 6, 0)
-    assert len(engine.generate([[1] * 4, [2] * 11], 6, 0, budgets=[6, 5])) == 2
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="precision_plugin"):
+        got = engine.generate([[1] * 4, [2] * 11, [3] * 13], 6, 0, min_new_tokens=6)
+    assert [len(s.completion_ids) for s in got] == [6, 5, 3]
+    assert len(got[1].logprobs) == 5
+    (record,) = caplog.records
+    assert "2 prompt(s) would pass max_position_embeddings=16 before their 6 new tokens" in (
+        record.getMessage()
+    )
+    assert "prompt 1, 11 tokens: at most 5 new tokens" in record.getMessage()
     with pytest.raises(PrecisionConfigError, match=r"prompt 0 is 16 tokens.*shorten it to fewer"):
         engine.generate([[1] * 16], 1, 0)
 
