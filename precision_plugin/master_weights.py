@@ -51,9 +51,10 @@ def _fp32_names(model: torch.nn.Module, policy: PrecisionPolicy) -> set[str]:
         patterns = set(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
         if policy.is_fp16:
             patterns |= set(getattr(module, "_keep_in_fp32_modules", None) or ())
+        patterns.discard("")  # names no module: transformers' pattern never matches it either
         if not patterns:
             continue
-        regex = re.compile("|".join(rf"(^|\.){re.escape(p)}($|\.)" for p in sorted(patterns) if p))
+        regex = re.compile("|".join(rf"(^|\.){re.escape(p)}($|\.)" for p in sorted(patterns)))
         for name, _ in module.named_parameters():
             if regex.search(name):
                 names.add(f"{prefix}.{name}" if prefix else name)

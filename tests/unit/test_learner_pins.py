@@ -178,6 +178,19 @@ def test_keep_in_fp32_on_a_submodule_uses_the_full_parameter_path():
     assert wrapper.inner.body.weight.dtype == torch.float16
 
 
+def test_an_empty_keep_in_fp32_name_keeps_nothing_in_float32():
+    """An empty entry names no module (transformers' own pattern never matches it); it built an
+    empty regex, which matched every parameter: the whole model was kept in float32."""
+    model = _frozen_half(a=torch.nn.Linear(2, 2), b=torch.nn.Linear(2, 2))
+    model._keep_in_fp32_modules = [""]
+    prepare_model(model, PrecisionPolicy())
+    assert {p.dtype for p in model.parameters()} == {torch.float16}
+    model = _frozen_half(a=torch.nn.Linear(2, 2), b=torch.nn.Linear(2, 2))
+    model._keep_in_fp32_modules = ["", "a"]
+    prepare_model(model, PrecisionPolicy())
+    assert (model.a.weight.dtype, model.b.weight.dtype) == (torch.float32, torch.float16)
+
+
 def test_float32_policy_leaves_frozen_half_weights_alone():
     """Catches frozen fp16 weights being cast to the policy dtype under a float32 policy."""
     model = _frozen_half(base=torch.nn.Linear(2, 2))
