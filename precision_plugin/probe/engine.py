@@ -133,6 +133,7 @@ class HFRolloutEngine:
         widen_float16(self.model)
         pack_linears(self.model)
         self._eos: set[int] = set()
+        self._context_warned = False
         # Some checkpoints name their EOS ids only in generation_config.json.
         for source in (self.model.config, getattr(self.model, "generation_config", None)):
             eos = getattr(source, "eos_token_id", None)
@@ -259,9 +260,9 @@ class HFRolloutEngine:
     def _fit_context(self, prompts: list[list[int]], caps: list[int]) -> list[int]:
         """Each prompt's cap, cut where prompt and completion would pass the model's
         ``max_position_embeddings``, as vLLM stops a request at ``max_model_len`` (finish reason
-        ``length``), with a warning: positions the model never learned would give log-probs with
-        no error of their own, and the trainer's scorer refuses such sequences. A prompt that
-        leaves no room for one new token is refused, as vLLM refuses it."""
+        ``length``), with a warning the first time: positions the model never learned would
+        give log-probs with no error of their own, and the trainer's scorer refuses such
+        sequences. A prompt that leaves no room for one new token is refused."""
         config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
         limit = getattr(config, "max_position_embeddings", None)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -280,7 +281,10 @@ class HFRolloutEngine:
         cut = [i for i, (a, b) in enumerate(zip(caps, fitted, strict=True)) if a != b]
         if cut:
             i = cut[0]
-            log.warning(
+            # once per engine: a TRL run with long prompts calls generate() every step
+            report = log.debug if self._context_warned else log.warning
+            self._context_warned = True
+            report(
                 "HFRolloutEngine.generate(): %d prompt(s) would pass max_position_embeddings=%d "
                 "before their %d new tokens; their completions stop at the limit, as vLLM stops "
                 "them at max_model_len (e.g. prompt %d, %d tokens: at most %d new tokens).",

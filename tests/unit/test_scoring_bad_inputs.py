@@ -240,12 +240,14 @@ def test_generate_bounds_are_exact(engine: HFRolloutEngine) -> None:
 
 
 def test_generate_stops_a_completion_at_max_position_embeddings(
-    engine: HFRolloutEngine, caplog: pytest.LogCaptureFixture
+    model: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Prompt and completion stop at the model's 16 positions, as vLLM stops a request at
     max_model_len (positions past it were sampled and scored before): 16 in all is the limit
-    itself, a longer one is cut there with a warning naming the limit; the other rows keep
-    their caps; a prompt that leaves no room for a token is refused."""
+    itself, a longer one is cut there with a warning naming the limit (once per engine: a TRL
+    run calls generate() every step); the other rows keep their caps; a prompt that leaves no
+    room for a token is refused."""
+    engine = HFRolloutEngine(model, "float32", "cpu")
     with caplog.at_level("WARNING", logger="precision_plugin"):
         got = engine.generate([[1] * 10, [2] * 4], 6, 0, min_new_tokens=6)
     assert [len(s.prompt_ids) + len(s.completion_ids) for s in got] == [16, 10]
@@ -259,6 +261,10 @@ def test_generate_stops_a_completion_at_max_position_embeddings(
         record.getMessage()
     )
     assert "prompt 1, 11 tokens: at most 5 new tokens" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="precision_plugin"):
+        again = engine.generate([[2] * 11], 6, 1)
+    assert len(again[0].completion_ids) == 5 and not caplog.records
     with pytest.raises(PrecisionConfigError, match=r"prompt 0 is 16 tokens.*shorten it to fewer"):
         engine.generate([[1] * 16], 1, 0)
 
