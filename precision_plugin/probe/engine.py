@@ -22,6 +22,7 @@ from precision_plugin.sampling import LogitsProcessor, SamplingSettings
 from precision_plugin.scoring import float16_cpu, packed_cpu
 from precision_plugin.scoring.float16_cpu import widen_float16
 from precision_plugin.scoring.fused_cpu import fuse_shared_inputs
+from precision_plugin.scoring.hf import position_limit
 from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
 from precision_plugin.scoring.multinomial_cpu import Multinomial
 from precision_plugin.scoring.packed_cpu import pack_linears
@@ -263,11 +264,10 @@ class HFRolloutEngine:
         ``length``), with a warning the first time: positions the model never learned would
         give log-probs with no error of their own, and the trainer's scorer refuses such
         sequences. A prompt that leaves no room for one new token is refused."""
-        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
-        limit = getattr(config, "max_position_embeddings", None)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        limit = position_limit(self.model)
+        if limit is None:
             return caps
-        fitted = []
+        fitted, cut = [], []
         for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
             room = limit - len(prompt)
             if room < 1:
@@ -278,7 +278,8 @@ class HFRolloutEngine:
                     f"{limit} tokens."
                 )
             fitted.append(min(cap, room))
-        cut = [i for i, (a, b) in enumerate(zip(caps, fitted, strict=True)) if a != b]
+            if room < cap:
+                cut.append(i)
         if cut:
             i = cut[0]
             # once per engine: a TRL run with long prompts calls generate() every step

@@ -52,6 +52,16 @@ LogprobTransform = Callable[[Any, Any], Any]
 CHUNK_LOGITS = 1 << 24
 
 
+def position_limit(model: Any) -> int | None:
+    """The most positions ``model`` reads, prompt and completion together: its (text) config's
+    ``max_position_embeddings``, or ``None`` where the config names no whole number >= 1."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    return limit
+
+
 @checked(dtype=dtype_name, device=usable_device)
 @contextlib.contextmanager
 def trainer_precision(dtype: str, device: str) -> Iterator[None]:
@@ -149,9 +159,8 @@ class HFScorer:
         """Refuse a sequence longer than the model's ``max_position_embeddings`` (where its
         config names one): past it, positions the model never learned give numbers with no
         error of their own."""
-        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
-        limit = getattr(config, "max_position_embeddings", None)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        limit = position_limit(self.model)
+        if limit is None:
             return
         for i in todo:
             prompt, completion = len(sequences[i].prompt_ids), len(sequences[i].completion_ids)
