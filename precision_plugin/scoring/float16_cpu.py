@@ -49,6 +49,12 @@ kernel):
   each call: a prefill's product is large enough that this costs little, and the trainer's
   weights get no second copy).
 
+bfloat16 products take the same path on a CPU where oneDNN cannot lay out bfloat16 weights
+(no AVX512-BW or AVX-NE-CONVERT, e.g. AVX2 only; :func:`widened_dtypes`): PyTorch's bfloat16
+product falls back there to a generic GEMM that took 4-7x the time of the float32 product of
+the same values, with the same contract. A CPU that packs bfloat16 keeps PyTorch's own
+bfloat16 products.
+
 On a GPU neither applies: its float16 GEMM already is this contract.
 """
 
@@ -73,6 +79,7 @@ __all__ = [
     "widen_float16",
     "widen_float16_attention",
     "widen_float16_linears",
+    "widened_dtypes",
 ]  # and Float16Linear
 
 #: The attention implementation name a widened model runs (:func:`sdpa_float16` for float16).
@@ -83,30 +90,46 @@ ATTENTION = "precision_plugin_float16_sdpa"
 CHUNK_SCORES = 1 << 21
 
 
-def widened(tensor: Any) -> Any:
-    """``tensor`` rounded to float16 and widened back to float32 (exact for float16 values)."""
+@functools.cache
+def widened_dtypes() -> tuple[Any, ...]:
+    """The dtypes whose CPU products run here in float32 on exactly widened operands: float16
+    always, bfloat16 where oneDNN cannot lay out bfloat16 weights (a CPU without AVX512-BW or
+    AVX-NE-CONVERT, e.g. AVX2 only). There PyTorch's bfloat16 product falls back to a generic
+    GEMM that took 4-7x the time of the float32 product of the same values, with the same
+    contract (float32 accumulation, one rounding; on SmolLM2-shaped products 99.99 % of the
+    output elements equal, the rest a summation order apart); a CPU that packs bfloat16 keeps
+    PyTorch's own bfloat16 kernels."""
     import torch
 
-    return tensor.detach().to(torch.float16).to(torch.float32)
+    return (torch.float16,) if packed_cpu.packs(torch.bfloat16) else (torch.float16, torch.bfloat16)
 
 
-def _linear(x: Any, weight: Any, bias: Any, wide: Any = None) -> Any:
-    """``F.linear`` of float16 values in float32, rounded once to float16 (``wide``: the
-    widened weight when the caller keeps it)."""
+def widened(tensor: Any, low: Any = None) -> Any:
+    """``tensor`` rounded to ``low`` (float16 when ``None``; or bfloat16) and widened back to
+    float32 (exact for float16 and bfloat16 values)."""
+    import torch
+
+    return tensor.detach().to(low or torch.float16).to(torch.float32)
+
+
+def _linear(x: Any, weight: Any, bias: Any, wide: Any = None, low: Any = None) -> Any:
+    """``F.linear`` of ``low`` values (float16 when ``None``; or bfloat16) in float32, rounded
+    once to ``low`` (``wide``: the widened weight when the caller keeps it)."""
     import torch
     import torch.nn.functional as F
 
-    rows = x.reshape(-1, x.shape[-1]).to(torch.float16).to(torch.float32)
+    low = low or torch.float16
+    rows = x.reshape(-1, x.shape[-1]).to(low).to(torch.float32)
     count = rows.shape[0]
     if count < MIN_ROWS:
         rows = torch.cat([rows, rows.new_zeros(MIN_ROWS - count, rows.shape[1])])
     with torch.autocast("cpu", enabled=False):
         out = F.linear(
             rows,
-            widened(weight) if wide is None else wide,
-            None if bias is None else widened(bias),
+            widened(weight, low) if wide is None else wide,
+            None if bias is None else widened(bias, low),
         )
-    return out[:count].to(torch.float16).reshape(*x.shape[:-1], out.shape[-1])
+    return out[:count].to(low).reshape(*x.shape[:-1], out.shape[-1])
 
 
 @functools.cache
@@ -116,7 +139,8 @@ def _linear_class() -> type:
 
     class Float16Linear(torch.nn.Linear):
         """A ``torch.nn.Linear`` whose float16 product on CPU runs in float32 (module
-        docstring); any other dtype, device or a recorded gradient runs ``nn.Linear``'s own.
+        docstring), and its bfloat16 product where :func:`widened_dtypes` says so; any other
+        dtype, device or a recorded gradient runs ``nn.Linear``'s own.
 
         It keeps the widened weight (4 bytes per parameter) while the weight is unchanged
         (same storage, same version counter): widening it again at every decode step cost as
@@ -131,31 +155,32 @@ def _linear_class() -> type:
 
         def forward(self, input: Any) -> Any:
             weight = self.weight
+            low = weight.dtype
             if (
-                weight.dtype != torch.float16
+                low not in widened_dtypes()
                 or weight.device.type != "cpu"
-                or input.dtype != torch.float16
+                or input.dtype != low
                 or _recording(input, weight, self.bias)
             ):
                 return super().forward(input)
             if not packed_cpu.packing():  # as a trainer's autocast computes it
-                return _linear(input, weight, self.bias)
+                return _linear(input, weight, self.bias, low=low)
             if self._shared is not None:  # layers reading the same input (fused_cpu)
                 out = self._shared(self, input)
                 if out is not None:
                     return out
             if self._wide is None or self._wide[0] != packed_cpu.stamp(weight):
-                wide = widened(weight)
+                wide = widened(weight, low)
                 # The packed copy replaces the widened one (same 4 bytes per parameter).
                 self._wide = (packed_cpu.stamp(weight), packed_cpu.packed_weight(wide) or wide)
             kept = self._wide[1]
             if isinstance(kept, tuple):
                 packed, fewest = kept
-                rows = input.to(torch.float16).to(torch.float32)
-                bias = None if self.bias is None else widened(self.bias)
+                rows = input.to(torch.float32)
+                bias = None if self.bias is None else widened(self.bias, low)
                 out = packed_cpu.packed_product(rows, packed, bias, fewest)
-                return out.to(torch.float16)
-            return _linear(input, weight, self.bias, kept)
+                return out.to(low)
+            return _linear(input, weight, self.bias, kept, low)
 
     return Float16Linear
 
@@ -168,12 +193,11 @@ def __getattr__(name: str) -> Any:
 
 
 def widen_float16_linears(model: Any) -> int:
-    """Make every plain ``torch.nn.Linear`` of ``model`` (on CPU, weights in float16) a
+    """Make every plain ``torch.nn.Linear`` of ``model`` (on CPU, weights in one of
+    :func:`widened_dtypes`: float16, and bfloat16 on a CPU that cannot pack it) a
     :class:`Float16Linear`, in place; returns how many. Subclasses of ``nn.Linear`` (LoRA
     layers, quantised layers) are left alone: their forward is their own."""
-    import torch
-
-    return packed_cpu.swap_linears(model, _linear_class(), (torch.float16,))
+    return packed_cpu.swap_linears(model, _linear_class(), widened_dtypes())
 
 
 def sdpa_float16(
@@ -455,7 +479,8 @@ def _mode_class() -> type:
     class Float16AutocastLinears(TorchFunctionMode):
         """Under CPU float16 autocast, ``F.linear`` as :func:`_linear` computes it and
         ``F.scaled_dot_product_attention`` as :func:`sdpa_float16` does; under bfloat16
-        autocast, the attention (in bfloat16)."""
+        autocast, the attention (in bfloat16), and ``F.linear`` too where
+        :func:`widened_dtypes` holds bfloat16."""
 
         def __torch_function__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -467,13 +492,14 @@ def _mode_class() -> type:
             if func is F.linear and torch.is_autocast_enabled("cpu"):
                 x, weight, *rest = args
                 bias = rest[0] if rest else kwargs.get("bias")
+                low = torch.get_autocast_dtype("cpu")
                 if (
-                    torch.get_autocast_dtype("cpu") == torch.float16
+                    low in widened_dtypes()
                     and x.device.type == "cpu"
-                    and {x.dtype, weight.dtype} <= {torch.float16, torch.float32}
+                    and {x.dtype, weight.dtype} <= {low, torch.float32}
                     and not _recording(x, weight, bias)
                 ):
-                    return _linear(x, weight, bias)
+                    return _linear(x, weight, bias, low=low)
             if func is F.scaled_dot_product_attention and torch.is_autocast_enabled("cpu"):
                 query, key, value, *rest = args
                 mask = rest[0] if rest else kwargs.pop("attn_mask", None)

@@ -33,10 +33,13 @@ T = TypeVar("T")
 
 
 def _compute_dtype(dtype: Any) -> Any:
-    """The dtype a packed product runs in: a float16 layer's widened float32, else its own."""
+    """The dtype a packed product runs in: the widened float32 of a float16 layer (or a
+    bfloat16 one where ``float16_cpu`` widens bfloat16), else the layer's own."""
     import torch
 
-    return torch.float32 if dtype == torch.float16 else dtype
+    from precision_plugin.scoring.float16_cpu import widened_dtypes
+
+    return torch.float32 if dtype in widened_dtypes() else dtype
 
 
 @functools.cache

@@ -69,7 +69,8 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
     ``device``, which must be one torch can run on here (torch's autocast would warn and run
     float32 on a CUDA device the machine lacks; here that is one error).
 
-    float16 on CPU multiplies as a GPU does (float32 accumulation, one rounding):
+    float16 on CPU multiplies as a GPU does (float32 accumulation, one rounding), and so does
+    bfloat16 on a CPU without native bfloat16 products:
     [`float16_cpu`][precision_plugin.scoring.float16_cpu].
     """
     import torch
@@ -81,8 +82,8 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.autocast(device_type=kind, dtype=getattr(torch, dtype)))
         if kind == "cpu" and dtype in ("float16", "bfloat16"):
-            # float16: products and attention as a GPU computes them; bfloat16: attention
-            # (PyTorch's bfloat16 products already are the GPU's contract).
+            # float16: products and attention as a GPU computes them; bfloat16: attention, and
+            # the products where the CPU has no native bfloat16 kernel (float16_cpu).
             stack.enter_context(float16_autocast_linears())
         yield
 

@@ -35,6 +35,7 @@ __all__ = [
     "PACK_ROWS",
     "pack_linears",
     "packed_product",
+    "packs",
     "rows_for",
     "trainer_kernels",
 ]
@@ -117,6 +118,17 @@ def pack(weight: Any) -> Any | None:
             return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
     except RuntimeError:  # e.g. bfloat16 on a CPU without AVX512-BW
         return None
+
+
+@functools.cache
+def packs(dtype: Any) -> bool:
+    """Whether oneDNN can lay out ``dtype`` weights on this CPU (checked once per dtype on a
+    small weight). For bfloat16 this is also whether PyTorch's own bfloat16 products run on
+    oneDNN's native kernel: where they cannot (AVX2), PyTorch's fallback GEMM took 4-7x the
+    time of a float32 product of the same values (``float16_cpu`` widens them then)."""
+    import torch
+
+    return pack(torch.zeros(PACK_ROWS, PACK_ROWS, dtype=dtype)) is not None
 
 
 def _product(rows: Any, packed: Any, bias: Any) -> Any:

@@ -163,13 +163,14 @@ EXEMPT_OBJECTS: dict[str, str] = {
             "float16_attention",
             "sdpa_float16",
             "widened",
+            "widened_dtypes",
         )
     },
     **{
         f"precision_plugin.scoring.packed_cpu.{name}": "called by the plugin's own engines on "
         "models and tensors they built (packed_product per linear layer and decode step); a "
         "check per call would sit in the decode loop"
-        for name in ("pack_linears", "rows_for", "packed_product", "trainer_kernels")
+        for name in ("pack_linears", "rows_for", "packs", "packed_product", "trainer_kernels")
     },
     **{
         f"precision_plugin.scoring.fused_cpu.{name}": "called by the plugin's own engine on "
