@@ -169,6 +169,18 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "tests/unit/test_kvcache.py, and its results file is checked by "
         "tests/unit/test_published_figures.py"
     ),
+    "mkdir -p /tmp/head && git archive f948feb | tar -x -C /tmp/head": Elsewhere(
+        "prepares the tree before change 14 for the benchmark below (a git checkout; CI's clone "
+        "may be shallow)"
+    ),
+    ".venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/head --model "
+    "./smollm2-135m --threads 1 --repeats 1 --attribute -- --max-new-tokens 128 "
+    "--min-new-tokens 128 --num-prompts 8 --dtypes float32,bfloat16": Elsewhere(
+        "three SmolLM2 probes (two trees, and --attribute on this one): about 7 minutes on 2 "
+        "CPU cores; the widened bfloat16 products it times are pinned in "
+        "tests/unit/test_float16_cpu.py, and its results file is checked by "
+        "tests/unit/test_published_figures.py"
+    ),
     # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
     ".venv/bin/precision-plugin sanity --seeds 0,1,2 --grad-cosine --json docs/results/sanity.json "
     "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
