@@ -123,9 +123,7 @@ def pack(weight: Any) -> Any | None:
 @functools.cache
 def packs(dtype: Any) -> bool:
     """Whether oneDNN can lay out ``dtype`` weights on this CPU (checked once per dtype on a
-    small weight). For bfloat16 this is also whether PyTorch's own bfloat16 products run on
-    oneDNN's native kernel: where they cannot (AVX2), PyTorch's fallback GEMM took 4-7x the
-    time of a float32 product of the same values (``float16_cpu`` widens them then)."""
+    small weight); ``float16_cpu.widened_dtypes`` reads it for bfloat16."""
     import torch
 
     return pack(torch.zeros(PACK_ROWS, PACK_ROWS, dtype=dtype)) is not None
