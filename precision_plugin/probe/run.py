@@ -58,6 +58,7 @@ from precision_plugin.probe.schema import (
 )
 from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs
 from precision_plugin.progress import ProgressFn
+from precision_plugin.scoring.hf import position_limit
 
 log = logging.getLogger("precision_plugin")
 
@@ -279,6 +280,26 @@ def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
     return encode_prompts(tokenizer, config.prompts, config.num_prompts)
 
 
+def _check_positions(model: Any, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Refuse prompts, or prompts with ``max_new_tokens`` more, longer than the model reads
+    (its text config's ``max_position_embeddings``; nothing to check where it names none)."""
+    longest = max(len(p) for p in prompts)
+    limit = position_limit(model)
+    if limit is not None and longest >= limit:
+        which = 1 + next(i for i, p in enumerate(prompts) if len(p) == longest)
+        raise PrecisionConfigError(
+            f"prompts: prompt {which} is {longest} tokens long, and the model reads at most "
+            f"max_position_embeddings={limit} tokens, prompt and completion together; "
+            f"shorten it to fewer than {limit} tokens (the probe uses prompts as written)."
+        )
+    if limit is not None and longest + max_new_tokens > limit:
+        raise PrecisionConfigError(
+            f"max-new-tokens: {max_new_tokens} plus the longest prompt's {longest} "
+            f"tokens exceeds the model's max_position_embeddings={limit}; pass "
+            f"--max-new-tokens {max(1, limit - longest)} or less, or shorter prompts."
+        )
+
+
 @checked
 def run_probe(
     config: ProbeConfig | None = None,
@@ -317,21 +338,7 @@ def run_probe(
         tick("loading the trainer model", 0)
         model, tokenizer = _load_trainer(path, device)
         prompts = _prompts(config, tokenizer)
-        longest = max(len(p) for p in prompts)
-        limit = getattr(model.config, "max_position_embeddings", None)
-        if limit and longest >= limit:
-            which = 1 + next(i for i, p in enumerate(prompts) if len(p) == longest)
-            raise PrecisionConfigError(
-                f"prompts: prompt {which} is {longest} tokens long, and the model reads at most "
-                f"max_position_embeddings={limit} tokens, prompt and completion together; "
-                f"shorten it to fewer than {limit} tokens (the probe uses prompts as written)."
-            )
-        if limit and longest + config.max_new_tokens > limit:
-            raise PrecisionConfigError(
-                f"max-new-tokens: {config.max_new_tokens} plus the longest prompt's {longest} "
-                f"tokens exceeds the model's max_position_embeddings={limit}; pass "
-                f"--max-new-tokens {max(1, limit - longest)} or less, or shorter prompts."
-            )
+        _check_positions(model, prompts, config.max_new_tokens)
         budgets = completion_budgets(n, config.max_new_tokens)
         results: dict[str, DtypeResult] = {}
         with _single_thread_if_tiny(model, device):
