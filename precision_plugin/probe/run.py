@@ -283,16 +283,18 @@ def _prompts(config: ProbeConfig, tokenizer: Any) -> list[list[int]]:
 def _check_positions(model: Any, prompts: list[list[int]], max_new_tokens: int) -> None:
     """Refuse prompts, or prompts with ``max_new_tokens`` more, longer than the model reads
     (its text config's ``max_position_embeddings``; nothing to check where it names none)."""
-    longest = max(len(p) for p in prompts)
     limit = position_limit(model)
-    if limit is not None and longest >= limit:
+    if limit is None:
+        return
+    longest = max(len(p) for p in prompts)
+    if longest >= limit:
         which = 1 + next(i for i, p in enumerate(prompts) if len(p) == longest)
         raise PrecisionConfigError(
             f"prompts: prompt {which} is {longest} tokens long, and the model reads at most "
             f"max_position_embeddings={limit} tokens, prompt and completion together; "
             f"shorten it to fewer than {limit} tokens (the probe uses prompts as written)."
         )
-    if limit is not None and longest + max_new_tokens > limit:
+    if longest + max_new_tokens > limit:
         raise PrecisionConfigError(
             f"max-new-tokens: {max_new_tokens} plus the longest prompt's {longest} "
             f"tokens exceeds the model's max_position_embeddings={limit}; pass "
