@@ -168,16 +168,19 @@ def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, 
 
 def percent(value: Any) -> str:
     """A share as the probe's table and lines show it: ``0%``, ``<0.1%``, ``4.2%``, ``37%``,
-    ``>99.9%``; ``n/a`` for a missing or non-finite value."""
+    ``99.6%``, ``>99.9%``; ``n/a`` for a missing or non-finite value.
+
+    Whole percents from 10 % up, except just below 1, where a whole percent would round 0.996
+    up to ``100%`` and hide the part that is missing."""
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "n/a"
     if value == 0:
         return "0%"
-    if value < 0.001:
+    if 0 < value < 0.001:
         return "<0.1%"
     if 0.999 < value < 1:
         return ">99.9%"
-    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
+    return f"{value:.1%}" if abs(value) < 0.1 or 0.995 <= value < 1 else f"{value:.0%}"
 
 
 def _kept(e: Evidence) -> str:

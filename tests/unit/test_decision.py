@@ -231,8 +231,8 @@ def test_either_dtype_works_names_the_lower_k3_and_its_factor_only_when_apart():
         None,
     )
     assert d.line.startswith(
-        "do: either dtype works: at 512 tokens, a batch of 64 keeps float16 100% (99%–100%, 16 "
-        "sequences), bfloat16 100% (99%–100%, 16 sequences) (every consequence under 1 %); "
+        "do: either dtype works: at 512 tokens, a batch of 64 keeps float16 99.5% (99%–100%, 16 "
+        "sequences), bfloat16 99.5% (99%–100%, 16 sequences) (every consequence under 1 %); "
         "bfloat16's k3 is 4x lower. apply: "
     )
     touching = _ev("float16", negligible, k3=TOUCH, verdict="negligible")

@@ -211,13 +211,16 @@ def _ev(dtype, kept, k3=(1e-5, 0.9e-5, 1.1e-5), n=16, verdict="noticeable", bloc
 
 
 def test_percent_at_its_boundaries():
-    """Zero is ``0%``; 0.001 is the first ``0.1%``; 0.1 is the first whole percent; above 0.999
-    (and below 1) is ``>99.9%``, while 0.999 itself rounds to ``100%`` as the either-dtype line
-    shows for 0.995 (catches each boundary moved by one comparison)."""
+    """Zero is ``0%``; 0.001 is the first ``0.1%``; 0.1 is the first whole percent; from 0.995
+    to 0.999 one decimal again, so nothing short of 1 reads ``100%``; above 0.999 (and below 1)
+    is ``>99.9%``; a negative share keeps its sign (catches each boundary moved by one
+    comparison)."""
     assert percent(0) == "0%" and percent(0.0) == "0%"
     assert percent(0.000999) == "<0.1%" and percent(0.001) == "0.1%"
     assert percent(0.05) == "5.0%" and percent(0.1) == "10%"
-    assert percent(0.999) == "100%" and percent(0.9995) == ">99.9%" and percent(1.0) == "100%"
+    assert percent(0.9949) == "99%" and percent(0.995) == "99.5%" and percent(0.996) == "99.6%"
+    assert percent(0.999) == "99.9%" and percent(0.9995) == ">99.9%" and percent(1.0) == "100%"
+    assert percent(1.2) == "120%" and percent(-0.05) == "-5.0%" and percent(-0.12) == "-12%"
 
 
 def test_a_setting_with_as_large_a_share_as_the_dtype_dominates():
