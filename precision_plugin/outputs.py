@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,8 +32,14 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
     A link is written through (the file it points to is replaced, the link kept); the file
     keeps its permissions, and a new one gets the usual ones (0666 less the umask), not the
-    temporary file's 0600."""
+    temporary file's 0600. Something that exists and is not a regular file (``/dev/null``,
+    ``/dev/stdout``, a named pipe) is written in place: a rename would replace the device or
+    the pipe with a file."""
     target = Path(path).expanduser()
+    if _special(target):
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return target
     if target.is_symlink():
         target = target.resolve()
     if target.exists():
@@ -53,6 +60,15 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return target
+
+
+def _special(path: Path) -> bool:
+    """Whether ``path`` (followed through links) exists and is not a regular file or folder."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _key(path: str) -> Path:

@@ -29,6 +29,15 @@ def check_output_path(path: str | None, option: str, formats: Sequence[str] = ()
     target = Path(path).expanduser()
     if target.is_dir():
         raise UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
+    if target.exists() and not target.is_file() and not formats:
+        # A device or a named pipe (/dev/null, /dev/stdout) is written in place: only the
+        # target itself must be writable, whatever its folder (/dev, /proc/self/fd) allows.
+        if not os.access(target, os.W_OK):
+            raise UsageError(
+                f"{option}: cannot write {path!r}: no write permission for it; pass a path you "
+                f"can write"
+            )
+        return
     parent = target.resolve().parent
     if parent.exists() and not parent.is_dir():
         raise UsageError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -45,6 +46,49 @@ def test_write_atomic_keeps_the_files_mode_and_writes_through_a_link(tmp_path):
     link.symlink_to(real)
     write_atomic(link, "through")
     assert link.is_symlink() and real.read_text() == "through"
+
+
+def _read_in_background(fifo):
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    return reader, got
+
+
+def test_write_atomic_writes_a_pipe_or_device_in_place(tmp_path):
+    # Before: the temporary file was renamed over the target, so `--json /dev/null` (as root)
+    # replaced the device /dev/null with a regular file holding the results. A named pipe
+    # stands in for the device here: it is not a regular file either.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader, got = _read_in_background(fifo)
+    assert write_atomic(fifo, '{"a": 1}\n') == fifo
+    reader.join(10)
+    assert got == ['{"a": 1}\n'] and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_pipe_is_a_writable_output_path_whatever_its_folder_allows(tmp_path):
+    # /dev/stdout leads to /proc/self/fd, where no file can be created: the pre-run check
+    # asked for that, and a device is written in place, so only the device must be writable.
+    from precision_plugin.cli.argtypes import UsageError
+    from precision_plugin.cli.output import check_output_path
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    tmp_path.chmod(0o500)
+    try:
+        assert check_output_path(str(fifo), "--json") is None
+        fifo.chmod(0o400)
+        if not os.access(fifo, os.W_OK):  # root may write anything
+            with pytest.raises(UsageError) as refused:
+                check_output_path(str(fifo), "--json")
+            assert str(refused.value) == (
+                f"--json: cannot write {str(fifo)!r}: no write permission for it; pass a path "
+                f"you can write"
+            )
+    finally:
+        tmp_path.chmod(0o700)
 
 
 def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path):
