@@ -115,6 +115,22 @@ def test_rollout_parses_vllm_names() -> None:
 def test_rollout_top_k_is_read_exactly_and_settings_show_only_what_changed() -> None:
     assert parse_rollout("top_k=99999999999999999999999").top_k == 99999999999999999999999
     assert parse_rollout("top_k=1_000").top_k == 1000 and parse_rollout("top_k=1e3").top_k == 1000
+    # Before: 1e30 went through float() to 1000000000000000019884624838656, and 1e-400 to 0,
+    # which means "off".
+    assert parse_rollout("top_k=1e30").top_k == 10**30
+    assert parse_rollout("top_k= +7 ").top_k == 7 and parse_rollout("top_k=2.0").top_k == 2
+
+
+@pytest.mark.parametrize("raw", ["+-5", "-+5", "²", "1__0", "_1", "1_", "1e-400", "1e999999999"])
+def test_rollout_top_k_that_is_no_whole_number_is_one_message(raw: str) -> None:
+    # Before: the first six ended in int()'s ValueError traceback, 1e-400 was read as 0 (off),
+    # and 1e999999999 would have built a billion-digit number.
+    with pytest.raises(PrecisionConfigError) as info:
+        parse_rollout(f"top_k={raw}")
+    assert str(info.value) == (
+        f"--rollout: top_k={raw!r} is not a whole number, 0 or -1 (off) or at least 1 (vLLM "
+        f"SamplingParams.top_k)."
+    )
     # True == 1 == 1.0 in Python: a filter on values alone called these settings "defaults".
     given = parse_rollout("lm_head_fp32=true,top_k=1").to_dict()
     assert changed_settings(given) == {"top_k": 1, "lm_head_fp32": True}

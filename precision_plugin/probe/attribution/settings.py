@@ -15,6 +15,8 @@ under any compute dtype, float32 included.
 
 from __future__ import annotations
 
+import contextlib
+import decimal
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -180,17 +182,22 @@ def _value(key: str, raw: str) -> Any:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-    elif kind == "int" and raw.lstrip("+-").replace("_", "").isdigit():
-        return int(raw)  # exactly, however large (float() would round it)
-    elif kind in ("float", "int"):
-        try:
+    elif kind == "int":
+        # Exactly as written, however large: 1e30 is 10**30 and 1e-400 is not a whole number
+        # (float() would round the one and flush the other to 0, which means "off").
+        with contextlib.suppress(ValueError):
+            return int(raw)
+        with contextlib.suppress(ArithmeticError, ValueError):
+            float(raw)  # int()'s spelling rules, which Decimal relaxes ('_1', '1__0')
+            number = decimal.Decimal(raw)
+            whole = number.is_finite() and number == number.to_integral_value()
+            if whole and number.adjusted() < 100:  # not 1e999999999, a billion digits
+                return int(number)
+    elif kind == "float":
+        with contextlib.suppress(ValueError):
             number = float(raw)
-        except ValueError:
-            number = math.nan
-        if kind == "int" and math.isfinite(number) and number == int(number):
-            return int(number)
-        if kind == "float" and math.isfinite(number):
-            return number
+            if math.isfinite(number):
+                return number
     else:
         return raw
     raise PrecisionConfigError(f"--rollout: {key}={raw!r} is not {ROLLOUT_KEYS[key]}.")
