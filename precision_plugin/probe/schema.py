@@ -42,6 +42,10 @@ EngineFactory = Callable[[str, str, str, int], RolloutEngine]
 MAX_SEED = 2**32 - 1
 #: Largest --num-prompts: far beyond where the measurement stops changing.
 MAX_NUM_PROMPTS = 100_000
+#: Largest --target-length: beyond any model's context (a projection there means nothing).
+MAX_TARGET_LENGTH = 10_000_000
+#: Largest --batch-size: beyond any RL batch (the ESS is computed over a batch this long).
+MAX_BATCH_SIZE = 1_000_000
 
 
 @checked
@@ -107,6 +111,17 @@ class ProbeConfig:
             raise PrecisionConfigError(
                 f"num-prompts: {self.num_prompts} is out of range; pass 1 .. {MAX_NUM_PROMPTS} "
                 f"(each prompt is a full rollout and trainer forward per dtype)."
+            )
+        if self.target_length > MAX_TARGET_LENGTH:
+            raise PrecisionConfigError(
+                f"target-length: {self.target_length} is out of range; pass 1 .. "
+                f"{MAX_TARGET_LENGTH}, the completion length you train at (default "
+                f"{DEFAULT_TARGET_LENGTH})."
+            )
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise PrecisionConfigError(
+                f"batch-size: {self.batch_size} is out of range; pass 1 .. {MAX_BATCH_SIZE}, the "
+                f"sequences per batch you train with (default {DEFAULT_BATCH_SIZE})."
             )
         low = self.min_new_tokens
         if not 0 <= low <= self.max_new_tokens:

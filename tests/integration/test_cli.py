@@ -243,6 +243,18 @@ BAD_ARGS = {
         lambda tmp: ["gguf-checkpoint", _gguf(tmp), ""],
         "out: the path is empty",
     ),
+    # probe: a batch of 10**26 sequences ran the whole probe, then ended in an OverflowError
+    # traceback from the ESS; a target length of 10**24 tokens was projected to without a word
+    "probe batch size past any batch": (
+        lambda tmp: ["probe", "--batch-size", str(10**26)],
+        f"batch-size: {10**26} is out of range; pass 1 .. 1000000, the sequences per batch you "
+        f"train with (default 256).",
+    ),
+    "probe target length past any context": (
+        lambda tmp: ["probe", "--target-length", "10000001"],
+        "target-length: 10000001 is out of range; pass 1 .. 10000000, the completion length you "
+        "train at (default 4096).",
+    ),
     # sanity: a seed numpy cannot take was a ValueError traceback from the trainer's set_seed;
     # 1e400 parsed as inf and was refused as SanityConfig's argument, not the option
     "sanity seed past 32 bits": (
