@@ -70,9 +70,31 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
             f"and {len(mismatched)} of another shape, e.g. {first!r}; they would be random. "
             f"Check model_type and the sizes in config.json"
         )
+    _check_loaded(model)
     model = model.to(device=device, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model, tokenizer
+
+
+def _check_loaded(model: Any) -> None:
+    """Refuse what transformers loads without a word and fails on later, deep in a rollout: a
+    weight holding NaN or inf (sampling then fails on the probabilities) and a negative
+    ``sliding_window`` (the attention mask then fails on its range)."""
+    import torch
+
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    if isinstance(window, int) and not isinstance(window, bool) and window < 1:
+        raise ValueError(
+            f"config.json has sliding_window={window}, and a window holds at least 1 token; set "
+            f"it to the model's window, or null for none"
+        )
+    for name, weight in model.named_parameters():
+        bad = int((~torch.isfinite(weight)).sum())
+        if bad:
+            raise ValueError(
+                f"its weights hold NaN or inf ({bad} value(s) in {name!r}); the checkpoint is "
+                f"broken: save it again from a model whose weights are finite"
+            )
 
 
 @checked(

@@ -226,6 +226,22 @@ def broken_model(**config_changes: Any) -> Callable[[Path], str]:
     return make
 
 
+def model_with_nan_weight(name: str) -> Callable[[Path], str]:
+    """A copy of the embedded tiny checkpoint whose weight ``name`` holds one NaN."""
+
+    def make(tmp: Path) -> str:
+        from safetensors.torch import load_file, save_file
+
+        dest = Path(broken_model()(tmp))
+        weights = dest / "model.safetensors"
+        state = load_file(str(weights))
+        state[name][0, 0] = float("nan")
+        save_file(state, str(weights), metadata={"format": "pt"})
+        return str(dest)
+
+    return make
+
+
 def no_cuda_only() -> str | None:
     return "a CUDA device is present" if torch.cuda.is_available() else None
 
@@ -1784,6 +1800,25 @@ CASES: list[Case] = [
         "cli",
         cli("probe", "--model", broken_model(vocab_size=-1)),
         names=("could not load",),
+    ),
+    # transformers loads both without a word; the rollout then failed deep inside torch
+    # ("probability tensor contains either inf, nan", "upper bound and lower bound inconsistent")
+    Case(
+        "cli config sliding_window -5",
+        "cli",
+        cli("probe", "--model", broken_model(sliding_window=-5)),
+        names=(
+            "could not load",
+            "config.json has sliding_window=-5, and a window holds at least 1",
+        ),
+    ),
+    Case(
+        "cli weights with a NaN",
+        "cli",
+        cli("probe", "--model", model_with_nan_weight("model.layers.0.mlp.down_proj.weight")),
+        names=(
+            "its weights hold NaN or inf (1 value(s) in 'model.layers.0.mlp.down_proj.weight')",
+        ),
     ),
     Case(
         "cli model_type qwen2",
