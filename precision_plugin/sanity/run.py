@@ -190,7 +190,11 @@ def _run_dtype(
             trainer = _build_trainer(
                 config, seed, dtype, pretrained, tokenizer, problems, out, progress
             )
-            trainer.train()
+            try:
+                trainer.train()
+            except RuntimeError as exc:
+                _refuse_divergence(exc, trainer, config, seed, dtype)
+                raise
             history = list(trainer.state.log_history)
             audit = _audit(trainer)
     finally:
@@ -203,6 +207,26 @@ def _run_dtype(
         cpu_seconds=time.process_time() - cpu,
         ran=audit,
     )
+
+
+def _refuse_divergence(
+    exc: RuntimeError, trainer: Any, config: SanityConfig, seed: int, dtype: str
+) -> None:
+    """Turn a run whose weights or sampling probabilities went NaN or inf (a learning rate far
+    too large) into one message, instead of torch's ``probability tensor contains either inf,
+    nan or element < 0`` from deep inside generation; any other error is left as it is."""
+    import torch
+
+    weights_broken = any(not torch.isfinite(p).all() for p in trainer.model.parameters())
+    if not weights_broken and "nan" not in str(exc).lower():
+        return
+    raise PrecisionConfigError(
+        f"learning-rate: GRPO in {dtype} (seed {seed}) diverged at step "
+        f"{trainer.state.global_step + 1} of {config.steps}: the policy's "
+        f"{'weights' if weights_broken else 'sampling probabilities'} became NaN or inf at "
+        f"--learning-rate {config.learning_rate:g}; pass a smaller one (default "
+        f"{SanityConfig.learning_rate:g})."
+    ) from None
 
 
 def _audit(trainer: Any) -> dict[str, Any]:
