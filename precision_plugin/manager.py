@@ -182,6 +182,17 @@ def coerce_policy(
     """
     base = policy_arg(policy) if policy is not None else None
     base = base or PrecisionPolicy.from_env() or PrecisionPolicy()
+    given = {"dtype": policy} if isinstance(policy, str) else policy
+    if isinstance(given, Mapping):
+        for key, value in overrides.items():
+            # A keyword that repeats the policy's own key with another meaning silently won.
+            # (A section given both ways is merged by replace(), as documented.)
+            repeated = key in given and not isinstance(value, Mapping)
+            if repeated and base.replace(**{key: value}) != base:
+                raise PrecisionConfigError(
+                    f"enable(): {key} is given twice with different values, {given[key]!r} in "
+                    f"the policy and {key}={value!r} as a keyword; pass it once."
+                )
     return base.replace(**overrides) if overrides else base
 
 

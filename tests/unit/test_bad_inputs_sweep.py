@@ -48,3 +48,31 @@ def test_bad_input_found_while_printing_is_not_an_output_error() -> None:
 
     with pytest.raises(PrecisionConfigError), writing_stdout():
         raise PrecisionConfigError("dtype: 'fp8' is not a supported precision")
+
+
+@pytest.mark.parametrize(
+    ("policy", "keyword"),
+    [("bfloat16", "float16"), ({"dtype": "fp16", "strictness": "warn"}, "bfloat16")],
+)
+def test_enable_refuses_a_dtype_given_twice_with_two_meanings(policy, keyword) -> None:
+    # enable("bfloat16", dtype="float16") silently ran float16: the keyword won.
+    from precision_plugin.manager import coerce_policy
+
+    with pytest.raises(PrecisionConfigError) as refused:
+        coerce_policy(policy, dtype=keyword)
+    given = policy if isinstance(policy, str) else policy["dtype"]
+    assert str(refused.value) == (
+        f"enable(): dtype is given twice with different values, {given!r} in the policy and "
+        f"dtype={keyword!r} as a keyword; pass it once."
+    )
+
+
+def test_enable_takes_a_keyword_that_repeats_the_policy_or_adds_to_it() -> None:
+    from precision_plugin.manager import coerce_policy
+
+    assert coerce_policy("bfloat16", dtype="bf16").dtype == "bfloat16"
+    assert coerce_policy({"dtype": "fp16"}, dtype="float16").dtype == "float16"
+    assert coerce_policy("bfloat16", strictness="error").strictness == "error"
+    assert coerce_policy(PrecisionPolicy(), dtype="bfloat16").dtype == "bfloat16"
+    merged = coerce_policy({"loss_scaler": {"growth_interval": 200}}, loss_scaler={"hysteresis": 3})
+    assert (merged.loss_scaler.growth_interval, merged.loss_scaler.hysteresis) == (200, 3)
