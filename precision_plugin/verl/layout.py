@@ -28,6 +28,7 @@ worker code of the PyPI releases 0.7.1, 0.8.0 and 0.9.1:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
@@ -36,6 +37,8 @@ from precision_plugin import versions
 from precision_plugin.boundary import checked, one_of, version_text
 from precision_plugin.dtypes import SHORT_NAMES, SUPPORTED_DTYPES, dtype_label, spellings
 from precision_plugin.errors import PrecisionConfigError
+
+log = logging.getLogger(__name__)
 
 #: First release without the legacy FSDP workers (verl#6067).
 NEW_ENGINE_SINCE = Version("0.8.0")
@@ -49,6 +52,9 @@ TURBO_PARAM_DTYPE = "turbo_config.distributed.fsdp_plan.param_dtype"
 TURBO_AUTOCAST = "bfloat16"
 #: The layout assumed when no verl is installed and no version is given.
 ASSUMED_VERSION = Version("0.9.1")
+#: The releases the keys were checked against (the module docstring): a version asked for
+#: below the first is refused (its keys are unknown), above the last is warned about.
+CHECKED_RELEASES = (Version("0.7.1"), Version("0.8.0"), Version("0.9.1"))
 
 STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo", "megatron")
 
@@ -114,15 +120,32 @@ class Layout:
 @checked(version=version_text("verl"))
 def verl_version(version: str | Version | None = None) -> Version:
     """``version`` when given, else the installed verl's, else :data:`ASSUMED_VERSION`."""
-    if version is not None:
-        try:
-            return versions.parse_version(version)
-        except InvalidVersion:
-            raise PrecisionConfigError(
-                f"verl version {version!r} was given, which is not a version number; pass one "
-                f"such as '0.9.1' (or nothing, for the installed verl)."
-            ) from None
-    return versions.installed_version("verl") or ASSUMED_VERSION
+    if version is None:
+        return versions.installed_version("verl") or ASSUMED_VERSION
+    try:
+        asked = versions.parse_version(version)
+    except InvalidVersion:
+        raise PrecisionConfigError(
+            f"verl version {version!r} was given, which is not a version number; pass one "
+            f"such as '0.9.1' (or nothing, for the installed verl)."
+        ) from None
+    first, last = CHECKED_RELEASES[0], CHECKED_RELEASES[-1]
+    checked_text = ", ".join(str(v) for v in CHECKED_RELEASES)
+    if asked.release[:2] < first.release[:2]:
+        raise PrecisionConfigError(
+            f"verl {asked} was asked for; precision_plugin knows verl's precision keys from "
+            f"{first.major}.{first.minor} on (checked against {checked_text}), and older releases "
+            f"keep them elsewhere. Upgrade verl, or set the dtype keys of your version yourself."
+        )
+    if asked.release[:2] > last.release[:2]:
+        log.warning(
+            "precision_plugin: verl %s is newer than the releases its keys were checked against "
+            "(%s); the keys of verl %s are used",
+            asked,
+            checked_text,
+            last,
+        )
+    return asked
 
 
 @checked(version=version_text("verl"), strategy=one_of(*STRATEGIES))

@@ -414,3 +414,30 @@ def test_cli_refuses_fsdp_turbo_overrides_for_float16(capsys, monkeypatch):
     assert main(args) == 2
     assert "FSDP-Turbo" in capsys.readouterr().err
     assert main([*args, "--dtype", "bf16"]) == 0
+
+
+@pytest.mark.parametrize("asked", ["0.0.1", "v0.5.0", "0.6.9"])
+def test_a_verl_version_older_than_the_checked_keys_is_refused(asked: str) -> None:
+    # Before: every version was given the oldest layout without a word.
+    from packaging.version import Version
+
+    with pytest.raises(PrecisionConfigError) as refused:
+        overrides(PrecisionPolicy(), verl_version=asked)
+    assert str(refused.value) == (
+        f"verl {Version(asked)} was asked for; precision_plugin knows verl's precision keys from "
+        f"0.7 on (checked against 0.7.1, 0.8.0, 0.9.1), and older releases keep them elsewhere. "
+        f"Upgrade verl, or set the dtype keys of your version yourself."
+    )
+
+
+def test_a_verl_version_newer_than_the_checked_keys_is_named(caplog) -> None:
+    assert overrides(PrecisionPolicy(), verl_version="0.9.7") == overrides(
+        PrecisionPolicy(), verl_version=NEW
+    )
+    assert not caplog.records
+    newer = overrides(PrecisionPolicy(), verl_version="0.10.0")
+    assert newer == overrides(PrecisionPolicy(), verl_version=NEW)
+    assert [r.getMessage() for r in caplog.records] == [
+        "precision_plugin: verl 0.10.0 is newer than the releases its keys were checked against "
+        "(0.7.1, 0.8.0, 0.9.1); the keys of verl 0.9.1 are used"
+    ]
