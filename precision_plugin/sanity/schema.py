@@ -33,6 +33,9 @@ SMOKE: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 #: The largest seed: transformers' ``set_seed`` (GRPOTrainer's) seeds numpy, which takes 32 bits.
 MAX_SEED = 2**32 - 1
+#: Largest step, problem or batch count: a million GRPO steps on CPU is months; 10**23 steps
+#: were accepted and ran until stopped.
+MAX_COUNT = 1_000_000
 #: The task of each preset.
 TASKS: dict[str, Task] = {"default": REVERSE, "long": SHIFT}
 
@@ -106,6 +109,11 @@ class SanityConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PrecisionConfigError(
                     f"{name.replace('_', '-')}: {value!r} is not a positive integer; pass >= 1."
+                )
+            if value > MAX_COUNT:
+                raise PrecisionConfigError(
+                    f"{name.replace('_', '-')}: {value} is out of range; pass 1 .. {MAX_COUNT} "
+                    f"(default {getattr(SanityConfig, name)})."
                 )
         if self.num_generations < 2:
             raise PrecisionConfigError(

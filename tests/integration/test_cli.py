@@ -261,6 +261,11 @@ BAD_ARGS = {
         lambda tmp: ["sanity", "--seed", str(2**32)],
         "seeds: 4294967296 is out of range",
     ),
+    # 10**23 steps were accepted and the run went on until stopped
+    "sanity steps past a million": (
+        lambda tmp: ["sanity", "--steps", str(10**23)],
+        f"steps: {10**23} is out of range; pass 1 .. 1000000 (default 60).",
+    ),
     "sanity seeds past 32 bits": (
         lambda tmp: ["sanity", "--seeds", f"0,{2**70}"],
         f"seeds: {2**70} is out of range",
