@@ -153,9 +153,10 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
 
     The file is JSONL when its first non-blank line starts with ``{``: every line is an object
     with a ``prompt`` (text, or a list of chat messages as in TRL's conversational datasets) or
-    a ``messages`` list of ``{"role", "content"}`` dicts. A file that starts with ``[`` and
-    parses as JSON is an array of such objects or of prompt strings. Otherwise each line is one
-    prompt.
+    a ``messages`` list of ``{"role", "content"}`` dicts (one of the two, not both). A file that
+    starts with ``[`` is a JSON array of such objects or of prompt strings, unless its first line
+    is text such as ``[INST] ...`` or ``[1, 2] is a list``. Otherwise each line is one prompt;
+    lines end at ``\n`` only.
     """
     path = os.fspath(path)  # named as given in every message
     file = Path(path).expanduser()
@@ -166,7 +167,9 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
         raise PrecisionConfigError(
             f"prompts: cannot read {path!r} ({reason}); pass a UTF-8 text or JSONL file."
         ) from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    # Lines end at "\n" only (read_text has turned "\r\n" and "\r" into "\n"): splitlines()
+    # would also split at a form feed, \x1c-\x1e, \x85, U+2028 and U+2029 inside a prompt.
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:
         raise PrecisionConfigError(
             f"prompts: {path!r} holds no prompt; write one prompt per line, or JSONL lines "
@@ -185,9 +188,18 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
 
 def _json_array(path: str, text: str) -> list[Prompt] | None:
     """The prompts of a JSON-array file; ``None`` when the file is text that starts with ``[``
-    (``[INST] ...`` prompts)."""
-    if not re.match(r'\[\s*($|["{\[\]\d-])', text.lstrip()):
+    (``[INST] ...`` or ``[1, 2] is a list`` prompts)."""
+    body = text.lstrip()
+    if not re.match(r'\[\s*($|["{\[\]\d-])', body):
         return None  # "[INST] ..." is text
+    first_line = body.split("\n", 1)[0]
+    try:
+        _, end = json.JSONDecoder().raw_decode(first_line)
+    except (json.JSONDecodeError, RecursionError):
+        pass  # not one whole value on the first line: an array over lines, or a broken one
+    else:
+        if first_line[end:].strip():
+            return None  # "[1, 2] is a list ...": text that starts with a JSON value
     try:
         data = parse_json(text)
     except UserJSONError as exc:
@@ -195,7 +207,8 @@ def _json_array(path: str, text: str) -> list[Prompt] | None:
     except json.JSONDecodeError as exc:
         raise PrecisionConfigError(
             f"prompts: {path!r} looks like a JSON array but is not valid JSON ({exc.msg} at "
-            f"line {exc.lineno}); fix it, or write one prompt per line."
+            f"line {exc.lineno}); fix it, or write the prompts as JSONL lines "
+            f'{{"prompt": "..."}}.'
         ) from None
     if not isinstance(data, list) or not data:
         raise PrecisionConfigError(
@@ -224,6 +237,11 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
 
 def _record_prompt(path: str, number: int, record: Any, where: str = "") -> Prompt:
     where = where or f"prompts: {path!r} item {number}"
+    if isinstance(record, dict) and "messages" in record and "prompt" in record:
+        raise PrecisionConfigError(
+            f'{where} has both a "messages" and a "prompt" field; a record gives its one prompt '
+            f"in one of the two: keep one of them."
+        )
     value = record.get("messages", record.get("prompt")) if isinstance(record, dict) else None
     if isinstance(value, str) and value.strip():
         return value
@@ -258,9 +276,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) 
         else:
             messages = [dict(m) for m in prompt]
             if getattr(tokenizer, "chat_template", None):
-                text = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                )
+                text = _chat_text(tokenizer, messages, i % len(prompts) + 1)
             else:
                 if not warned:
                     log.warning(
@@ -278,6 +294,25 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) 
             )
         encoded.append(ids)
     return encoded
+
+
+def _chat_text(tokenizer: Any, messages: list[dict[str, Any]], number: int) -> str:
+    """``messages`` rendered by the chat template; its Jinja errors as one-line refusals."""
+    from jinja2 import TemplateError, TemplateSyntaxError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateSyntaxError as exc:
+        raise PrecisionConfigError(
+            f"model: its chat_template is not valid Jinja ({exc.message}); fix it in "
+            f"tokenizer_config.json / chat_template.jinja, or use plain-text prompts."
+        ) from None
+    except TemplateError as exc:  # raise_exception() in the template, or a runtime error
+        raise PrecisionConfigError(
+            f"prompts: prompt {number}: the model's chat template refused it "
+            f"({exc.message or type(exc).__name__}); fix the messages' roles/content or use "
+            f"plain-text prompts."
+        ) from None
 
 
 @checked(num_prompts=at_least(1), max_new_tokens=at_least(1))
