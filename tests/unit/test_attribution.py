@@ -682,3 +682,20 @@ def test_a_model_without_rope_frequencies_has_no_rope_row_and_a_note(tmp_path: A
                             min_new_tokens=NEW_TOKENS, learning_rate=None, what_if=True)  # fmt: skip
     rope = block.row("rope")
     assert rope is not None and not rope.in_total
+
+
+def test_rollout_rounding_fields_take_the_dtype_aliases() -> None:
+    # Before: RolloutSettings(rope_dtype="fp16") was refused, while every other dtype field of
+    # the plugin takes fp16, bf16 and fp32.
+    got = RolloutSettings(rope_dtype="fp16", lm_head_dtype="BF16", router_dtype="fp32")
+    assert (got.rope_dtype, got.lm_head_dtype, got.router_dtype) == (
+        "float16",
+        "bfloat16",
+        "float32",
+    )
+    with pytest.raises(PrecisionConfigError) as refused:
+        RolloutSettings(router_dtype="fp8")
+    assert str(refused.value) == (
+        "rollout: router_dtype='fp8' is not one of float16, bfloat16, float32 (aliases fp16, "
+        "bf16, fp32; or None)."
+    )

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.dtypes import canonical_dtype_name
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.sampling import SamplingSettings
 
@@ -82,10 +83,13 @@ class RolloutSettings:
             )
         for name in ("rope_dtype", "lm_head_dtype", "router_dtype"):
             value = getattr(self, name)
-            if value is not None and value not in _ROUNDINGS:
+            canonical = None if value is None else canonical_dtype_name(value)
+            if value is not None and canonical is None:
                 raise PrecisionConfigError(
-                    f"rollout: {name}={value!r} is not one of {', '.join(_ROUNDINGS)} (or None)."
+                    f"rollout: {name}={value!r} is not one of {', '.join(_ROUNDINGS)} (aliases "
+                    f"fp16, bf16, fp32; or None)."
                 )
+            object.__setattr__(self, name, canonical)  # fp16 as float16
         if self.lm_head_fp32 and self.lm_head_dtype not in (None, "float32"):
             raise PrecisionConfigError(
                 f"rollout: lm_head_fp32=True contradicts lm_head_dtype={self.lm_head_dtype!r}; "
