@@ -62,12 +62,41 @@ def _flat(rows: Sequence[Sequence[float]]) -> list[float]:
     return [float(x) for row in rows for x in row]
 
 
+#: How to mend a non-finite log-ratio, in every refusal of one.
+_FINITE_FIX = (
+    "leave out the tokens whose log-ratio is not finite (a token one side gives probability 0, "
+    "or a log-prob the engine did not return), as the probe does"
+)
+
+
+def _refuse_bad_tokens(what: str, rows: Sequence[Sequence[float]]) -> None:
+    """Refuse per-sequence log-ratios (``what``: ``"k3_interval(): argument 'log_ratios'"``)
+    with no token at all (a mean over tokens of nothing) or a non-finite one (NaN or +-inf:
+    every figure over them would be NaN or infinite)."""
+    if not any(len(row) for row in rows):
+        n = len(rows)
+        found = f"{n} empty sequence{'s' if n > 1 else ''}" if n else "no sequence"
+        raise PrecisionConfigError(
+            f"{what} holds no token ({found}), expected the log-ratios of at least one token "
+            f"(fix: pass the per-sequence log-ratios of the tokens measured)."
+        )
+    for i, row in enumerate(rows):
+        for j, x in enumerate(row):
+            if not math.isfinite(x):
+                raise PrecisionConfigError(
+                    f"{what} item [{i}][{j}] is {float(x)!r}, expected a finite log-ratio "
+                    f"(fix: {_FINITE_FIX})."
+                )
+
+
 @checked
 def decompose(
     total: Sequence[Sequence[float]], parts: Mapping[str, Sequence[Sequence[float]]]
 ) -> Decomposition:
     """Split ``E[d^2]/2`` of the per-token ``total`` log-ratios into the ``parts``' own terms,
-    their interaction and the residual (module docstring); all per sequence, the same tokens."""
+    their interaction and the residual (module docstring); all per sequence, the same tokens.
+    Refuses a ``total`` of no token and a non-finite log-ratio in any of them."""
+    _refuse_bad_tokens("decompose(): argument 'total'", total)
     d = _flat(total)
     flat = {c: _flat(rows) for c, rows in parts.items()}
     for cause, values in flat.items():
@@ -76,9 +105,8 @@ def decompose(
                 f"decompose(): cause {cause!r} has {len(values)} tokens, the total {len(d)}; "
                 f"pass the log-ratios of the same tokens."
             )
+        _refuse_bad_tokens(f"decompose(): cause {cause!r}", parts[cause])
     n = len(d)
-    if n == 0:
-        return Decomposition(0.0, dict.fromkeys(flat, 0.0), 0.0, 0.0, 0)
     sums = [math.fsum(vals[i] for vals in flat.values()) for i in range(n)]
     total_sq = math.fsum(x * x for x in d) / n
     sum_sq = math.fsum(x * x for x in sums) / n
@@ -100,14 +128,13 @@ def k3_interval(
     seed: int = BOOTSTRAP_SEED,
 ) -> K3:
     """k3 (``mean(e^-d - 1 + d)`` over tokens) of per-sequence log-ratios ``d``, with a 95 %
-    percentile bootstrap interval that resamples whole sequences; NaN for all three when there
-    is no token (no estimate, where :func:`decompose` gives a total of 0 tokens), and a NaN
-    interval from one sequence (resampling one sequence only repeats it)."""
+    percentile bootstrap interval that resamples whole sequences (empty ones left out); a NaN
+    interval from one sequence (resampling one sequence only repeats it). Refuses no token at
+    all (no estimate) and a non-finite log-ratio."""
     import torch
 
+    _refuse_bad_tokens("k3_interval(): argument 'log_ratios'", log_ratios)
     rows = [r for r in log_ratios if len(r)]
-    if not rows:
-        return K3(math.nan, math.nan, math.nan)
     sums = torch.tensor([math.fsum(k3_term(-x) for x in r) for r in rows], dtype=torch.float64)
     counts = torch.tensor([len(r) for r in rows], dtype=torch.float64)
     value = float(sums.sum() / counts.sum())

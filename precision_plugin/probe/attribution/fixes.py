@@ -13,6 +13,7 @@ from typing import Any
 
 from precision_plugin.boundary import checked
 from precision_plugin.decision import Attribution
+from precision_plugin.errors import PrecisionConfigError
 
 #: The cause ids of the ``attribution`` section, in the order the table lists them.
 CAUSES: tuple[str, ...] = (
@@ -196,18 +197,28 @@ def first_change(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> FirstCh
     {"share": ..., "k3": ..., "in_total": ...}}}``): among the causes in the measured total that
     a setting can remove, the one with the largest share, in the low-precision dtype with the
     largest such share (float32, the reference, only when it is the only dtype measured).
-    ``None`` when no settable cause is in any total."""
+    ``None`` when no settable cause is in any total with a share above 0. A NaN share is one of
+    them: ``Decomposition.share`` gives it when the total is 0 (the two sides agree on every
+    token, float32's can), so there is nothing to remove. Refuses a cause not in ``CAUSES``."""
+    for dtype, causes in rows.items():
+        unknown = [c for c in causes if c not in CAUSE_TABLE]
+        if unknown:
+            raise PrecisionConfigError(
+                f"first_change(): argument 'rows' names the cause {unknown[0]!r} under "
+                f"{dtype!r}, expected one of {', '.join(CAUSES)} (fix: key each dtype's rows "
+                f"by the attribution's cause ids)."
+            )
     best: FirstChange | None = None
     low = {d: causes for d, causes in rows.items() if d != "float32"} or rows
     for dtype, causes in low.items():
         for cause, row in causes.items():
-            spec = CAUSE_TABLE.get(cause)
+            spec = CAUSE_TABLE[cause]
             share = row.get("share")
-            if spec is None or not spec.settable or not row.get("in_total") or share is None:
+            if not spec.settable or not row.get("in_total") or share is None:
                 continue
             if cause == "dtype" and dtype != "bfloat16":  # float16 is already the remedy
                 continue
-            if share != share or share <= 0:  # NaN or nothing
+            if share != share or share <= 0:  # NaN (a total of 0) or nothing
                 continue
             if best is None or share > best.share:
                 best = FirstChange(dtype, cause, float(share), float(row["k3"]), spec.fixes)
