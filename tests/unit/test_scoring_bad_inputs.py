@@ -72,6 +72,25 @@ def test_bitwise_equal_refuses_an_integer_no_float64_holds(
         bitwise_equal(a, b)
 
 
+def test_bitwise_equal_of_no_token_is_no_fraction() -> None:
+    """Of no token, the fraction equal is NaN, not a 100 % all-clear (nor 0 %)."""
+    got = bitwise_equal([[], []], [[], []])
+    assert (got.equal, got.total) == (0, 0) and math.isnan(got.fraction)
+    assert bitwise_equal([[0.5, 1.0]], [[0.5, 2.0]]).fraction == 0.5
+
+
+def test_a_token_id_of_minus_one_is_refused() -> None:
+    """-1 (a padding or "no token" marker in some pipelines) names no token: a scorer would
+    read the last row of the vocabulary, a wrong log-prob and no error."""
+    for prompt, completion in (((-1, 2), (3,)), ((1,), (3, -1))):
+        with pytest.raises(PrecisionConfigError) as refused:
+            TokenSequence(prompt, completion)
+        assert str(refused.value) == (
+            "TokenSequence(): token id -1 is negative; pass the tokenizer's ids (0 and up)."
+        )
+    assert TokenSequence((0,), (0,)).completion_ids == (0,)
+
+
 # -- batch_rescore ---------------------------------------------------------------------------
 
 
@@ -118,6 +137,8 @@ def test_batch_rescore_checks_alone_against_sequences(
         ([[0.0] * 3], [[0.0] * 3, [0.0] * 2], r"scorer 'short' returned 1 row\(s\) for 2 seq"),
         ([[0.0] * 2], None, r"scorer 'short' returned 2 log-probs for sequences\[0\], which has 3"),
         (None, None, r"scorer 'short' returned None for 1 sequence\(s\)"),
+        # too many is as wrong as too few (a check of "fewer than" let the extra ones through)
+        ([[0.0] * 4], None, r"scorer 'short' returned 4 log-probs for sequences\[0\], which has 3"),
     ],
 )
 def test_batch_rescore_names_a_scorer_that_answers_wrong(
