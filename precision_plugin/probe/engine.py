@@ -77,9 +77,10 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 
 
 def _check_loaded(model: Any) -> None:
-    """Refuse what transformers loads without a word and fails on later, deep in a rollout: a
-    weight holding NaN or inf (sampling then fails on the probabilities) and a negative
-    ``sliding_window`` (the attention mask then fails on its range)."""
+    """Refuse what transformers loads without a word and fails on later, deep in a rollout, or
+    silently: a weight holding NaN or inf (sampling then fails on the probabilities), a
+    ``sliding_window`` below 1 (the attention mask then fails on its range) and an EOS id the
+    model has no logit for (no completion could end)."""
     import torch
 
     window = getattr(model.config.get_text_config(), "sliding_window", None)
@@ -88,6 +89,19 @@ def _check_loaded(model: Any) -> None:
             f"config.json has sliding_window={window}, and a window holds at least 1 token; set "
             f"it to the model's window, or null for none"
         )
+    head = model.get_output_embeddings()
+    vocab = None if head is None else int(head.weight.shape[0])
+    generation = getattr(model, "generation_config", None)
+    for where, config in (("config.json", model.config), ("generation_config.json", generation)):
+        eos = getattr(config, "eos_token_id", None)
+        ids = eos if isinstance(eos, (list, tuple)) else [eos]
+        outside = [i for i in ids if isinstance(i, int) and vocab and not 0 <= i < vocab]
+        if outside:
+            raise ValueError(
+                f"{where} has eos_token_id={eos}, outside the model's {vocab} token ids "
+                f"(0 .. {vocab - 1}), so no completion could end; set it to the tokenizer's "
+                f"EOS id"
+            )
     for name, weight in model.named_parameters():
         bad = int((~torch.isfinite(weight)).sum())
         if bad:

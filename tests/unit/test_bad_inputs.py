@@ -1812,6 +1812,13 @@ CASES: list[Case] = [
             "config.json has sliding_window=-5, and a window holds at least 1",
         ),
     ),
+    # accepted without a word: EOS could never be sampled, so no completion ended early
+    Case(
+        "cli config eos outside the vocabulary",
+        "cli",
+        cli("probe", "--model", broken_model(eos_token_id=99999)),
+        names=("config.json has eos_token_id=99999, outside the model's 259 token ids (0 .. 258)",),
+    ),
     Case(
         "cli weights with a NaN",
         "cli",
