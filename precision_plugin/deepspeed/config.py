@@ -211,6 +211,15 @@ def translate(
     return out
 
 
+#: The policy key each DeepSpeed scaler key is written from (for the message that replaces one).
+_POLICY_KEY = {
+    "initial_scale_power": "loss_scaler.init_scale",
+    "loss_scale_window": "loss_scaler.growth_interval",
+    "hysteresis": "loss_scaler.hysteresis",
+    "min_loss_scale": "loss_scaler.min_scale",
+}
+
+
 def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     value = cfg.get(name)
     if value is None:
@@ -285,29 +294,52 @@ class _Translator:
         fp16 = self.cfg[DS_FP16]
         settings = self.policy.loss_scaler
         if not settings.enabled:
-            return  # the user opted out of dynamic scaling: their loss_scale stands
+            self._no_dynamic_scaling(fp16)
+            return
         current = fp16.get("loss_scale")
-        if current not in (None, "auto", 0, 0.0):
+        if current not in (None, "auto", 0, 0.0) or isinstance(current, bool):
+            static = isinstance(current, (int, float)) and not isinstance(current, bool)
             self._conflict(
                 "fp16.loss_scale",
                 current,
                 "fp16.loss_scale=0 (dynamic)",
                 "a static loss scale cannot back off on overflow; the policy asks for dynamic "
                 "scaling (set loss_scaler.enabled=false in the precision_plugin section to keep "
-                "a static scale)",
+                "a static scale)"
+                if static and current > 0
+                else "it is no loss scale (DeepSpeed takes 0, dynamic, or a static scale > 0)",
             )
         wanted = deepspeed_dynamic_scaling(self.policy)
         for key, value in wanted.items():
             before = fp16.get(key)
             if key != "loss_scale" and before not in (None, "auto", value):
-                log.info(
-                    "DeepSpeed fp16.%s: %r -> %r from the precision policy (set it in the "
-                    '"precision_plugin" section to change it)',
+                # Not a contradiction of the dtype (strict runs go on), but the user's value
+                # is replaced: said where it shows, not at INFO.
+                log.warning(
+                    "precision_plugin: DeepSpeed fp16.%s=%s is replaced by %s from the precision "
+                    'policy; to change it, set it in the "precision_plugin" section (%s)',
                     key,
-                    before,
-                    value,
+                    json.dumps(before),
+                    json.dumps(value),
+                    _POLICY_KEY.get(key, "loss_scaler"),
                 )
             fp16[key] = value
+
+    def _no_dynamic_scaling(self, fp16: dict[str, Any]) -> None:
+        """``loss_scaler.enabled=false``: the user's static ``loss_scale`` stands; none given
+        (or ``"auto"``) is 1, no scaling, as torch's disabled GradScaler does, since DeepSpeed
+        reads a missing ``loss_scale`` as 0, its dynamic scaler."""
+        current = fp16.get("loss_scale")
+        if current in (0, 0.0) and not isinstance(current, bool):
+            self._conflict(
+                "fp16.loss_scale",
+                current,
+                "fp16.loss_scale=1 (no scaling)",
+                "0 is DeepSpeed's dynamic scaling, and the policy has loss_scaler.enabled=false "
+                "(set a static scale such as 1024, or enable the policy's scaler)",
+            )
+        if current in (None, "auto", 0, 0.0):
+            fp16["loss_scale"] = 1
 
     def _autocast(self) -> None:
         section = self.cfg.get(_AUTOCAST)

@@ -301,3 +301,47 @@ def test_torch_autocast_without_a_dtype_is_deepspeeds_default_bfloat16(caplog):
         "(dtype='float16'): torch_autocast would compute in bfloat16 (DeepSpeed's documented "
         "default)"
     )
+
+
+def test_a_disabled_scaler_with_no_static_scale_is_no_scaling(caplog):
+    # Before: the fp16 section got no loss_scale, which DeepSpeed reads as 0 (its dynamic
+    # scaler): loss_scaler.enabled=false still ran dynamic scaling, unlike torch's GradScaler.
+    off = {"loss_scaler": {"enabled": False}}
+    assert apply_config({"precision_plugin": off})["fp16"] == {"enabled": True, "loss_scale": 1}
+    auto = apply_config({"fp16": {"loss_scale": "auto"}, "precision_plugin": off})
+    assert auto["fp16"] == {"loss_scale": 1, "enabled": True}
+    assert caplog.text == ""
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        zero = apply_config({"fp16": {"loss_scale": 0}, "precision_plugin": off})
+    assert zero["fp16"]["loss_scale"] == 1
+    assert caplog.messages == [
+        "precision_plugin: DeepSpeed config fp16.loss_scale=0 contradicts the precision policy "
+        "(dtype='float16'): 0 is DeepSpeed's dynamic scaling, and the policy has "
+        "loss_scaler.enabled=false (set a static scale such as 1024, or enable the policy's "
+        "scaler); precision_plugin set fp16.loss_scale=1 (no scaling)."
+    ]
+
+
+@pytest.mark.parametrize("bad", [-5, float("nan"), "x", True])
+def test_a_loss_scale_that_is_no_scale_is_named_as_such(bad, caplog):
+    # Before: -5, NaN, "x" and true were each called "a static loss scale".
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config({"fp16": {"loss_scale": bad}})
+    assert out["fp16"]["loss_scale"] == 0
+    assert caplog.messages == [
+        f"precision_plugin: DeepSpeed config fp16.loss_scale={json.dumps(bad)} contradicts the "
+        f"precision policy (dtype='float16'): it is no loss scale (DeepSpeed takes 0, dynamic, "
+        f"or a static scale > 0); precision_plugin set fp16.loss_scale=0 (dynamic)."
+    ]
+
+
+def test_a_replaced_scaler_key_is_a_warning_naming_the_policy_key(caplog):
+    # Before: logged at INFO, which no default logging shows: the user's value vanished.
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config({"fp16": {"initial_scale_power": 100, "min_loss_scale": 1}})
+    assert out["fp16"]["initial_scale_power"] == 16
+    assert caplog.messages == [
+        "precision_plugin: DeepSpeed fp16.initial_scale_power=100 is replaced by 16 from the "
+        'precision policy; to change it, set it in the "precision_plugin" section '
+        "(loss_scaler.init_scale)"
+    ]
