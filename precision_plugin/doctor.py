@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -189,15 +189,31 @@ def frameworks_in_use(names: Iterable[str], findings: Iterable[Finding] = ()) ->
 
 
 def run_doctor(
-    policy: PrecisionPolicy | None = None, frameworks: Iterable[str] | None = None
+    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
+    frameworks: Iterable[str] | str | None = None,
 ) -> DoctorReport:
-    """Collect everything ``doctor`` reports for ``policy`` (default: ``doctor_policy``).
+    """Collect everything ``doctor`` reports for ``policy`` (default: ``doctor_policy``; a dict
+    of its keys or a dtype name as ``enable()`` takes them).
 
     ``frameworks``: the frameworks the run uses (see
-    [`frameworks_in_use`][precision_plugin.doctor.frameworks_in_use]); an error of any other
-    installed framework becomes a warning saying it does not block. Default: all of them.
+    [`frameworks_in_use`][precision_plugin.doctor.frameworks_in_use]), as names or one
+    comma-separated string; an error of any other installed framework becomes a warning saying
+    it does not block. Default: all of them.
     """
-    policy = policy or doctor_policy()
+    from precision_plugin.boundary import policy_arg
+    from precision_plugin.errors import PrecisionConfigError
+
+    policy = doctor_policy() if policy is None else policy_arg(policy)
+    if isinstance(frameworks, str):
+        frameworks = frameworks.split(",")
+    elif frameworks is not None:
+        frameworks = list(frameworks)
+        named = [f for f in frameworks if not isinstance(f, str)]
+        if named:
+            raise PrecisionConfigError(
+                f"run_doctor(): frameworks holds {named[0]!r}, which is no framework name; pass "
+                f"names such as ['trl', 'vllm'] (or 'trl,vllm')."
+            )
     acc = accelerator()
     found = adapter_findings(policy)
     scope = frameworks_in_use(frameworks, found) if frameworks is not None else None

@@ -76,3 +76,18 @@ def test_enable_takes_a_keyword_that_repeats_the_policy_or_adds_to_it() -> None:
     assert coerce_policy(PrecisionPolicy(), dtype="bfloat16").dtype == "bfloat16"
     merged = coerce_policy({"loss_scaler": {"growth_interval": 200}}, loss_scaler={"hysteresis": 3})
     assert (merged.loss_scaler.growth_interval, merged.loss_scaler.hysteresis) == (200, 3)
+
+
+def test_run_doctor_takes_a_dtype_name_or_dict_and_names_a_bad_framework() -> None:
+    # Before: run_doctor("bf16") was AttributeError: 'str' object has no attribute 'dtype', and
+    # frameworks=[None] an AttributeError on strip().
+    from precision_plugin.doctor import run_doctor
+
+    assert run_doctor("bf16").policy.dtype == "bfloat16"
+    assert run_doctor({"dtype": "fp16"}, "trl").frameworks == run_doctor(None, ["trl"]).frameworks
+    with pytest.raises(PrecisionConfigError) as refused:
+        run_doctor(frameworks=["trl", None])
+    assert str(refused.value) == (
+        "run_doctor(): frameworks holds None, which is no framework name; pass names such as "
+        "['trl', 'vllm'] (or 'trl,vllm')."
+    )
