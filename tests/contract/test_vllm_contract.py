@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import textwrap
+import typing
 import warnings
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import precision_plugin as pp
 from precision_plugin import vllm as adapter
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.patching import is_patched
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from tests.rope_variants import SCALED, rope_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,6 +162,72 @@ def test_serve_recipe_parses_with_vllms_cli(llama_dir, recipe):
     pp.enable()
     config = AsyncEngineArgs.from_cli_args(args).create_model_config()
     assert config.dtype == torch.float16
+
+
+# -- the attribution's fixes (CAUSE_TABLE), in vLLM's own spellings -----------------------------
+def _in_table(pattern: str, framework: str | None = None) -> list[tuple[str, ...]]:
+    """Every match of ``pattern`` in the table's ``framework`` strings (all strings if None)."""
+    return [
+        m.groups()
+        for cause in CAUSE_TABLE.values()
+        for name, text in cause.fixes.items()
+        if framework in (None, name)
+        for m in re.finditer(pattern, text)
+    ]
+
+
+@needs_cpu_platform  # vLLM 0.10's serve parser builds a DeviceConfig ('Failed to infer device type')
+def test_fixes_table_vllm_flags_parse_with_vllms_cli(llama_dir):
+    """Users copy the attribution's vLLM fixes into ``vllm serve``: every flag is a serve option
+    and its value (the word after it) one vLLM takes, checked by parsing them and building the
+    engine config (a misspelt flag passed every test before)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    found = _in_table(r"(--[a-z0-9][a-z0-9-]*)(?: ([\w.]+))?", "vLLM")
+    assert {flag for flag, _ in found} == {"--dtype", "--kv-cache-dtype"}
+    parser = FlexibleArgumentParser()
+    subparsers = parser.add_subparsers(dest="subcommand")
+    ServeSubcommand().subparser_init(subparsers)
+    actions = {o: a for a in subparsers.choices["serve"]._actions for o in a.option_strings}
+    assert sorted(flag for flag, _ in found if flag not in actions) == []
+    argv = [part for flag, value in found for part in (flag, value) if part]
+    args = parser.parse_args(["serve", llama_dir, "--skip-tokenizer-init", *argv])
+    args.model = args.model_tag or args.model
+    valued = {flag: value for flag, value in found if value}
+    assert {f: getattr(args, actions[f].dest) for f in valued} == valued
+    config = AsyncEngineArgs.from_cli_args(args).create_engine_config()  # validates the values
+    assert (config.model_config.dtype, config.cache_config.cache_dtype) == (torch.float16, "auto")
+
+
+@pytest.mark.skipif(
+    VLLM_VERSION.release < (0, 11),
+    reason="vLLM 0.10.1 has no VLLM_BATCH_INVARIANT yet (batch-invariant kernels came later)",
+)
+def test_fixes_table_vllm_env_vars_are_vllms():
+    """The attribution's fixes name vLLM environment variables (VLLM_BATCH_INVARIANT=1 in the
+    vLLM and verl advice) users set by hand: each is one vLLM reads (vllm.envs); a
+    misspelt name is silently ignored by vLLM and passed every test before."""
+    import vllm.envs
+
+    names = {name for (name,) in _in_table(r"\b(VLLM_[A-Z0-9_]+)")}
+    assert sorted(names - set(vllm.envs.environment_variables)) == []
+    assert names == {"VLLM_BATCH_INVARIANT"}
+
+
+def test_fixes_table_logprobs_mode_and_sampling_are_vllms():
+    """The attribution's sampling fix (logprobs_mode=processed_logprobs with top_p=1.0, top_k=-1)
+    is copied into vLLM settings: the mode is one of EngineArgs.logprobs_mode's values and the
+    sampling values are SamplingParams vLLM accepts."""
+    from vllm import SamplingParams
+
+    field = {f.name: f for f in dataclasses.fields(EngineArgs)}["logprobs_mode"]
+    modes = {mode for (mode,) in _in_table(r"\blogprobs_mode=(\w+)")}
+    assert modes == {"processed_logprobs"} and modes <= set(typing.get_args(field.type))
+    sampling = dict(_in_table(r"\b(top_[pk])=(-?[\d.]+)", "vLLM"))
+    assert sampling == {"top_p": "1.0", "top_k": "-1"}
+    params = SamplingParams(top_p=float(sampling["top_p"]), top_k=int(sampling["top_k"]))
+    assert (params.top_p, params.top_k) == (1.0, -1)
 
 
 # -- the general plugin, installed as a real distribution, in fresh processes ----------------

@@ -27,6 +27,7 @@ from sglang.version import __version__ as SGLANG_VERSION
 from precision_plugin import PrecisionPolicy
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.frameworks import SGLANG_DTYPE_CHOICES
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from precision_plugin.sglang import (
     auto_dtype,
     check_server_args,
@@ -85,6 +86,30 @@ def test_our_flags_are_sglangs_flags():
     ours = {opt: a.dest for a in field_parser()._actions for opt in a.option_strings}
     theirs = {opt: a.dest for a in sglang_parser()._actions for opt in a.option_strings}
     assert {opt: theirs.get(opt) for opt in ours} == ours
+
+
+def test_fixes_table_sglang_flags_are_sglangs():
+    """The attribution's SGLang fixes (CAUSE_TABLE) are copied into users' launches: every flag is
+    one SGLang's parser defines, with a value among its choices (a misspelt flag passed every test
+    before). The value is the word after the flag, read only where the flag takes one."""
+    found = {
+        (m[1], m[2])
+        for cause in CAUSE_TABLE.values()
+        for m in re.finditer(r"(--[a-z0-9][a-z0-9-]*)(?: ([\w.]+))?", cause.fixes.get("SGLang", ""))
+    }
+    actions = {opt: a for a in sglang_parser()._actions for opt in a.option_strings}
+    assert sorted(flag for flag, _ in found if flag not in actions) == []
+    assert {flag for flag, _ in found} == {
+        "--dtype",
+        "--enable-deterministic-inference",
+        "--enable-fp32-lm-head",
+        "--kv-cache-dtype",
+        "--rl-on-policy-target",
+    }
+    for flag, value in found:
+        action = actions[flag]
+        if value and action.nargs != 0 and action.choices:
+            assert value in action.choices, (flag, value, action.choices)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])

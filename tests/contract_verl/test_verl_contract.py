@@ -13,11 +13,15 @@ import pytest
 import torch
 import verl
 from conftest import ROOT, VERL_VERSION, compose_verl, run_installed
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.torch_dtypes import PrecisionType
 
 from precision_plugin import PrecisionPolicy
 from precision_plugin.errors import PrecisionMismatchError
+from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from precision_plugin.verl import check_config, layout, overrides
 from precision_plugin.verl.doctor import doctor_findings
 
@@ -122,6 +126,56 @@ def test_the_trap_key_alone():
         check_config(cfg, strict)
     assert "actor_rollout_ref.actor.fsdp_config.dtype" in str(err.value)
     assert "ignores" in str(err.value)
+
+
+def fixes_table_overrides() -> list[str]:
+    """The Hydra overrides in the attribution's verl fixes (CAUSE_TABLE): each ``key=value`` whose
+    key is dotted (``actor_rollout_ref.rollout.top_p=1.0``), a ``+``/``++`` prefix kept; a bare
+    ``key=value`` after one ("... top_p=1.0 and top_k=-1") is its sibling, in the same section
+    (``actor_rollout_ref.rollout.top_k=-1``). Upper-case words (VLLM_BATCH_INVARIANT=1) are
+    environment variables, not overrides, and are not read."""
+    found = []
+    for cause in CAUSE_TABLE.values():
+        section = None
+        text = cause.fixes.get("verl", "")
+        for plus, key, value in re.findall(r"(?<![\w.+])(\+{0,2})([a-z_][\w.]*)=([^\s,)]+)", text):
+            if "." in key:
+                section = key.rpartition(".")[0]
+            else:
+                assert section, f"{key}={value} in {text!r} follows no dotted override"
+                key = f"{section}.{key}"
+            found.append(f"{plus}{key}={value}")
+    return found
+
+
+#: verl's RolloutConfig.full_determinism came after 0.7.1 (verl PR #6572).
+ROLLOUT_DETERMINISM = "actor_rollout_ref.rollout.full_determinism"
+
+
+def test_fixes_table_verl_overrides_are_the_known_keys():
+    """A key dropped from (or added to) the verl fixes is noticed."""
+    assert {o.lstrip("+").partition("=")[0] for o in fixes_table_overrides()} == {
+        "actor_rollout_ref.rollout.dtype",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+        ROLLOUT_DETERMINISM,
+        "actor_rollout_ref.rollout.top_p",
+        "actor_rollout_ref.rollout.top_k",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype",
+    }
+
+
+@pytest.mark.parametrize("override", fixes_table_overrides())
+def test_fixes_table_verl_override_composes_with_verls_config(override):
+    """Users copy the attribution's verl fixes onto verl's command line: each override composes
+    with verl's own config (Hydra refuses a key it lacks unless the override has a ``+``) and the
+    key then holds the value (a misspelt key passed every test before)."""
+    key = override.lstrip("+").partition("=")[0]
+    if LEGACY and key == ROLLOUT_DETERMINISM:  # absent from verl 0.7.1: Hydra refuses it
+        with pytest.raises(ConfigCompositionException, match="Could not override"):
+            compose_verl([override])
+        return
+    cfg = compose_verl([override])
+    assert OmegaConf.select(cfg, key) == OverridesParser.create().parse_override(override).value()
 
 
 def test_cascade_flag_reaches_verls_vllm_engine_kwargs():

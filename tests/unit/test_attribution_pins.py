@@ -99,7 +99,7 @@ def test_each_cause_is_in_the_table_with_its_engines_spelling() -> None:
     )  # fmt: skip
     kv = CAUSE_TABLE["kv_cache"].fixes
     assert kv["vLLM"] == "--kv-cache-dtype auto" and kv["--rollout"] == "kv_cache_dtype=auto"
-    assert kv["verl"] == "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=auto"
+    assert kv["verl"] == "++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=auto"
     head = CAUSE_TABLE["lm_head"].fixes
     assert head["TRL"].startswith("cast_lm_head_to_fp32=True")
     assert head["SGLang"].startswith("--enable-fp32-lm-head")

@@ -55,7 +55,7 @@ CAUSE_TABLE: dict[str, Cause] = {
                 "than bfloat16)",
                 "TRL": "GRPOConfig(fp16=True) with pp.enable() (the colocated vLLM follows)",
                 "verl": "actor_rollout_ref.rollout.dtype=float16 and "
-                "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+                "++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
                 "OpenRLHF": "--ds.param_dtype fp16 (vLLM is hard-coded to bfloat16: "
                 "pp.enable() changes it)",
                 "vLLM": "--dtype float16",
@@ -70,7 +70,7 @@ CAUSE_TABLE: dict[str, Cause] = {
             {
                 "vLLM": "no switch; VLLM_BATCH_INVARIANT=1 (batch-invariant kernels) is the route "
                 "to equal numerics",
-                "SGLang": "--enable-deterministic-inference (with --rl-on-policy-target)",
+                "SGLang": "--enable-deterministic-inference (with --rl-on-policy-target fsdp)",
                 "any": "recompute the behaviour log-probs with the trainer (old_log_prob) and "
                 "keep the rollout's only for the IS correction",
             },
@@ -84,7 +84,7 @@ CAUSE_TABLE: dict[str, Cause] = {
                 "vLLM": "VLLM_BATCH_INVARIANT=1",
                 "SGLang": "--enable-deterministic-inference",
                 "verl": "actor_rollout_ref.rollout.full_determinism=true (sets "
-                "VLLM_BATCH_INVARIANT=1)",
+                "VLLM_BATCH_INVARIANT=1; verl 0.7 has no such key)",
             },
         ),
         Cause(
@@ -136,7 +136,7 @@ CAUSE_TABLE: dict[str, Cause] = {
             {
                 "vLLM": "--kv-cache-dtype auto",
                 "SGLang": "--kv-cache-dtype auto",
-                "verl": "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=auto",
+                "verl": "++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=auto",
                 "--rollout": "kv_cache_dtype=auto",
             },
         ),
