@@ -250,6 +250,7 @@ class _Translator:
                 self._disable(name)
         if self.policy.dtype == "float16":
             self._fp16_scaler()
+        self._master_weights()
 
     # -- conflicts ---------------------------------------------------------------------------
     def _conflict(self, key: str, found: Any, coerced: str, why: str = "") -> None:
@@ -371,6 +372,25 @@ class _Translator:
                 + ("" if raw is not None else " (DeepSpeed's documented default)"),
             )
         section["enabled"] = False
+
+    def _master_weights(self) -> None:
+        """The policy's master weights are float32 (``master_weights.py``): DeepSpeed's
+        ``fp16_master_weights_and_grads`` / ``bf16_master_weights_and_grads`` (ZeRO 1-3) keep
+        them, and the gradients, in the half dtype, where an update below half an ulp of a
+        weight rounds away."""
+        for name in (DS_FP16, DS_BF16):
+            section = self.cfg.get(name)
+            key = f"{name}_master_weights_and_grads"
+            if not isinstance(section, dict) or not deepspeed_flag(section.get(key)):
+                continue
+            self._conflict(
+                f"{name}.{key}",
+                section[key],
+                f"{name}.{key}=false",
+                f"it keeps master weights and gradients in {name}, where small updates round "
+                f"away; the policy keeps float32 master weights",
+            )
+            section[key] = False
 
     def _param_dtype(self) -> None:
         data_types = self.cfg.get("data_types")

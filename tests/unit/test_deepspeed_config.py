@@ -345,3 +345,27 @@ def test_a_replaced_scaler_key_is_a_warning_naming_the_policy_key(caplog):
         'precision policy; to change it, set it in the "precision_plugin" section '
         "(loss_scaler.init_scale)"
     ]
+
+
+@pytest.mark.parametrize(("dtype", "name"), [("float16", "fp16"), ("bfloat16", "bf16")])
+def test_half_master_weights_contradict_the_policy(dtype, name, caplog):
+    # Before: fp16_master_weights_and_grads=true passed unflagged, so ZeRO kept the master
+    # weights in float16 under a policy whose master weights are float32.
+    key = f"{name}_master_weights_and_grads"
+    cfg = {name: {key: True}, "precision_plugin": {"dtype": dtype}}
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        out = apply_config(cfg)
+    assert out[name][key] is False
+    assert caplog.messages == [
+        f"precision_plugin: DeepSpeed config {name}.{key}=true contradicts the precision policy "
+        f"(dtype={dtype!r}): it keeps master weights and gradients in {name}, where small "
+        f"updates round away; the policy keeps float32 master weights; precision_plugin set "
+        f"{name}.{key}=false."
+    ]
+    with pytest.raises(pp.PrecisionMismatchError):
+        apply_config(
+            cfg, STRICT if dtype == "float16" else PrecisionPolicy(dtype=dtype, strictness="error")
+        )
+    assert (
+        apply_config({name: {key: False}, "precision_plugin": {"dtype": dtype}})[name][key] is False
+    )
