@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -181,7 +182,19 @@ def coerce_policy(
     ``enable(loss_scaler={"growth_interval": 200})``).
     """
     base = policy_arg(policy) if policy is not None else None
-    base = base or PrecisionPolicy.from_env() or PrecisionPolicy()
+    if base is None:
+        base = PrecisionPolicy.from_env()
+        if base is None and os.environ.get(ENV_VAR) is not None:
+            # The variable switches off what it would switch on (a launcher's default); the
+            # code's own call wins, but not without a word.
+            log.warning(
+                "precision_plugin: %s=%r says off, and enable() was called: the defaults "
+                "(dtype=float16) are enabled; unset the variable, or do not call enable(), to "
+                "run without the plugin",
+                ENV_VAR,
+                os.environ[ENV_VAR],
+            )
+        base = base or PrecisionPolicy()
     given = {"dtype": policy} if isinstance(policy, str) else policy
     if isinstance(given, Mapping):
         for key, value in overrides.items():

@@ -91,3 +91,25 @@ def test_run_doctor_takes_a_dtype_name_or_dict_and_names_a_bad_framework() -> No
         "run_doctor(): frameworks holds None, which is no framework name; pass names such as "
         "['trl', 'vllm'] (or 'trl,vllm')."
     )
+
+
+def test_enable_under_an_env_var_that_says_off_says_so(monkeypatch, caplog) -> None:
+    # Before: PRECISION_PLUGIN=off followed by enable() enabled float16 without a word.
+    import logging
+
+    from precision_plugin.manager import coerce_policy
+
+    monkeypatch.setenv("PRECISION_PLUGIN", "off")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        assert coerce_policy() == PrecisionPolicy()
+        assert coerce_policy("bfloat16").dtype == "bfloat16"  # asked for in the call: no word
+    assert caplog.messages == [
+        "precision_plugin: PRECISION_PLUGIN='off' says off, and enable() was called: the "
+        "defaults (dtype=float16) are enabled; unset the variable, or do not call enable(), to "
+        "run without the plugin"
+    ]
+    monkeypatch.delenv("PRECISION_PLUGIN")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        coerce_policy()
+    assert caplog.messages == []
