@@ -124,10 +124,10 @@ def config_policy(
     """
     explicit = policy if policy is not None else requested_policy()
     base = explicit if explicit is not None else PrecisionPolicy()
-    section = cfg.get(SECTION)
-    if section is None:
+    if SECTION not in cfg:
         _check_no_misspelled_section(cfg)
         return base
+    section = cfg[SECTION]
     if not isinstance(section, Mapping):
         raise PrecisionConfigError(
             f'DeepSpeed config "{SECTION}": expected an object with the policy\'s keys such as '

@@ -113,3 +113,15 @@ def test_enable_under_an_env_var_that_says_off_says_so(monkeypatch, caplog) -> N
     with caplog.at_level(logging.WARNING, logger="precision_plugin"):
         coerce_policy()
     assert caplog.messages == []
+
+
+def test_a_null_deepspeed_section_is_named_as_null() -> None:
+    # Before: 'key "precision_plugin" is not "precision_plugin"', the right key called wrong.
+    from precision_plugin.deepspeed import apply_config
+
+    with pytest.raises(PrecisionConfigError) as refused:
+        apply_config({"precision_plugin": None})
+    assert str(refused.value) == (
+        'DeepSpeed config "precision_plugin": expected an object with the policy\'s keys such as '
+        '{"dtype": "float16"}, got None.'
+    )
