@@ -175,10 +175,13 @@ class PrecisionCallback(TrainerCallback):
         """Bind the trainer calling this callback (without ``enable()`` nothing else does), then
         guard its ``train()`` (see [`guard_train`][precision_plugin.train_guard.guard_train])."""
         with self._shield("finding the trainer"):
-            if self.trainer is None:
-                trainer = _calling_trainer(self)
-                if trainer is not None:
-                    self.bind(trainer)
+            calling = _calling_trainer(self)
+            if calling is not None and calling is not self.trainer:
+                if self.trainer is not None:
+                    # One callback given to a second trainer: it follows the trainer that is
+                    # calling it, whose training forward it has not measured yet.
+                    self.forward_dtype = None
+                self.bind(calling)
         with self._shield("guarding train() against exceptions"):
             trainer = self.trainer
             guarded, patcher = self._train_guard or (_no_trainer, None)

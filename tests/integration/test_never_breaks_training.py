@@ -143,3 +143,18 @@ def test_a_failing_detector_warns_once_and_training_goes_on(tmp_path, monkeypatc
     assert len(warned) == 1, [r.message for r in caplog.records]
     assert trainer.state.global_step == 3
     assert model_untouched(model)
+
+
+def test_one_callback_in_two_trainers_follows_the_one_training(tmp_path):
+    """Before: the callback stayed bound to the first trainer built with it, so the second
+    trainer's run was checked against the first, and the first's forward was never measured
+    again (``forward_dtype`` kept the other run's dtype)."""
+    callback = PrecisionCallback()
+    first = _trainer(overflowing_llama(), tmp_path / "a", callback, fp16=False)
+    second = _trainer(overflowing_llama(), tmp_path / "b", callback, fp16=False)
+    assert callback.trainer is second  # the trainer built last
+    first.train()
+    assert callback.trainer is first and callback.forward_dtype == torch.float32
+    callback.forward_dtype = "left by the other run"
+    second.train()
+    assert callback.trainer is second and callback.forward_dtype == torch.float32
