@@ -27,7 +27,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import at_least, checked, in_range
+from precision_plugin.boundary import at_least, checked, each, in_range, same_length
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.metrics.k3 import k3_term
 
 #: Default one-sided false-alarm rate of one check (two consecutive checks raise an alarm).
@@ -38,10 +39,33 @@ RESAMPLES = 20_000
 ABS_TOL = 1e-12
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def layout_difference(
+    first: Sequence[Sequence[float]], second: Sequence[Sequence[float]]
+) -> str | None:
+    """How two sides' per-sequence log-probs cover different tokens (``"1 row vs 2 rows"``,
+    ``"row 0: 1 vs 2 tokens"``), or ``None`` when they have the same layout."""
+    if len(first) != len(second):
+        return f"{_count(len(first), 'row')} vs {_count(len(second), 'row')}"
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        if len(a) != len(b):
+            return f"row {i}: {len(a)} vs {_count(len(b), 'token')}"
+    return None
+
+
 @checked
 def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]) -> list[float]:
     """Per-token ``expm1(d) - d`` with ``d = log π - log μ`` (learner minus rollout), in float64,
     flattened in sequence order; a NaN or infinite log-prob gives ``inf``."""
+    differ = layout_difference(learner, rollout)
+    if differ is not None:
+        raise PrecisionConfigError(
+            f"token_k3(): learner and rollout cover different tokens ({differ}); pass the same "
+            f"tokens on both sides."
+        )
     out: list[float] = []
     for lrow, rrow in zip(learner, rollout, strict=True):
         for a, b in zip(lrow, rrow, strict=True):
@@ -87,11 +111,26 @@ class CanaryBand:
         return 1.0 if k3 == 0 else math.inf
 
 
+#: A one-sided false-alarm rate (``alpha`` of a band and of a ``CanaryMonitor``).
+ALPHA_RANGE = in_range(1e-9, 0.5, why="a one-sided false-alarm rate")
+#: A k3 tolerance (``abs_tol`` of a band and of a ``CanaryMonitor``).
+ABS_TOL_RANGE = in_range(0, None, why="a k3 tolerance")
+#: Per-token k3 values: each ``expm1(d) - d`` of a finite log-ratio, finite and >= 0.
+K3_TERMS = each(in_range(0, None, why="a k3 term expm1(d) - d of finite log-probs"))
+
+
 @checked(
-    alpha=in_range(1e-9, 0.5, why="a one-sided false-alarm rate"),
+    same_length(
+        "per_token_k3",
+        "reference_k3",
+        fix="pass the reference's k3 of the same canary tokens, one per token",
+    ),
+    per_token_k3=K3_TERMS,
+    reference_k3=K3_TERMS,
+    alpha=ALPHA_RANGE,
     resamples=at_least(100),
     seed=at_least(0),
-    abs_tol=in_range(0, None, why="a k3 tolerance"),
+    abs_tol=ABS_TOL_RANGE,
 )
 def canary_band(
     per_token_k3: Sequence[float],
@@ -109,11 +148,14 @@ def canary_band(
     values = torch.tensor([float(v) for v in per_token_k3], dtype=torch.float64)
     n = int(values.numel())
     if n == 0:
-        return CanaryBand(math.nan, math.nan, 0, alpha, resamples, abs_tol)
+        raise PrecisionConfigError(
+            "canary_band(): per_token_k3 is empty; pass the floor check's k3 of at least one "
+            "canary token (token_k3(learner, rollout))."
+        )
     reference = None
     if reference_k3 is not None:
         reference = torch.tensor([float(v) for v in reference_k3], dtype=torch.float64)
-        if reference.numel() != n or not float(reference.sum()) > 0:
+        if not float(reference.sum()) > 0:
             reference = None  # no rounding to measure against (float32): the raw k3
     floor = float(values.mean()) / (float(reference.mean()) if reference is not None else 1.0)
     normalized = reference is not None

@@ -32,8 +32,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from precision_plugin.boundary import at_least, checked, policy_field
-from precision_plugin.canary.band import ABS_TOL, ALPHA, CanaryBand, canary_band, token_k3
+from precision_plugin.boundary import checked, policy_field
+from precision_plugin.canary.band import (
+    ABS_TOL,
+    ABS_TOL_RANGE,
+    ALPHA,
+    ALPHA_RANGE,
+    CanaryBand,
+    _count,
+    canary_band,
+    layout_difference,
+    token_k3,
+)
 from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
 from precision_plugin.scoring.bitwise import bitwise_equal
 
@@ -47,6 +57,15 @@ VERDICT_CODES: dict[str | None, int] = {
     "engine_state_drift": 2,
     "policy_moving": 3,
 }
+
+
+def _position(rows: Sequence[Sequence[float]], flat: int) -> str:
+    """``(row i, token j)`` of the ``flat``-th token of ``rows``."""
+    for i, row in enumerate(rows):
+        if flat < len(row):
+            return f"(row {i}, token {flat})"
+        flat -= len(row)
+    return f"(token {flat})"
 
 
 def _bits(rows: Sequence[Sequence[float]]) -> bytes:
@@ -96,8 +115,8 @@ class _Kept:
 
 @checked(
     strictness=policy_field("strictness"),
-    alpha=at_least(1e-9, integer=False),
-    abs_tol=at_least(0, integer=False),
+    alpha=ALPHA_RANGE,
+    abs_tol=ABS_TOL_RANGE,
 )
 @dataclass
 class CanaryMonitor:
@@ -119,6 +138,7 @@ class CanaryMonitor:
     _first_batch_k3: float | None = None
     _batch_out: int = 0
     _reference: float | None = None
+    _layout: list[int] | None = None
 
     @property
     def alarm(self) -> CanaryCheck | None:
@@ -140,21 +160,26 @@ class CanaryMonitor:
         ``reference``: the learner's log-probs of the canary in float32 (the precision
         reference: the band then holds ``k3 / k3(learner, reference)``, see
         [`canary_band`][precision_plugin.canary.canary_band])."""
-        if [len(r) for r in learner] != [len(r) for r in rollout]:
-            raise PrecisionConfigError(
-                f"CanaryMonitor.check(step={step}): the learner's and the rollout's log-probs "
-                f"cover different tokens ({sum(map(len, learner))} vs "
-                f"{sum(map(len, rollout))}); score the same canary sequences on both sides."
-            )
+        self._refuse_inputs(step, learner, rollout, reference)
         per_token = token_k3(learner, rollout)
         k3 = math.fsum(per_token) / len(per_token) if per_token else math.nan
         equal = bitwise_equal(learner, rollout).fraction
         ref_tokens = token_k3(learner, reference) if reference is not None else None
         ref = math.fsum(ref_tokens) / len(ref_tokens) if ref_tokens else None
         if self.band is None:
+            for tokens, side in ((per_token, "rollout"), (ref_tokens or [], "reference")):
+                if math.inf in tokens:
+                    at = _position(learner, tokens.index(math.inf))
+                    raise PrecisionConfigError(
+                        f"CanaryMonitor.check(step={step}): at the floor check the learner's "
+                        f"and the {side}'s log-probs at {at} differ by more than 709 nats "
+                        f"(k3 overflows float64), which would leave the band infinite; score "
+                        f"the same canary tokens on both sides with the same model."
+                    )
             self.band = canary_band(
                 per_token, reference_k3=ref_tokens, alpha=self.alpha, abs_tol=self.abs_tol
             )
+            self._layout = [len(r) for r in learner]
         band = self.band
         self._reference = ref
         value = band.statistic(per_token, ref)
@@ -177,6 +202,67 @@ class CanaryMonitor:
             self._alarmed = True
             self._raise_alarm(result)
         return result
+
+    def _refuse_inputs(
+        self,
+        step: int,
+        learner: Sequence[Sequence[float]],
+        rollout: Sequence[Sequence[float]],
+        reference: Sequence[Sequence[float]] | None,
+    ) -> None:
+        """Refuse a check that cannot be compared with the floor (before anything is kept)."""
+        where = f"CanaryMonitor.check(step={step})"
+        if step < 0:
+            raise PrecisionConfigError(
+                f"{where}: the step is negative; pass the optimizer step of the check (>= 0)."
+            )
+        if self._kept and step <= self._kept[-1].step:
+            raise PrecisionConfigError(
+                f"{where}: the previous check was at step {self._kept[-1].step}; check at most "
+                f"once per step, at increasing steps."
+            )
+        differ = layout_difference(learner, rollout)
+        if differ is not None:
+            raise PrecisionConfigError(
+                f"{where}: the learner's and the rollout's log-probs cover different tokens "
+                f"({differ}); score the same canary sequences on both sides."
+            )
+        if reference is not None:
+            differ = layout_difference(learner, reference)
+            if differ is not None:
+                raise PrecisionConfigError(
+                    f"{where}: the learner's and the reference's log-probs cover different "
+                    f"tokens ({differ}); score the same canary sequences in float32 as the "
+                    f"reference."
+                )
+        tokens = sum(map(len, learner))
+        if tokens == 0:
+            raise PrecisionConfigError(
+                f"{where}: the canary has no token ({_count(len(learner), 'sequence')}"
+                f"{', all empty' if learner else ''}); pass "
+                f"both sides' log-probs of at least one canary token."
+            )
+        for side, rows in (("learner", learner), ("rollout", rollout), ("reference", reference)):
+            for i, row in enumerate(rows or ()):
+                for j, value in enumerate(row):
+                    if not math.isfinite(float(value)):
+                        raise PrecisionConfigError(
+                            f"{where}: the {side}'s log-prob at (row {i}, token {j}) is "
+                            f"{float(value)}; pass finite log-probs of every canary token."
+                        )
+        layout = [len(r) for r in learner]
+        if self._layout is not None and layout != self._layout:
+            first = self._kept[0].step if self._kept else 0
+            had = f"{_count(sum(self._layout), 'token')} ({_count(len(self._layout), 'sequence')})"
+            now = (
+                _count(tokens, "token")
+                if tokens != sum(self._layout)
+                else f"the same {_count(tokens, 'token')} in sequences of {layout} tokens"
+            )
+            raise PrecisionConfigError(
+                f"{where}: the canary had {had} at step {first} and {now} now; rescore the same "
+                f"canary set at every check."
+            )
 
     def _classify(
         self, now: _Kept, rollout: Sequence[Sequence[float]]

@@ -33,11 +33,19 @@ from precision_plugin.scoring.bitwise import bitwise_equal
 def _table(value: Any) -> Any:
     if value is None:
         return value
+    if hasattr(value, "ndim") and hasattr(value, "tolist"):  # a tensor or an array
+        if value.ndim != 2:
+            raise Invalid(
+                "is not per-token log-probs per sequence; pass a (B, T) tensor or one list of "
+                "floats per sequence"
+            )
+        return value
     rows = value.tolist() if hasattr(value, "tolist") else value
     if (
         isinstance(rows, (str, bytes))
         or not isinstance(rows, Sequence)
         or not all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in rows)
+        or any(isinstance(x, (Sequence, str, bytes)) for r in rows for x in r)
     ):
         raise Invalid(
             "is not per-token log-probs per sequence; pass a (B, T) tensor or one list of "
@@ -52,13 +60,41 @@ TABLE = Validator("a (B, T) tensor or one list per sequence", _table, ("x", [1.0
 OPTIONAL_TABLE = Validator("a (B, T) tensor, one list per sequence, or None", _table, ("x", 3))
 
 
+def _mask(value: Any) -> Any:
+    _table(value)
+    if value is None or str(getattr(value, "dtype", "")) in ("torch.bool", "bool"):
+        return value
+    if hasattr(value, "ndim") and hasattr(value, "tolist"):  # a tensor or an array
+        flat = value.reshape(-1)
+        binary = (flat == 0) | (flat == 1)
+        if bool(binary.all()):
+            return value
+        rows = [flat[~binary][:1].tolist()]
+    else:
+        rows = value
+    for row in rows:
+        for m in row:
+            if not (m is True or m is False or m == 0 or m == 1):
+                raise Invalid(
+                    f"holds {m}: a mask is 0/1 or bool (1: the token counts); pass the "
+                    f"response mask (verl: response_mask, OpenRLHF: action_mask), not weights"
+                )
+    return value
+
+
+#: A ``(B, T)`` mask of 0/1 or bool (1: the token counts), or ``None``.
+OPTIONAL_MASK = Validator(
+    "a (B, T) mask of 0/1 or bool, or None", _mask, ("x", 3, [[0.5]], [[-1]], [[math.nan]])
+)
+
+
 def _nested(value: Any) -> list[Any]:
     if hasattr(value, "detach"):  # a torch tensor: float32 values, exactly as Python floats
         value = value.detach().float().cpu()
     return value.tolist() if hasattr(value, "tolist") else [list(row) for row in value]
 
 
-@checked(logprobs=TABLE, mask=OPTIONAL_TABLE)
+@checked(logprobs=TABLE, mask=OPTIONAL_MASK)
 def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     """One list of log-probs per sequence: the ``(B, T)`` ``logprobs`` where ``mask`` is true
     (``mask`` ``None``: ``logprobs`` are already one list per sequence, kept as they are)."""
@@ -79,7 +115,7 @@ def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     ]
 
 
-@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE)
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_MASK)
 def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, float]:
     """The per-batch ``bitwise_equal_frac`` (the share of masked tokens whose learner and
     rollout log-probs are bit-identical) and ``k3_kl`` (the canary's k3 over them):
@@ -94,7 +130,7 @@ def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, flo
     }
 
 
-@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_TABLE, reference=OPTIONAL_TABLE)
+@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_MASK, reference=OPTIONAL_TABLE)
 def check_canary(
     monitor: CanaryMonitor,
     step: int,
@@ -111,9 +147,19 @@ def check_canary(
     sequence, as a ``Scorer`` returns them. ``batch_k3``: this step's per-batch k3
     (``batch_metrics(...)["k3_kl"]``). Call it after the weight sync, on the driver."""
 
+    def is_lists(side: Any) -> bool:
+        return isinstance(side, Sequence) and all(isinstance(r, Sequence) for r in side)
+
     def rows(side: Any) -> list[list[float]]:
-        lists = isinstance(side, Sequence) and all(isinstance(r, Sequence) for r in side)
-        return masked_rows(side, None if lists else mask)
+        return masked_rows(side, None if is_lists(side) else mask)
+
+    sides = [s for s in (learner, rollout, reference) if s is not None]
+    if mask is not None and all(is_lists(side) for side in sides):
+        raise PrecisionConfigError(
+            "check_canary(): a mask was given but every side is one list per sequence (a "
+            "Scorer's answer, taken as it is); the mask applies to (B, T) tensors only: pass "
+            "the padded tensors under it, or leave the mask out."
+        )
 
     ref = None if reference is None else rows(reference)
     return monitor.check(step, rows(learner), rows(rollout), batch_k3=batch_k3, reference=ref)
