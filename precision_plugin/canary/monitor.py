@@ -162,7 +162,7 @@ class CanaryMonitor:
         [`canary_band`][precision_plugin.canary.canary_band])."""
         self._refuse_inputs(step, learner, rollout, reference)
         per_token = token_k3(learner, rollout)
-        k3 = math.fsum(per_token) / len(per_token) if per_token else math.nan
+        k3 = math.fsum(per_token) / len(per_token)  # _refuse_inputs: at least one token
         equal = bitwise_equal(learner, rollout).fraction
         ref_tokens = token_k3(learner, reference) if reference is not None else None
         ref = math.fsum(ref_tokens) / len(ref_tokens) if ref_tokens else None

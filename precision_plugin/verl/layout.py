@@ -50,11 +50,11 @@ TURBO_SINCE = Version("0.9.1")
 TURBO_PARAM_DTYPE = "turbo_config.distributed.fsdp_plan.param_dtype"
 #: What FSDP-Turbo computes in: ``FSDPEngine.__init__``'s defaults, which it never overrides.
 TURBO_AUTOCAST = "bfloat16"
-#: The layout assumed when no verl is installed and no version is given.
-ASSUMED_VERSION = Version("0.9.1")
 #: The releases the keys were checked against (the module docstring): a version asked for
 #: below the first is refused (its keys are unknown), above the last is warned about.
 CHECKED_RELEASES = (Version("0.7.1"), Version("0.8.0"), Version("0.9.1"))
+#: The layout assumed when no verl is installed and no version is given: the newest checked.
+ASSUMED_VERSION = CHECKED_RELEASES[-1]
 
 STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo", "megatron")
 
