@@ -169,6 +169,23 @@ class VLLMSettings:
             "At train start, ask a vLLM server for its dtype and compare with the learner."
         ),
     )
+    cpu_keep_weights: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata=_help(
+            "vLLM's CPU build prepacks Linear weights, which a colocated weight sync cannot "
+            "update (a crash, or a stale LM head): 'auto' keeps the weights (vLLM's own F.linear "
+            "path, slower) when TRL's colocate mode builds the engine, 'on' in every engine of "
+            "a CPU build, 'off' leaves vLLM's prepacking."
+        ),
+    )
+    sync_check: bool = field(
+        default=True,
+        metadata=_help(
+            "After each colocated weight sync, both sides score a few fixed tokens; a gap far "
+            "beyond the dtype's own rounding stops the run as a weight-sync fault (warned under "
+            "strictness='warn')."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _validate_fields(self, "vllm.")

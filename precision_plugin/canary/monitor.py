@@ -56,6 +56,7 @@ VERDICT_CODES: dict[str | None, int] = {
     "weights_out_of_sync": 1,
     "engine_state_drift": 2,
     "policy_moving": 3,
+    "weight_sync_fault": 4,  # the post-sync check (precision_plugin.canary.sync_check)
 }
 
 

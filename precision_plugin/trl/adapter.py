@@ -24,6 +24,7 @@ from precision_plugin.mismatch import aliases_for
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.report import Finding
 from precision_plugin.trl import canary as trl_canary
+from precision_plugin.trl import sync_check as trl_sync_check
 from precision_plugin.trl import telemetry as trl_telemetry
 from precision_plugin.versions import installed_version
 
@@ -44,7 +45,11 @@ def precision_collect_metrics(
     if not mismatch_due:
         return {}
     batch = {**alias_metrics(logs or {}), **trl_telemetry.flush(trainer)}
-    return {**batch, **trl_canary.collect(trainer, policy, batch)}
+    return {
+        **batch,
+        **trl_canary.collect(trainer, policy, batch),
+        **trl_sync_check.metrics(trainer),  # a faulty sync's verdict wins over the canary's
+    }
 
 
 @checked
@@ -85,6 +90,8 @@ def precision_install(policy: PrecisionPolicy, patcher: Any) -> None:
         "TRL has no hook that sees the loss's per-token log-probs next to the rollout's (an "
         "extra forward would change what is measured)"
     )
+    # The colocated vLLM engine: weights kept syncable on vLLM's CPU build, each sync checked.
+    trl_sync_check.install(policy, patcher)
     for path, advice in (
         ("GRPOTrainer._compute_loss", functools.partial(trl_telemetry.compute_loss, policy)),
         ("GRPOTrainer._get_per_token_logps_and_entropies", trl_telemetry.per_token_logps),

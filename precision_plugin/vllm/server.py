@@ -20,11 +20,12 @@ from precision_plugin.errors import (
     ServerAnswerError,
     ServerUnreachableError,
 )
-from precision_plugin.manager import resolve_policy
+from precision_plugin.manager import requested_policy, resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.report import Finding
 from precision_plugin.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.vllm.cascade import cascade_decision
+from precision_plugin.vllm.engine import MARKER
 
 log = logging.getLogger("precision_plugin")
 
@@ -201,7 +202,32 @@ def verify_server(
         where=where,
         vllm_version=version,
     )
+    findings += _plugin_mark_findings(config.get("additional_config"), findings, where, False)
     return settle_findings(findings, policy)
+
+
+def _plugin_mark_findings(
+    additional_config: Any, findings: list[Finding], where: str, expected: bool
+) -> list[Finding]:
+    """A finding when an engine that reports its ``additional_config`` lacks the plugin's mark:
+    the plugin did not run inside it (not asked to, excluded by ``VLLM_PLUGINS``, or its import
+    failed, which vLLM logs once at ERROR and runs on). A warning when the plugin was
+    ``expected`` there or the dtype is wrong; information otherwise."""
+    if not isinstance(additional_config, Mapping) or MARKER in additional_config:
+        return []
+    wrong = any(f.status == "error" for f in findings)
+    return [
+        Finding(
+            "vllm",
+            "warning" if expected or wrong else "info",
+            f"precision_plugin did not run inside the {where} (its additional_config has no "
+            f"{MARKER!r} mark): nothing there enforced the policy. When the engine was started "
+            f"with {ENV_VAR} set, vLLM failed to load the plugin (its log says 'Failed to load "
+            f"plugin precision_plugin' at ERROR) or VLLM_PLUGINS excludes it.",
+            fix="install precision_plugin in the engine's environment (precision-plugin doctor "
+            "there names an import error), and let VLLM_PLUGINS name precision_plugin",
+        )
+    ]
 
 
 @checked(llm=Validator("a vllm.LLM", _engine))
@@ -221,5 +247,9 @@ def verify_engine(
         cache_dtype=getattr(cache, "cache_dtype", None),
         policy=policy,
         where="colocated vLLM engine",
+    )
+    expected = requested_policy() is not None  # enable() or PRECISION_PLUGIN in this process
+    findings += _plugin_mark_findings(
+        getattr(config, "additional_config", None), findings, "colocated vLLM engine", expected
     )
     return settle_findings(findings, policy)

