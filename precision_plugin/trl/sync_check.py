@@ -40,12 +40,12 @@ _FIX = (
 
 
 class _State:
-    """A generation object's syncs, its fixed sequences and its last check."""
+    """A generation object's syncs, its fixed sequences and its checks."""
 
     def __init__(self) -> None:
         self.syncs = 0
         self.sequences: Any = None
-        self.last: SyncCheck | None = None
+        self.checks: list[SyncCheck] = []
         self.warned = False
         self.off_reason: str | None = None
 
@@ -137,7 +137,7 @@ def _sync_weights(policy: PrecisionPolicy, original: Any, self: Any, *a: Any, **
     with shielded("the weight-sync check", policy.strictness):
         check = run_check(self, policy)
         if check is not None:
-            state.last = check
+            state.checks.append(check)
             _judge(check, policy, state)
     return result
 
@@ -168,9 +168,10 @@ def metrics(trainer: Any) -> dict[str, float]:
     """The last sync check of ``trainer``'s colocated engine (names without the prefix)."""
     generation = getattr(trainer, "vllm_generation", None)
     state = getattr(generation, ATTR, None) if generation is not None else None
-    check = getattr(state, "last", None)
-    if check is None:
+    checks = getattr(state, "checks", None)
+    if not checks:
         return {}
+    check = checks[-1]
     out = {"sync_check_ratio": check.ratio, "sync_check_faulty": float(check.faulty)}
     if check.faulty:
         out["canary_verdict"] = float(SYNC_FAULT_CODE)

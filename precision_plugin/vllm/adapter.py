@@ -85,7 +85,8 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
 
 @hookimpl
 def precision_probe_engines() -> dict[str, Any]:
-    """``{"vllm": factory}``: vLLM as the probe's rollout engine (CUDA only)."""
+    """``{"vllm": factory}``: vLLM as the probe's rollout engine (CUDA, or CPU with a CPU
+    build of vLLM)."""
     from precision_plugin.vllm.probe_engine import VLLMRolloutEngine
 
     return {"vllm": VLLMRolloutEngine}

