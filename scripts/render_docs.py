@@ -79,11 +79,14 @@ def lookup(data: Any, path: str) -> Any:
 
 @view("command")
 def _command(data: dict[str, Any]) -> str:
-    """The command as a reader runs it after the set-up: the console script from ``.venv``
-    (nothing activates it); the results file records the program's own name."""
+    """The command as a reader runs it after the set-up: the console script from ``.venv`` (or
+    ``.venv-vllm-cpu`` for a run with vLLM; nothing activates either); the results file records
+    the program's own name."""
     command = data["provenance"]["command"]
     if command.startswith("precision-plugin "):
-        command = ".venv/bin/" + command
+        # A run with vLLM installed ran in the real-engine environment (scripts/dev.sh).
+        venv = ".venv-vllm-cpu" if "vllm" in data["provenance"].get("versions", {}) else ".venv"
+        command = f"{venv}/bin/{command}"
     return f"`{command}`"
 
 
@@ -464,6 +467,72 @@ def _kv_rounding(data: dict[str, Any]) -> str:
         f"{settings['prompts']} prompts x {settings['tokens']:,} tokens, {settings['dtype']}, "
         f"{settings['threads']} thread(s). The two fp8 variants sampled the same tokens and "
         f"log-probs: {'yes' if data['same_samples'] else 'no'}."
+    )
+    return "\n".join(rows)
+
+
+@view("vllm-cpu-weights")
+def _vllm_cpu_weights(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_vllm_cpu_weights.py``: decode speed, prepacked against kept."""
+    rows = [
+        "| dtype | vLLM's prepacked products | kept weights (F.linear) | prepacked / kept |",
+        "|---|---:|---:|---:|",
+    ]
+    by_dtype: dict[str, dict[str, Any]] = {}
+    for row in data["rows"]:
+        by_dtype.setdefault(row["dtype"], {})["kept" if "kept" in row["mode"] else "packed"] = row
+    for dtype, pair in by_dtype.items():
+        packed, kept = pair["packed"], pair["kept"]
+        note = (
+            " (oneDNN could not build some products: F.linear for those)"
+            if packed["onednn_fallback"]
+            else ""
+        )
+        rows.append(
+            f"| {dtype} | {packed['tokens_per_second']:.1f} tok/s{note} | "
+            f"{kept['tokens_per_second']:.1f} tok/s | {kept['cost']:.2f}x |"
+        )
+    machine = data["provenance"]["machine"]
+    rows.append("")
+    rows.append(
+        f"{data['prompts']} sequences x {data['tokens']} new tokens, one engine process each, "
+        f"start-up excluded; {machine['cpus']} CPUs, torch kernels "
+        f"{machine['kernels']['capability']}, load average {machine['load_average'][0]:.1f} "
+        f"(the figures move with the load and the CPU's oneDNN support)."
+    )
+    return "\n".join(rows)
+
+
+def _k3_cell(result: dict[str, Any]) -> str:
+    interval = result.get("k3_interval")
+    band = f" ({interval[0]:.2e} to {interval[1]:.2e})" if interval else ""
+    return f"{result['k3_kl']:.2e}{band}"
+
+
+@view("vllm-cpu-mismatch")
+def _vllm_cpu_mismatch(data: dict[str, Any]) -> str:
+    """The probe with vLLM-CPU as the rollout engine (this file) beside the HF engine on the
+    same prompts (``probe-hf-cpu-smollm2``): k3 per dtype with its 90 % interval."""
+    hf = load("probe-hf-cpu-smollm2")
+    rows = [
+        "| dtype | k3, vLLM-CPU rollout (90 % interval) | k3, HF engine rollout (90 % interval) |",
+        "|---|---:|---:|",
+    ]
+    for dtype in data["results"]:
+        rows.append(
+            f"| {dtype} | {_k3_cell(data['results'][dtype])} | {_k3_cell(hf['results'][dtype])} |"
+        )
+    ratios = (data["bf16_over_fp16_k3"], hf["bf16_over_fp16_k3"])
+    rows.append(f"| bfloat16 / float16 | {ratios[0]:.0f}x | {ratios[1]:.0f}x |")
+    settings, kernels = data["settings"], data["provenance"]["machine"]["kernels"]
+    tokens = data["results"]["float16"]["tokens"]
+    rows.append("")
+    rows.append(
+        f"{settings['num_prompts']} prompts, up to {settings['max_new_tokens']} new tokens "
+        f"({tokens:,} tokens a dtype), the HF learner scoring each engine's tokens; torch kernels "
+        f"{kernels['capability']}, oneDNN float16 {'yes' if kernels['onednn_fp16'] else 'no'}, "
+        f"bfloat16 {'yes' if kernels['onednn_bf16'] else 'no'}. Intervals: a bootstrap over "
+        f"sequences."
     )
     return "\n".join(rows)
 

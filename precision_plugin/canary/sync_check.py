@@ -25,6 +25,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from precision_plugin.boundary import checked
+from precision_plugin.dtypes import DTypeName
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.interface import TokenSequence
 
@@ -38,6 +40,7 @@ FLOOR = 1e-4
 SEQUENCES, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 8, 16
 
 
+@checked
 def sync_sequences(vocab_size: int, seed: int = 0) -> list[TokenSequence]:
     """``SEQUENCES`` fixed token sequences over ``range(vocab_size)``, the same for a given
     ``vocab_size`` and ``seed`` on every run and machine."""
@@ -50,6 +53,7 @@ def sync_sequences(vocab_size: int, seed: int = 0) -> list[TokenSequence]:
     return [TokenSequence(draw(PROMPT_TOKENS), draw(COMPLETION_TOKENS)) for _ in range(SEQUENCES)]
 
 
+@checked
 @dataclass(frozen=True)
 class SyncCheck:
     """One post-sync check (after weight sync number ``sync``): the engine's and the learner's
@@ -63,7 +67,8 @@ class SyncCheck:
     faulty: bool
     tokens: int
 
-    def message(self, dtype: str) -> str:
+    @checked
+    def message(self, dtype: DTypeName) -> str:
         """One line saying what was measured and what it means."""
         what = (
             "the engine does not compute with the weights it was sent"
@@ -90,6 +95,7 @@ def _flat(rows: Sequence[Sequence[float]], name: str) -> list[float]:
     return values
 
 
+@checked
 def check_sync(
     sync: int,
     engine: Sequence[Sequence[float]],

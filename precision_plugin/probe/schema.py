@@ -169,11 +169,51 @@ class DtypeResult:
         out["seq_kl"] = self.metrics.seq_kl
         out["seq_log_ratio"] = list(self.metrics.seq_log_ratio)
         out["seq_lengths"] = list(self.metrics.seq_lengths)
+        out["seq_k3"] = sequence_k3(self.train_logprobs, self.rollout_logprobs)
+        interval = k3_interval(out["seq_k3"], out["seq_lengths"])
+        out["k3_interval"] = list(interval) if interval is not None else None
         out["length_effect"] = self.length_effect().to_dict()
         out["verdict"] = self.verdict
         out["verdict_reason"] = self.reason
         out["seconds"] = round(self.seconds, 3)
         return out
+
+
+def sequence_k3(train: list[list[float]], rollout: list[list[float]]) -> list[float]:
+    """Each sequence's sum of k3 terms (``e^d - 1 - d``, ``d`` = train - rollout log-prob) over
+    its finite tokens: the per-sequence parts of ``k3_kl``, for intervals over sequences."""
+    from precision_plugin.metrics.k3 import k3_term
+
+    out = []
+    for t_row, r_row in zip(train, rollout, strict=True):
+        pairs = zip(t_row, r_row, strict=True)
+        out.append(sum(k3_term(t - r) for t, r in pairs if math.isfinite(t - r)))
+    return out
+
+
+#: Resamples and seed of the k3 interval's bootstrap (fixed: the same file gives the same one).
+K3_RESAMPLES, K3_SEED = 2000, 0
+
+
+def k3_interval(seq_k3: list[float], lengths: list[int]) -> tuple[float, float] | None:
+    """The ``COVERAGE`` (90 %) percentile-bootstrap interval of the per-token k3, resampling whole
+    sequences (a sequence's tokens are not independent); ``None`` from fewer than 2 sequences
+    with tokens or a non-finite part."""
+    import random
+
+    from precision_plugin.intervals import COVERAGE
+
+    kept = [(k, n) for k, n in zip(seq_k3, lengths, strict=True) if n > 0]
+    if len(kept) < 2 or not all(math.isfinite(k) for k, _ in kept):
+        return None
+    rng = random.Random(K3_SEED)
+    draws = []
+    for _ in range(K3_RESAMPLES):
+        sample = [kept[rng.randrange(len(kept))] for _ in kept]
+        draws.append(sum(k for k, _ in sample) / sum(n for _, n in sample))
+    draws.sort()
+    tail = (1 - COVERAGE) / 2
+    return (draws[int(tail * (K3_RESAMPLES - 1))], draws[int((1 - tail) * (K3_RESAMPLES - 1))])
 
 
 @checked

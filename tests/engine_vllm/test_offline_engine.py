@@ -1,10 +1,11 @@
 """The plugin inside a running vLLM engine (offline ``LLM``), two engine processes:
 
-- ``plugin_engine``: ``PRECISION_PLUGIN=float16`` and ``LLM(model, dtype="bfloat16")``: the
-  general plugin, loaded by vLLM in each of its processes, runs the engine in float16;
+- ``plugin_engine``: ``PRECISION_PLUGIN`` (float16, ``vllm.cpu_keep_weights="on"``) and
+  ``LLM(model, dtype="bfloat16")``: the general plugin, loaded by vLLM in each of its processes,
+  runs the engine in float16 and keeps the CPU build's Linear weights there;
 - ``excluded_engine``: the same variable, but ``VLLM_PLUGINS`` names another plugin, and the
   kwargs come from ``engine_kwargs({"model": ...}, "bfloat16")``: vLLM is left alone and runs
-  what ``engine_kwargs`` asked.
+  what ``engine_kwargs`` asked (an in-process engine: vLLM loads general plugins there too).
 
 Both sample 4 prompts x 64 tokens with raw log-probs; the HF learner scores the same tokens.
 """
@@ -30,8 +31,9 @@ def plugin_engine(tied_model, tmp_path_factory) -> dict:
         "prompts": PROMPTS,
         "tokens": TOKENS,
     }
+    policy = '{"dtype": "float16", "vllm": {"cpu_keep_weights": "on"}}'
     return run_program(
-        "offline", config, tmp_path_factory.mktemp("plugin"), PRECISION_PLUGIN="float16"
+        "offline", config, tmp_path_factory.mktemp("plugin"), PRECISION_PLUGIN=policy
     )
 
 
@@ -49,6 +51,7 @@ def excluded_engine(tied_model, tmp_path_factory) -> dict:
         tmp_path_factory.mktemp("excluded"),
         PRECISION_PLUGIN="float16",
         VLLM_PLUGINS="some_other_plugin",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # in this process: 10 s to start instead of 50
     )
 
 
@@ -72,6 +75,13 @@ def test_the_plugin_runs_in_every_engine_process(plugin_engine):
         "MainProcess",
         "Worker",
     ], names
+
+
+def test_cpu_keep_weights_on_reaches_every_engine_process(plugin_engine):
+    log = plugin_engine["log"]
+    assert (
+        log.count("vLLM runs float16 (policy from PRECISION_PLUGIN); CPU Linear weights kept") == 3
+    )
 
 
 def test_verify_engine_ok_when_consistent_error_when_not(plugin_engine):

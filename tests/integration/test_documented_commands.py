@@ -356,6 +356,13 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "needs a running vLLM server; the JSON paths are the ones verify_server reads, checked "
         "against vLLM's VllmConfig in tests/contract/test_vllm_contract.py"
     ),
+    # docs/vllm-cpu.md
+    "bash scripts/dev.sh setup": Elsewhere(
+        "CI: .ci/run's `dev.sh test` runs this set-up first (setup_main test, setup_contracts)"
+    ),
+    ".venv-vllm-cpu/bin/python -m pytest tests/engine_vllm": Elsewhere(
+        "CI: the engine-vllm suite of `dev.sh test` runs exactly these tests in that environment"
+    ),
     # integrations/sglang/README.md
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=30000 bash integrations/sglang/serve.sh": Elsewhere(
         SGLANG_GPU

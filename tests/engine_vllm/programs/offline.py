@@ -2,8 +2,7 @@
 sampled tokens with their raw log-probs.
 
 ``offline.py CONFIG`` (JSON): ``model``; ``llm`` (extra ``LLM(...)`` kwargs); ``engine_kwargs``
-(a policy: the kwargs go through ``precision_plugin.vllm.engine_kwargs`` first); ``keep``
-(true: ``keep_cpu_weights`` before the engine is built); ``prompts``
+(a policy: the kwargs go through ``precision_plugin.vllm.engine_kwargs`` first); ``prompts``
 (token-id lists) and ``tokens`` (new tokens each, EOS ignored). Prints ``RESULT {json}`` last.
 """
 
@@ -22,11 +21,6 @@ def main(config: dict) -> dict:
         from precision_plugin.vllm import engine_kwargs
 
         kwargs = engine_kwargs(kwargs, config["engine_kwargs"])
-    if config.get("keep"):  # the plugin's kept weights (vLLM's F.linear path), by hand
-        from precision_plugin.patching import Patcher
-        from precision_plugin.vllm.cpu_weights import keep_cpu_weights
-
-        keep_cpu_weights(Patcher(owner="offline"))
     llm = LLM(**kwargs)
     built = time.perf_counter()
     prompts = config["prompts"]
