@@ -100,9 +100,23 @@ setup_engine() {
   bash "$root/scripts/setup_vllm_cpu_env.sh" "$engine_venv"
 }
 
-# setup_contracts: the six contract environments and the real-engine one, side by side (each is mostly downloads and
-# unpacking, one process on one core): a cold set-up takes about half the time it takes one after
-# another. Each writes to its own log; a failed one prints its log and fails the set-up.
+# setup_contracts: the six contract environments and the real-engine one, side by side (each is
+# mostly downloads and unpacking, one process on one core): a cold set-up takes about half the
+# time it takes one after another. Each writes to its own log; a failed one prints its log and
+# fails the set-up. Under `test`, each job's wall time goes to the closing table (setup-NAME;
+# the jobs overlap).
+# timed_setup NAME: setup_NAME, its exit code and wall time in $reports/setup-NAME.status when
+# a test run collects reports.
+timed_setup() {
+  local name="$1" start rc=0
+  start=$(date +%s)
+  "setup_$name" || rc=$?
+  if [ -n "${reports:-}" ]; then
+    echo "$rc $(( $(date +%s) - start ))" > "$reports/setup-$name.status"
+  fi
+  return "$rc"
+}
+
 setup_contracts() {
   local logs name failed=0
   logs=$(mktemp -d)
@@ -111,7 +125,7 @@ setup_contracts() {
   df -h "$root" | awk 'NR == 2 {print ">> free disk before the contract environments: " $4}'
   local -A pids=()
   for name in vllm verl openrlhf sglang engine; do
-    "setup_$name" > "$logs/$name.log" 2>&1 &
+    timed_setup "$name" > "$logs/$name.log" 2>&1 &
     pids[$name]=$!
   done
   for name in vllm verl openrlhf sglang engine; do
@@ -190,13 +204,18 @@ case "$cmd" in
     exec "$venv/bin/precision-plugin" probe "$@"   # from the caller's directory
     ;;
   test)
+    reports="$root/.test-reports"
+    rm -rf "$reports" && mkdir -p "$reports"
+    start=$(date +%s)
+    echo "$start" > "$reports/started"  # the closing table's wall time counts from here
     setup_main test
+    echo "0 $(( $(date +%s) - start ))" > "$reports/setup-main.status"
     setup_contracts
+    # The set-up rows of the closing table (the environment jobs ran side by side).
+    for name in main vllm verl openrlhf sglang engine; do echo "setup-$name" >> "$reports/suites"; done
     mapfile -t args < <(caller_paths "$@")
     cd "$root"
     export PRECISION_PLUGIN_VLLM_PYTHON="$vllm_venv/bin/python"
-    reports="$root/.test-reports"
-    rm -rf "$reports" && mkdir -p "$reports"
     # Every suite runs even when one fails; the table at the end says which, and the exit code.
     run_suite ruff "$venv/bin/ruff" check precision_plugin tests scripts integrations
     run_pytest main "$venv" --ignore=tests/contract --ignore=tests/contract_verl \

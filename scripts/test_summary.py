@@ -2,7 +2,8 @@
 
     python scripts/test_summary.py REPORTS_DIR
 
-``REPORTS_DIR`` holds ``suites`` (their names, in the order they ran) and, per suite,
+``REPORTS_DIR`` holds ``suites`` (their names, in the order they ran), ``started`` (when the
+run began, epoch seconds: the wall time printed after the table) and, per suite,
 ``NAME.status`` (its exit code and seconds, written by ``run_suite`` in scripts/dev.sh) and,
 for a pytest suite, ``NAME.xml`` (its JUnit XML). Prints the table (suite, passed, failed,
 skipped, minutes, the slowest tests), then which way the DeepSpeed fp16 branches ran (the
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     names = (folder / "suites").read_text().split()  # in the order they ran
     rows = [read_suite(folder / f"{name}.status") for name in names]
     print("\n" + render(rows))
+    started = folder / "started"
+    if started.is_file():  # written by scripts/dev.sh test before its set-up
+        import time
+
+        minutes = (time.time() - int(started.read_text().split()[0])) / 60
+        print(f"wall time, set-up included: {minutes:.1f} min")
     failed = [r["suite"] for r in rows if r["rc"] != 0]
     print(f"\nfailed suites: {', '.join(failed)}" if failed else "\nevery suite passed")
     return 1 if failed else 0

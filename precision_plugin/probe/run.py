@@ -325,6 +325,9 @@ def run_probe(
         )
     factory = engines[config.engine]
     device = resolve_device(config.device)
+    preflight = getattr(factory, "preflight", None)
+    if callable(preflight):  # an engine that cannot run here says so before the model loads
+        preflight(device)
     n = config.num_prompts
     total = 2 * n * len(config.dtypes) + (len(config.dtypes) - 1) * config.layerwise
     total += len(config.dtypes) * (config.attribution is not None)

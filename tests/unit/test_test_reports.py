@@ -69,6 +69,19 @@ def test_all_green_exits_0_and_a_failed_collection_shows(tmp_path, capsys):
     assert "| kernels-floor | 0 | exit 5 | 0 | 0.1 |  |" in capsys.readouterr().out
 
 
+def test_the_wall_time_counts_from_the_start_of_the_run(tmp_path, capsys, monkeypatch):
+    import time
+
+    (tmp_path / "suites").write_text("setup-engine\n")
+    (tmp_path / "setup-engine.status").write_text("0 300\n")
+    (tmp_path / "started").write_text("1000\n")
+    monkeypatch.setattr(time, "time", lambda: 1000 + 3300)
+    assert _summary().main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| setup-engine | ok |  |  | 5.0 |  |" in out
+    assert "wall time, set-up included: 55.0 min" in out
+
+
 def test_provenance_says_which_kernels_ran(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)

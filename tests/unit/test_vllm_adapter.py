@@ -432,3 +432,19 @@ def test_probe_engine_refuses_without_vllm():
     assert factory is VLLMRolloutEngine
     with pytest.raises(PrecisionConfigError, match="vLLM is not installed"):
         factory("/m", "float16", "cuda", 0)
+
+
+def test_probe_refuses_a_missing_vllm_before_loading_the_model(monkeypatch):
+    """`probe --engine vllm` without vLLM: one message before the model loads (it loaded the
+    model and ran the headroom pass, 39 s on SmolLM2, before saying so)."""
+    import precision_plugin.probe.run as probe_run
+    from precision_plugin.probe import ProbeConfig, run_probe
+
+    def never(*_: object) -> None:
+        raise AssertionError("the model was loaded before the engine was checked")
+
+    monkeypatch.setattr(probe_run, "_load_trainer", never)
+    with pytest.raises(PrecisionConfigError, match="vLLM is not installed"):
+        run_probe(ProbeConfig(engine="vllm", device="cpu"))
+    with pytest.raises(PrecisionConfigError, match="vLLM is not installed"):
+        adapter.precision_probe_engines()["vllm"].preflight("cuda")
