@@ -537,6 +537,43 @@ def _vllm_cpu_mismatch(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+#: The live engine's causes in the order the table shows them, with what each compares.
+LIVE_CAUSES = (
+    ("total", "the learner in the dtype vs the engine's sampled log-probs (the probe's figure)"),
+    ("dtype", "the float32 learner vs the engine's prefill, each sequence alone"),
+    ("decode", "the engine's prefill vs its decode path (the sampled log-probs)"),
+    ("batch", "the engine's prefill of each sequence alone vs all in one call"),
+)
+
+
+@view("vllm-cpu-causes")
+def _vllm_cpu_causes(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_vllm_cpu_causes.py``: k3 of each cause a live engine switches."""
+    dtypes = list(data["causes"])
+    rows = [
+        "| cause | what is compared | " + " | ".join(dtypes) + " |",
+        "|---|---|" + "---:|" * len(dtypes),
+    ]
+    for cause, what in LIVE_CAUSES:
+        parts = [data["causes"][d][cause] for d in dtypes]
+        cells = [_k3_cell({"k3_kl": p["k3"], "k3_interval": p["interval"]}) for p in parts]
+        rows.append(f"| {cause} | {what} | " + " | ".join(cells) + " |")
+    kv = data["kv_cache_fp8"]
+    machine = data["provenance"]["machine"]
+    rows.append("")
+    rows.append(
+        f"{data['prompts']} prompts x {data['tokens']} new tokens, k3 with its 90 % interval "
+        f"over sequences; torch kernels {machine['kernels']['capability']}. An fp8 KV cache "
+        + (
+            f"was refused by this build here ({kv['refused'].rstrip('.')})"
+            if "refused" in kv
+            else "ran here"
+        )
+        + "."
+    )
+    return "\n".join(rows)
+
+
 @view("probe-scale")
 def _probe_scale(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_probe_scale.py``: peak RSS and wall time per case."""
