@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.report import add_json_option
+from tests.benchmarks.report import add_json_option, write_json
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "engine_vllm" / "programs"
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2"}
@@ -126,13 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "causes": rows,
         "kv_cache_fp8": kv_cache,
     }
-    if options.json:
-        from precision_plugin.provenance import write_results
-
-        given = sys.argv[1:] if argv is None else list(argv)
-        command = [".venv-vllm-cpu/bin/python", "-m", "tests.benchmarks.bench_vllm_cpu_causes"]
-        write_results(options.json, results, [*command, *given])
-        print(f"wrote {options.json}")
+    module = "tests.benchmarks.bench_vllm_cpu_causes"
+    write_json(options.json, results, module, argv=argv, venv=".venv-vllm-cpu")
     return results
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.report import add_json_option
+from tests.benchmarks.report import add_json_option, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ROOT / "tests" / "engine_vllm" / "programs"
@@ -103,13 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment_gb": _size_gb(sys.prefix),
     }
     print(json.dumps({k: v for k, v in results.items() if k != "trl_colocate"}, indent=1)[:3000])
-    if options.json:
-        from precision_plugin.provenance import write_results
-
-        given = sys.argv[1:] if argv is None else list(argv)
-        command = [".venv-vllm-cpu/bin/python", "-m", "tests.benchmarks.bench_vllm_cpu_sync"]
-        write_results(options.json, results, [*command, *given])
-        print(f"wrote {options.json}")
+    module = "tests.benchmarks.bench_vllm_cpu_sync"
+    write_json(options.json, results, module, argv=argv, venv=".venv-vllm-cpu")
     return results
 
 

