@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from precision_plugin.canary.sync_check import FACTOR, SyncCheck, check_sync, sync_sequences
+from precision_plugin.canary.sync_check import SyncCheck, check_sync, sync_sequences
 from precision_plugin.errors import CanaryAlarmError
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
@@ -178,4 +178,4 @@ def metrics(trainer: Any) -> dict[str, float]:
     return out
 
 
-__all__ = ["FACTOR", "install", "metrics", "run_check"]
+__all__ = ["install", "metrics", "run_check"]
