@@ -332,6 +332,14 @@ COMMANDS: dict[str, Run | Elsewhere] = {
     ".venv/bin/precision-plugin probe --model ./my-checkpoint --target-length 8192 --layerwise": Run(
         timeout=600, progress=True
     ),
+    # README.md: beyond the first table
+    ".venv/bin/precision-plugin probe --rollout top_p=0.9,logprobs_mode=processed_logprobs,"
+    "kv_cache_dtype=fp8_e4m3": Elsewhere(
+        ATTRIBUTION + "; its output is docs/results/attribution-embedded-rollout.json",
+        TOO_SLOW,
+        smoke="tests/unit/test_attribution.py",
+    ),
+    ".venv/bin/precision-plugin probe --batch-size 64": Run(timeout=600, progress=True),
     # docs/attribution.md: each takes minutes on 2 CPU cores (the probe plus the attribution's
     # passes); the same options at 2 x 12 tokens run through main() in
     # tests/unit/test_attribution.py

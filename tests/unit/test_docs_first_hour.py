@@ -70,3 +70,63 @@ def test_the_real_model_quick_look_comes_before_the_long_run():
     quick = section.index("--max-new-tokens 256 --min-new-tokens 256 --num-prompts 8")
     long = section.index("--max-new-tokens 1024 --min-new-tokens 1024")
     assert quick < long
+
+
+def _slug(heading: str) -> str:
+    """The anchor MkDocs (python-markdown's toc) gives a heading."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _anchors(doc: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
+    return {_slug(h) for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
+
+
+def broken_links(doc: Path) -> list[str]:
+    """Relative links of ``doc`` whose file or ``#anchor`` does not exist."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue  # https:, mailto: ...
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists() or (anchor and anchor not in _anchors(linked)):
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_and_quickstart_links_resolve(tmp_path):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "quickstart.md"):
+        assert not broken_links(doc), (doc.name, broken_links(doc))
+    planted = tmp_path / "README.md"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "cli.md").write_text("# Command line\n\n### What the mismatch does\n")
+    planted.write_text(
+        "[a](docs/cli.md#what-the-mismatch-does) [b](docs/cli.md#gone) [c](docs/none.md) "
+        "[d](https://example.org/x)"
+    )
+    assert broken_links(planted) == ["docs/cli.md#gone", "docs/none.md"]
+
+
+def test_the_readme_shows_what_the_project_does_beyond_the_first_table():
+    """Issue 54: the attribution, the rollout as configured, the canary (the one-line enable()
+    form and the recipe flag) and the batch size are found from the README and the quickstart,
+    each with the line of output to read."""
+    readme = (ROOT / "README.md").read_text()
+    section = _section(readme, "## Beyond the first table")
+    for needed in (
+        "probe --attribute",
+        "probe --rollout ",
+        'enable(metrics={"canary_every": ',
+        "--canary-every ",
+        "probe --batch-size ",
+        "](docs/attribution.md)",
+        "](docs/canary.md)",
+    ):
+        assert needed in section, needed
+    assert section.count("The line to read is") == 3
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    for needed in ("--attribute", "--rollout", "--batch-size", "canary_every", "--canary-every"):
+        assert needed in quickstart, needed
+    assert "](attribution.md)" in quickstart and "](canary.md)" in quickstart
