@@ -699,3 +699,33 @@ def test_rollout_rounding_fields_take_the_dtype_aliases() -> None:
         "rollout: router_dtype='fp8' is not one of float16, bfloat16, float32 (aliases fp16, "
         "bf16, fp32; or None)."
     )
+
+
+def test_the_dtype_fix_quotes_the_ratio_this_run_measured() -> None:
+    """Issue 54: the dtype row's fix said a fixed "~8x less per token than bfloat16" under a
+    table measuring 68x, and the float32 row carried the same "enable float16" fix."""
+    from precision_plugin.probe.attribution.render import dtype_fix
+
+    def section(fp16: float | None, bf16: float | None) -> dict[str, Any]:
+        rows = {"float32": 0.0, "float16": fp16, "bfloat16": bf16}
+        return {
+            "dtypes": {
+                d: {"causes": {"dtype": {"k3": k3}}} for d, k3 in rows.items() if k3 is not None
+            }
+        }
+
+    measured = section(1.0e-5, 6.8e-4)  # 68.0 exactly: 6.8e-4 / 1.0e-5
+    assert dtype_fix(measured, "bfloat16") == (
+        "precision_plugin: pp.enable() (float16 on both sides: 68x less per token than "
+        "bfloat16 in this run)"
+    )
+    assert dtype_fix(measured, "float16") == (
+        "precision_plugin: pp.enable() keeps float16 on both sides (68x less per token than "
+        "bfloat16 in this run)"
+    )
+    assert dtype_fix(measured, "float32").startswith("none: float32 is the reference")
+    assert "4.0x more per token" in dtype_fix(section(4e-4, 1e-4), "bfloat16")
+    assert "needs both dtypes measured" in dtype_fix(section(1e-5, None), "float16")
+    from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
+
+    assert not any("x less" in text for text in CAUSE_TABLE["dtype"].fixes.values())

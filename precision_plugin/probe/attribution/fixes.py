@@ -51,8 +51,8 @@ CAUSE_TABLE: dict[str, Cause] = {
             "autocast over float32 master weights",
             "both sides in the dtype vs both in float32",
             {
-                "precision_plugin": "pp.enable() (float16 on both sides: ~8x less per token "
-                "than bfloat16)",
+                # how much less than bfloat16: measured in each run (render.dtype_fix)
+                "precision_plugin": "pp.enable() (float16 on both sides)",
                 "TRL": "GRPOConfig(fp16=True) with pp.enable() (the colocated vLLM follows)",
                 "verl": "actor_rollout_ref.rollout.dtype=float16 and "
                 "++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",

@@ -35,6 +35,34 @@ def _fix(fixes: Mapping[str, str]) -> str:
     return next((f"{k}: {v}" for k, v in fixes.items()), "")
 
 
+def dtype_fix(section: Mapping[str, Any], dtype: str) -> str:
+    """The ``dtype`` row's fix in ``dtype``'s block, with the ratio this run measured: the
+    dtype row's k3 (the compute dtype's own rounding) of bfloat16 over float16's; float32, the
+    reference, has none."""
+    if dtype == "float32":
+        return "none: float32 is the reference the other dtypes are measured against"
+    rows = {d: b.get("causes", {}).get("dtype", {}) for d, b in section.get("dtypes", {}).items()}
+    fp16, bf16 = rows.get("float16", {}).get("k3"), rows.get("bfloat16", {}).get("k3")
+    if isinstance(fp16, (int, float)) and isinstance(bf16, (int, float)) and fp16 > 0 < bf16:
+        ratio = bf16 / fp16
+        measured = (
+            f"{ratio:.0f}x less per token than bfloat16 in this run"
+            if ratio >= 1
+            else f"{1 / ratio:.1f}x more per token than bfloat16 in this run"
+        )
+    else:
+        measured = "its ratio to bfloat16 needs both dtypes measured (--dtypes)"
+    if dtype == "float16":
+        return f"precision_plugin: pp.enable() keeps float16 on both sides ({measured})"
+    return f"precision_plugin: pp.enable() (float16 on both sides: {measured})"
+
+
+def _row_fix(section: Mapping[str, Any], dtype: str, cause: str, row: Mapping[str, Any]) -> str:
+    if not row["in_total"]:
+        return f"if {row.get('what_if', '')}"
+    return dtype_fix(section, dtype) if cause == "dtype" else _fix(row["fixes"])
+
+
 def render_attribution_table(
     section: Mapping[str, Any], decision: Mapping[str, Any] | None = None
 ) -> Any:
@@ -98,7 +126,7 @@ def _blocks(section: Mapping[str, Any]) -> list[list[tuple[str, ...]]]:
                 _SHORT.get(dtype, dtype) if first else "", name, _interval(row),
                 _share(row["share"]),
                 f"{row['bitwise_equal']:.1%}" if row["bitwise_equal"] is not None else "-",
-                escape(_fix(row["fixes"]) if row["in_total"] else f"if {row.get('what_if', '')}"),
+                escape(_row_fix(section, dtype, cause, row)),
             ))  # fmt: skip
             first = False
         for term in ("interaction", "residual"):
