@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from precision_plugin.conflicts import settle_conflict
@@ -158,10 +159,39 @@ def check_engine_dtype(policy: PrecisionPolicy) -> str:
 _CPU_COMM_OP = "deepspeed_shm_comm"
 
 
+#: The variable torch's JIT builds (DeepSpeed's ops among them) take their cache folder from.
+EXTENSIONS_VARIABLE = "TORCH_EXTENSIONS_DIR"
+
+
+def environment_extensions_dir(environ: Mapping[str, str], prefix: str) -> str | None:
+    """The build cache for the environment at ``prefix`` (``sys.prefix``): ``<prefix>/
+    torch_extensions``, or ``None`` when the user chose one (``TORCH_EXTENSIONS_DIR`` set).
+
+    torch's default, ``~/.cache/torch_extensions/py311_cpu``, is shared by every environment
+    of a user: an op built from another environment's DeepSpeed is rebuilt (minutes on a small
+    CPU) on every switch between them, each time over the other's build."""
+    if environ.get(EXTENSIONS_VARIABLE):
+        return None
+    return os.path.join(prefix, "torch_extensions")
+
+
+def build_due(folder: str, sources: str | None) -> bool:
+    """Whether torch will (re)build DeepSpeed's CPU op in ``folder``: no library there yet, or
+    one built from another environment's DeepSpeed (its ``build.ninja`` does not name
+    ``sources``, this environment's DeepSpeed folder; ``None``: not known)."""
+    if not os.path.isfile(os.path.join(folder, f"{_CPU_COMM_OP}.so")):
+        return True
+    ninja = os.path.join(folder, "build.ninja")
+    if sources is None or not os.path.isfile(ninja):
+        return False
+    with open(ninja, encoding="utf-8", errors="replace") as recipe:  # torch's own file
+        return sources not in recipe.read()
+
+
 def pending_cpu_build() -> str | None:
-    """The folder DeepSpeed will compile its CPU communication op into on the first run here
-    (a few minutes on a small CPU, once: later runs load it from there), or ``None`` when no
-    build is due (another accelerator, a prebuilt op, or one compiled already)."""
+    """The folder DeepSpeed will compile its CPU communication op into on this run (a few
+    minutes on a small CPU; later runs load it from there), or ``None`` when no build is due
+    (another accelerator, a prebuilt op, or one compiled already from this environment)."""
     if deepspeed_support().accelerator != "cpu":
         return None
     try:
@@ -170,7 +200,9 @@ def pending_cpu_build() -> str | None:
         folder = _get_build_directory(_CPU_COMM_OP, verbose=False)
     except Exception:  # torch's private helper moved: say nothing rather than guess
         return None
-    return None if os.path.isfile(os.path.join(folder, f"{_CPU_COMM_OP}.so")) else folder
+    spec = importlib.util.find_spec("deepspeed")
+    sources = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+    return folder if build_due(folder, sources) else None
 
 
 def build_notice(folder: str) -> str:

@@ -8,6 +8,8 @@ import copy
 import functools
 import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,13 @@ from precision_plugin import frameworks
 from precision_plugin.buffers import float32_buffers, keep_float32_buffers
 from precision_plugin.conflicts import settle_conflict
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
-from precision_plugin.deepspeed.device import build_notice, check_engine_dtype, pending_cpu_build
+from precision_plugin.deepspeed.device import (
+    EXTENSIONS_VARIABLE,
+    build_notice,
+    check_engine_dtype,
+    environment_extensions_dir,
+    pending_cpu_build,
+)
 from precision_plugin.deepspeed.telemetry import track_engine
 from precision_plugin.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
@@ -151,7 +159,17 @@ def _set_mixed_precision(
 
 
 def install(policy: PrecisionPolicy, patcher: Patcher) -> None:
-    """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs."""
+    """Apply the config entry in ``deepspeed.initialize`` and where HF/Accelerate build configs;
+    give DeepSpeed's JIT-built ops a cache of this environment's own (unless the user set
+    ``TORCH_EXTENSIONS_DIR``)."""
+    folder = environment_extensions_dir(os.environ, sys.prefix)
+    if folder is not None:
+        patcher.setenv(
+            EXTENSIONS_VARIABLE,
+            folder,
+            reason="torch's default build cache is shared by every environment: DeepSpeed's "
+            "CPU op built from another environment is rebuilt, silently, on each switch",
+        )
     # Not imported here: importing DeepSpeed is slow and logs to stdout; Accelerate, TRL and HF
     # import it only when they start an engine.
     patcher.wrap_on_import(

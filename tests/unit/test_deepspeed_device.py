@@ -167,3 +167,51 @@ def test_no_cpu_build_on_another_accelerator(monkeypatch, tmp_path) -> None:
     )
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert device.pending_cpu_build() is None
+
+
+def test_each_environment_gets_its_own_build_cache() -> None:
+    """Issue 54: every DeepSpeed run rebuilt deepspeed_shm_comm (5-11 silent minutes) because
+    torch's default cache, under the user's home, is shared by every environment."""
+    assert device.environment_extensions_dir({}, "/envs/a") == "/envs/a/torch_extensions"
+    assert device.environment_extensions_dir({"PATH": "/bin"}, "/envs/b") == (
+        "/envs/b/torch_extensions"
+    )
+    assert device.environment_extensions_dir({"TORCH_EXTENSIONS_DIR": "/mine"}, "/envs/a") is None
+    assert device.environment_extensions_dir({"TORCH_EXTENSIONS_DIR": ""}, "/envs/a") == (
+        "/envs/a/torch_extensions"
+    )
+
+
+def test_an_op_built_from_another_environment_is_a_build_due(tmp_path) -> None:
+    """A library built from another environment's DeepSpeed is rebuilt by torch: the notice
+    fires for it too, not only for a missing library."""
+    assert device.build_due(str(tmp_path), "/envs/a/site-packages/deepspeed")  # nothing built
+    (tmp_path / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert not device.build_due(str(tmp_path), "/envs/a/site-packages/deepspeed")  # no recipe
+    ninja = tmp_path / "build.ninja"
+    ninja.write_text("build shm.o: compile /envs/a/site-packages/deepspeed/ops/csrc/shm.cpp\n")
+    assert not device.build_due(str(tmp_path), "/envs/a/site-packages/deepspeed")
+    assert device.build_due(str(tmp_path), "/envs/b/site-packages/deepspeed")
+    assert not device.build_due(str(tmp_path), None)  # this environment's DeepSpeed not found
+
+
+def test_enable_points_torch_extensions_at_the_environment_and_disable_restores(
+    monkeypatch,
+) -> None:
+    import os
+
+    import precision_plugin
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    precision_plugin.enable()
+    try:
+        assert os.environ["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
+    finally:
+        precision_plugin.disable()
+    assert "TORCH_EXTENSIONS_DIR" not in os.environ
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/the/users/choice")
+    precision_plugin.enable()
+    try:
+        assert os.environ["TORCH_EXTENSIONS_DIR"] == "/the/users/choice"
+    finally:
+        precision_plugin.disable()
