@@ -20,8 +20,23 @@ per-token variance     ``variance_robust``: the chi-square interval with the deg
                        for tails up to a Laplace's or a Student t with 5 degrees of freedom
                        and is conservative for normal ones (about 99 % for 90 %)
 ESS of a batch of N    the expected self-normalised ESS of ``N`` sequences under the fitted
-                       random walk, at each end of the robust variance interval (it falls as
-                       the variance grows); a seeded Monte Carlo over ``N`` lognormal weights
+(lognormal model)      random walk, at each end of the robust variance interval (it falls as
+                       the variance grows); a seeded Monte Carlo over ``N`` lognormal weights.
+                       It holds for near-normal sums only: a heavy-tailed sum with the same
+                       variance has a lower ESS (Student t, 3 dof, 64 sequences: 0.55 / 0.25
+                       coverage at N = 64 / 256)
+ESS of a batch of N    ``ess_hull``: the hull, over the tail laws ``TAIL_LAWS`` (normal and
+(what the figures use) Student t with 3 degrees of freedom, each scaled to the variance), of
+                       the expected ESS for variances from the robust interval's low end to
+                       ``tail_bounds``' high end (the robust interval sized at an excess
+                       kurtosis of at least ``TAIL_EXCESS_KURTOSIS``, 8: a t with 4.75 dof's;
+                       a 10 % mixture with 10x the variance has 6). Conservative for normal sums
+                       (about 99 %), at or above 87 % for Laplace, t3 and the mixture at 8 to
+                       64 sequences (``tests/benchmarks/bench_ess_calibration.py``)
+heavy-tail warning     ``heavy_tails``: the residuals' excess kurtosis above
+                       ``HEAVY_TAIL_KURTOSIS`` (8, the tails the ESS interval assumes):
+                       ``HEAVY_TAIL_WARNING``; on normal samples of 8 to 64 sequences it
+                       fired once in 18,000 (the benchmark's grid)
 ====================== ==================================================================
 
 A share over tokens (the TIS clip) treats the tokens as independent, as the growth model does.
@@ -43,6 +58,17 @@ COVERAGE = 0.90
 #: The excess kurtosis of a Laplace distribution: the robust variance interval assumes tails at
 #: least this heavy (bf16's sequence log-ratios measured 2.8 on the embedded model).
 LAPLACE_EXCESS_KURTOSIS = 3.0
+#: The excess kurtosis the ESS and mask intervals' variance assumes at least (a Student t with
+#: 4.75 degrees of freedom's; a 10 % mixture with 10x the variance has 6.06). At 6 the t3 sums
+#: of 64 sequences covered 86 % without a warning; at 8, 92 % (2,000 replicates).
+TAIL_EXCESS_KURTOSIS = 8.0
+#: The tail statistic's threshold: residuals whose excess kurtosis exceeds it have heavier tails
+#: than the intervals assume, and the figures carry ``HEAVY_TAIL_WARNING``.
+HEAVY_TAIL_KURTOSIS = TAIL_EXCESS_KURTOSIS
+HEAVY_TAIL_WARNING = "heavy tails: the interval may be too narrow"
+#: The laws of the standardised sequence log-ratio an ESS or mask interval spans: normal (the
+#: random walk) and Student t with 3 degrees of freedom scaled to unit variance.
+TAIL_LAWS: tuple[str, ...] = ("normal", "t3")
 #: Weights drawn per expected-ESS evaluation (replicates × batch size), and the replicate bounds.
 ESS_DRAWS = 250_000
 ESS_REPLICATES = (64, 2000)
@@ -101,15 +127,45 @@ def variance_robust(
     return float(low), float(high)
 
 
-def robust_bounds(variance: Any, kurtosis: Any, n: int, coverage: float = COVERAGE) -> Any:
+def robust_bounds(
+    variance: Any,
+    kurtosis: Any,
+    n: int,
+    coverage: float = COVERAGE,
+    *,
+    floor: float = LAPLACE_EXCESS_KURTOSIS,
+) -> Any:
     """``variance_robust``'s bounds from the variance(s) and excess kurtosis(es) of samples of
-    ``n`` (NumPy arrays or floats, element-wise): the calibration test's vectorised path."""
-    k = np.where(np.isfinite(kurtosis), kurtosis, LAPLACE_EXCESS_KURTOSIS)
-    k = np.maximum(k, LAPLACE_EXCESS_KURTOSIS)
+    ``n`` (NumPy arrays or floats, element-wise): the calibration test's vectorised path.
+    ``floor``: the least excess kurtosis assumed (``TAIL_EXCESS_KURTOSIS`` for ``tail_bounds``)."""
+    k = np.where(np.isfinite(kurtosis), kurtosis, floor)
+    k = np.maximum(k, floor)
     dof = np.maximum(2.0 / (2.0 / (n - 1) + k / n), 1.0)
     tail = (1.0 - coverage) / 2.0
     v = np.asarray(variance, dtype=np.float64)
     return v * dof / stats.chi2.ppf(1.0 - tail, dof), v * dof / stats.chi2.ppf(tail, dof)
+
+
+@checked
+def tail_bounds(
+    variance: float, residuals: Sequence[float], coverage: float = COVERAGE
+) -> tuple[float, float]:
+    """The variance interval the ESS and mask intervals span: ``variance_robust``'s low end and
+    the high end of the same interval sized at an excess kurtosis of at least
+    ``TAIL_EXCESS_KURTOSIS``. NaN below two sequences."""
+    n = len(residuals)
+    if n < 2 or not math.isfinite(variance):
+        return NAN
+    kurtosis = excess_kurtosis(residuals)
+    low, _ = robust_bounds(variance, kurtosis, n, coverage)
+    _, high = robust_bounds(variance, kurtosis, n, coverage, floor=TAIL_EXCESS_KURTOSIS)
+    return float(low), float(high)
+
+
+def heavy_tails(kurtosis: float) -> bool:
+    """Whether residuals of this excess kurtosis have heavier tails than the intervals assume
+    (``> HEAVY_TAIL_KURTOSIS``; NaN, too few sequences to tell: no)."""
+    return bool(math.isfinite(kurtosis) and kurtosis > HEAVY_TAIL_KURTOSIS)
 
 
 def _chi2_interval(variance: float, dof: float, coverage: float) -> tuple[float, float]:
@@ -119,11 +175,25 @@ def _chi2_interval(variance: float, dof: float, coverage: float) -> tuple[float,
     return variance * dof / chi2_ppf(1.0 - tail, dof), variance * dof / chi2_ppf(tail, dof)
 
 
+def standard_draws(law: str, shape: tuple[int, int]) -> np.ndarray:
+    """The seeded unit-variance draws behind every expected ESS of ``law`` (``TAIL_LAWS``)."""
+    rng = np.random.default_rng(ESS_SEED)
+    if law == "normal":
+        return rng.standard_normal(shape)
+    if law == "t3":
+        return rng.standard_t(3, size=shape) / math.sqrt(3.0)
+    raise ValueError(f"law={law!r} is not one of {TAIL_LAWS}")
+
+
 @checked
-def expected_batch_ess(means: Sequence[float], sds: Sequence[float]) -> float:
+def expected_batch_ess(
+    means: Sequence[float], sds: Sequence[float], *, law: str = "normal"
+) -> float:
     """The expected self-normalised ESS ``(Σ w)² / (N Σ w²)`` of a batch of ``N = len(means)``
-    sequences whose log-ratios are ``Normal(means[i], sds[i]²)`` (seeded Monte Carlo in log
-    space, so no weight overflows); NaN for an empty batch or a non-finite parameter."""
+    sequences whose log-ratios are ``means[i] + sds[i]·Z``, ``Z`` standard normal (``law``
+    ``"normal"``) or a Student t with 3 degrees of freedom scaled to unit variance (``"t3"``)
+    (seeded Monte Carlo in log space, so no weight overflows); NaN for an empty batch or a
+    non-finite parameter."""
     m = np.asarray(means, dtype=np.float64)
     s = np.asarray(sds, dtype=np.float64)
     n = m.size
@@ -133,31 +203,52 @@ def expected_batch_ess(means: Sequence[float], sds: Sequence[float]) -> float:
         return 1.0
     low, high = ESS_REPLICATES
     reps = int(min(high, max(low, ESS_DRAWS // n)))
-    z = np.random.default_rng(ESS_SEED).standard_normal((reps, n))
-    x = m + s * z
+    x = m + s * standard_draws(law, (reps, n))
     log_ess = 2.0 * special.logsumexp(x, axis=1) - special.logsumexp(2.0 * x, axis=1)
     return float(np.minimum(np.exp(log_ess - math.log(n)), 1.0).mean())
 
 
 @checked
-def batch_ess(variance: float, length: float, batch: int, drift: float = 0.0) -> float:
+def batch_ess(
+    variance: float, length: float, batch: int, drift: float = 0.0, *, law: str = "normal"
+) -> float:
     """The expected ESS of ``batch`` sequences of ``length`` tokens each, ``S ~ Normal(drift·L,
-    variance·L)`` (a drift common to the batch does not change it)."""
+    variance·L)`` (a drift common to the batch does not change it; ``law``: the standardised
+    sum's law, as for ``expected_batch_ess``)."""
     if not (math.isfinite(variance) and variance >= 0):
         return math.nan
     sd = math.sqrt(variance * length)
-    return expected_batch_ess([drift * length] * batch, [sd] * batch)
+    return expected_batch_ess([drift * length] * batch, [sd] * batch, law=law)
 
 
 @checked
-def mixed_batch_ess(variance: float, drift: float, lengths: Sequence[int]) -> float:
+def mixed_batch_ess(
+    variance: float, drift: float, lengths: Sequence[int], *, law: str = "normal"
+) -> float:
     """The expected ESS of a batch of sequences of the given ``lengths``, ``S_i ~
-    Normal(drift·L_i, variance·L_i)``: what a sample like the measured one shows on average."""
+    Normal(drift·L_i, variance·L_i)``: what a sample like the measured one shows on average
+    (``law``: the standardised sums' law, as for ``expected_batch_ess``)."""
     if not (math.isfinite(variance) and variance >= 0 and math.isfinite(drift)):
         return math.nan
     return expected_batch_ess(
-        [drift * n for n in lengths], [math.sqrt(variance * n) for n in lengths]
+        [drift * n for n in lengths], [math.sqrt(variance * n) for n in lengths], law=law
     )
+
+
+@checked
+def ess_hull(
+    variance: float, low: float, high: float, drift: float, lengths: Sequence[int]
+) -> tuple[float, float, float]:
+    """An expected ESS with its interval for a batch of sequences of ``lengths`` tokens: the
+    random walk's value at ``variance``, and the hull over ``TAIL_LAWS`` of the expected ESS at
+    the variance interval's ends (``low``, ``high``: ``tail_bounds``), where it is smallest and
+    largest (the ESS falls as the variance grows, under each law). NaN where a bound is."""
+    value = mixed_batch_ess(variance, drift, lengths)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return value, math.nan, math.nan
+    lows = [mixed_batch_ess(high, drift, lengths, law=law) for law in TAIL_LAWS]
+    highs = [mixed_batch_ess(low, drift, lengths, law=law) for law in TAIL_LAWS]
+    return value, min(value, *lows), max(value, *highs)
 
 
 @checked

@@ -43,9 +43,15 @@ from precision_plugin.boundary import Invalid, Validator, at_least, checked, eac
 from precision_plugin.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.intervals import (
+    HEAVY_TAIL_KURTOSIS,
+    HEAVY_TAIL_WARNING,
+    TAIL_LAWS,
     chi2_ppf,
     clopper_pearson,
+    ess_hull,
     excess_kurtosis,
+    heavy_tails,
+    tail_bounds,
     variance_normal,
     variance_robust,
     z_value,
@@ -302,7 +308,11 @@ class GrowthFit:
     ``variance_robust_low``/``_high`` is the interval the projection uses
     ([`variance_robust`][precision_plugin.intervals.variance_robust]: it holds for heavy-tailed
     log-ratios, where the chi-square interval is too narrow); ``kurtosis`` the residuals'
-    excess kurtosis it was sized with.
+    excess kurtosis it was sized with: the tail statistic, whose crossing of
+    ``HEAVY_TAIL_KURTOSIS`` sets ``warning`` (``HEAVY_TAIL_WARNING``). ``variance_tail_high``:
+    the high end the ESS intervals span
+    ([`tail_bounds`][precision_plugin.intervals.tail_bounds]; see
+    [`ess_interval`][precision_plugin.metrics.consequence.ess_interval]).
     """
 
     sequences: Count
@@ -317,12 +327,26 @@ class GrowthFit:
     variance_robust_low: float = math.nan
     variance_robust_high: float = math.nan
     kurtosis: float = math.nan
+    variance_tail_high: float = math.nan
+
+    @property
+    def warning(self) -> str:
+        """``HEAVY_TAIL_WARNING`` where the residuals' excess kurtosis crosses
+        ``HEAVY_TAIL_KURTOSIS``, else empty."""
+        return HEAVY_TAIL_WARNING if heavy_tails(self.kurtosis) else ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict (``tail``: the tail statistic, its threshold and the warning)."""
         out = asdict(self)
         out["model"] = "S(L) ~ Normal(drift*L, variance*L)"
         out["coverage"] = COVERAGE
+        out["tail"] = {
+            "statistic": "excess kurtosis (G2) of the residuals (S - drift*L)/sqrt(L)",
+            "value": self.kurtosis,
+            "threshold": HEAVY_TAIL_KURTOSIS,
+            "laws": list(TAIL_LAWS),
+            "warning": self.warning,
+        }
         return out
 
 
@@ -367,6 +391,7 @@ def fit_growth(
     k1 = sum(s for s, _ in pairs) / tokens
     residuals = [(s - k1 * length) / math.sqrt(length) for s, length in pairs]
     robust = variance_robust(variance, residuals, COVERAGE)
+    _, tail_high = tail_bounds(variance, residuals, COVERAGE)
     return GrowthFit(
         n,
         tokens,
@@ -379,7 +404,33 @@ def fit_growth(
         "k1" if seq_kl is None else "k3",
         *robust,
         excess_kurtosis(residuals),
+        tail_high,
     )
+
+
+def _tail_range(fit: GrowthFit) -> tuple[float, float]:
+    """The variance range the tail-aware intervals span: the robust interval's low end to the
+    larger of ``variance_tail_high`` and the robust high end (which a misfit check may widen);
+    the normal-model interval where the robust one is missing."""
+    low, high = fit.variance_robust_low, fit.variance_robust_high
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return fit.variance_low, fit.variance_high
+    if math.isfinite(fit.variance_tail_high):
+        high = max(high, fit.variance_tail_high)
+    return low, high
+
+
+@checked(lengths=each(at_least(1)))
+def ess_interval(fit: GrowthFit, lengths: Sequence[int]) -> Interval:
+    """The expected ESS of a batch of sequences of ``lengths`` tokens under ``fit``, with its
+    ``COVERAGE`` interval that holds for heavy tails
+    ([`ess_hull`][precision_plugin.intervals.ess_hull]: normal and Student-t-3 sums, variances
+    from the robust low end to ``variance_tail_high``). The measured batch: its own lengths;
+    a projected batch of ``N`` at ``L`` tokens: ``[L] * N``. Check ``fit.warning``."""
+    if not lengths or math.isnan(fit.variance):
+        return Interval(math.nan, math.nan, math.nan)
+    low, high = _tail_range(fit)
+    return Interval(*ess_hull(fit.variance, low, high, fit.drift, list(lengths)))
 
 
 def _exact_share(k: int, n: int) -> Interval:
@@ -401,17 +452,27 @@ def _normal_cdf(x: float) -> float:
     return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
-def mask_fraction(mask: SequenceMask, drift: float, variance: float, length: float) -> float:
+def _t3_cdf(x: float) -> float:
+    """The CDF of a Student t with 3 degrees of freedom scaled to unit variance (closed form:
+    ``T = x·√3``, ``u = T/√3 = x``)."""
+    return 0.5 + (math.atan(x) + x / (1.0 + x * x)) / math.pi
+
+
+def mask_fraction(
+    mask: SequenceMask, drift: float, variance: float, length: float, *, law: str = "normal"
+) -> float:
     """Share of length-``length`` sequences ``mask`` drops under ``S ~ Normal(drift·L,
-    variance·L)``."""
+    variance·L)`` (``law="t3"``: ``S = drift·L + √(variance·L)·T``, ``T`` a Student t with 3
+    degrees of freedom scaled to unit variance)."""
     mean, sd = drift * length, math.sqrt(max(variance, 0.0) * length)
     if not (math.isfinite(mean) and math.isfinite(sd)):
         return math.nan
+    cdf = _t3_cdf if law == "t3" else _normal_cdf
 
     def below(log_bound: float) -> float:  # P(S < bound)
         if sd == 0.0:
             return 1.0 if mean < log_bound else 0.0
-        return _normal_cdf((log_bound - mean) / sd)
+        return cdf((log_bound - mean) / sd)
 
     out = 0.0
     if mask.low is not None:
@@ -453,7 +514,7 @@ def _grid(low: float, high: float, *extra: float) -> list[float]:
 
 
 @checked(length=at_least(1))
-def project(fit: GrowthFit, length: int) -> Projection:
+def project(fit: GrowthFit, length: int, *, tails: bool = False) -> Projection:
     """``fit`` carried to completions of ``length`` tokens.
 
     ``ess`` is the lognormal weights' ``E[w]² / E[w²] = exp(−variance·L)`` (a drift common to
@@ -461,7 +522,9 @@ def project(fit: GrowthFit, length: int) -> Projection:
     outside its bounds. The value is the fit's point estimate; the interval is the range over
     the box of drifts within ±z standard errors and variances within their robust interval (a grid,
     plus the drift that centres ``S`` in the mask's bounds: a two-sided share is not monotone
-    in either parameter).
+    in either parameter). ``tails=True``: the masks' intervals are the hull over ``TAIL_LAWS``
+    (normal and Student-t-3 sums) and variances up to ``variance_tail_high``, the interval that
+    holds for heavy tails (``tests/unit/test_interval_calibration.py``).
     """
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise PrecisionConfigError(
@@ -472,6 +535,10 @@ def project(fit: GrowthFit, length: int) -> Projection:
     if math.isfinite(fit.variance_robust_low) and math.isfinite(fit.variance_robust_high):
         v_low, v_high = fit.variance_robust_low, fit.variance_robust_high  # heavy tails hold
     variances = _grid(v_low, v_high)
+    laws: tuple[str, ...] = ("normal",)
+    if tails:
+        laws = TAIL_LAWS
+        variances = _grid(*_tail_range(fit))
     if math.isnan(fit.variance) or math.isnan(variances[0]):
         return Projection(length, nan, nan, nan, fit.tis_clip)
     ess = Interval(
@@ -488,7 +555,12 @@ def project(fit: GrowthFit, length: int) -> Projection:
             else math.nan
         ]
         drifts = _grid(fit.drift - half, fit.drift + half, fit.drift, *centre)
-        values = [mask_fraction(m, d, v, length) for d in drifts for v in variances]
+        values = [
+            mask_fraction(m, d, v, length, law=law)
+            for d in drifts
+            for v in variances
+            for law in laws
+        ]
         masks[m.key] = Interval(
             mask_fraction(m, fit.drift, fit.variance, length), min(values), max(values)
         )

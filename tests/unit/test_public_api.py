@@ -273,9 +273,12 @@ INTERNAL: dict[str, set[str]] = {
         "alias_table", "prefixed", "masked_log_ratio", "sums_of", "fit_drift",
     },
     "precision_plugin.metrics.consequence": {
-        "consequence_sums_of", "chi2_quantile", "mask_fraction",
+        "consequence_sums_of", "chi2_quantile", "mask_fraction", "ess_interval",
     },
-    "precision_plugin.intervals": {"z_value", "chi2_ppf", "robust_bounds"},
+    "precision_plugin.intervals": {
+        "z_value", "chi2_ppf", "robust_bounds", "tail_bounds", "heavy_tails", "standard_draws",
+        "ess_hull",
+    },
     "precision_plugin.decision": {"percent"},
 }  # fmt: skip
 
