@@ -73,6 +73,8 @@ LAYERS: dict[str, int] = {
     # writing outputs, the strict reader of other programs' configs
     "constraints": 1,
     "outputs": 1,
+    # the one reader of files a user names (paths, size, UTF-8, YAML budget, depth, cycles)
+    "userfiles": 1,
     "configs": 2,
     # 3: learner and engine adapters
     "transformers": 3,

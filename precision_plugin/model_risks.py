@@ -5,7 +5,6 @@ read vLLM's own refusal table.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
@@ -75,23 +75,15 @@ def load_model_config(path_or_dict: str | os.PathLike[str] | Mapping[str, Any]) 
             f"check_model_config: expected a checkpoint folder, its config.json or the parsed "
             f"dict, got {type(path_or_dict).__name__}."
         )
-    path = Path(path_or_dict)
+    path = Path(userfiles.check_path(path_or_dict, "check_model_config"))
     if path.is_dir():
         path = path / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise PrecisionConfigError(
             f"check_model_config: no config.json at {path}. Pass a local checkpoint directory "
             f"(or its config.json, or the parsed dict)."
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise PrecisionConfigError(
-            f"check_model_config: {path} is not valid JSON ({exc.msg} at line {exc.lineno})."
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-        raise PrecisionConfigError(f"check_model_config: cannot read {path} ({why}).") from None
+        )
+    data = userfiles.read_json(path, "check_model_config:")
     if not isinstance(data, dict):
         raise PrecisionConfigError(
             f"check_model_config: {path} holds a JSON {type(data).__name__}, not the object "

@@ -1,8 +1,15 @@
-"""Writing what a command produces: atomically, to distinct paths, and noticing when the output
-the user asked for is lost.
+"""The one checked writer: what a command produces is written atomically, to distinct paths that
+were checked before any work, and the loss of an output the user asked for is noticed.
 
-- :func:`write_atomic` writes a file through a temporary file beside it and a rename, so a
-  crash, a full disk or Ctrl-C leaves the old file or the new one, never half of one.
+- :func:`check_output_path` refuses, before the run, a path the OS cannot take (a NUL byte, a
+  name over ``NAME_MAX`` bytes, a path over ``PATH_MAX``:
+  :func:`precision_plugin.userfiles.check_path`), a folder, a folder that does not exist or
+  cannot be written, and an image extension matplotlib cannot write; one line each, naming
+  the option.
+- :func:`write_atomic` (text) and :func:`write_with` (anything a function writes to a path, such
+  as a figure) write through a temporary file beside the target and a rename, so a crash, a
+  full disk or Ctrl-C leaves the old file or the new one, never half of one; both check the
+  path first, and an OS error is one line naming the option.
 - :func:`distinct_paths` refuses, before any work, an output path that is one of the inputs (it
   would be overwritten) or another output (one would overwrite the other).
 - :func:`console` is a rich console whose broken pipe (``precision-plugin probe | head -c 10``)
@@ -16,17 +23,83 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.userfiles import check_path
 
 #: The path that means standard output (``--json -``).
 STDOUT = "-"
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+def check_output_path(path: str | None, option: str, formats: Sequence[str] = ()) -> None:
+    """Refuse an output path the run could not write, before the run (not after it): one
+    ``PrecisionConfigError`` line naming ``option``. ``None`` (not asked) passes, and ``-``
+    (stdout) unless ``formats`` (the image formats a figure may take) is given."""
+    if path is None or (path == STDOUT and not formats):
+        return
+    if not str(path).strip():
+        example = "probe.png" if formats else "results.json ('-' for stdout)"
+        raise PrecisionConfigError(
+            f"{option}: the path is empty; pass a file path such as {example}"
+        )
+    target = Path(check_path(path, option))
+    if target.is_dir():
+        raise PrecisionConfigError(f"{option}: {path!r} is a folder; pass a file path inside it")
+    if target.exists() and not target.is_file() and not formats:
+        # A device or a named pipe (/dev/null, /dev/stdout) is written in place: only the
+        # target itself must be writable, whatever its folder (/dev, /proc/self/fd) allows.
+        if not os.access(target, os.W_OK):
+            raise PrecisionConfigError(
+                f"{option}: cannot write {path!r}: no write permission for it; pass a path you "
+                f"can write"
+            )
+        return
+    parent = target.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise PrecisionConfigError(
+            f"{option}: cannot write {path!r}: {str(parent)!r} is a file, not a folder; pass "
+            f"another path"
+        )
+    if not parent.is_dir():
+        raise PrecisionConfigError(
+            f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
+            f"or pass another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        where = str(target) if target.exists() else f"folder {str(parent)!r}"
+        raise PrecisionConfigError(
+            f"{option}: cannot write {path!r}: no write permission for {where}; pass a path "
+            f"you can write"
+        )
+    if not target.exists():
+        _check_creatable(path, option, parent)
+    suffix = target.suffix.lower().lstrip(".")
+    if formats and suffix not in formats:
+        raise PrecisionConfigError(
+            f"{option}: cannot write {path!r}: {suffix or 'no'} extension is not an image format "
+            f"matplotlib writes; use .png (or one of {', '.join(sorted(formats))})"
+        )
+
+
+def _check_creatable(path: str, option: str, folder: Path) -> None:
+    """Refuse a folder where no file can be created (``/proc``, a read-only mount), which the
+    permission bits do not show: by creating and removing a temporary file there."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".precision-plugin-check."):
+            pass
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"{option}: cannot write {path!r}: no file can be created in folder "
+            f"{str(folder)!r} ({exc.strerror or exc}); pass a path in another folder"
+        ) from None
+
+
+def write_atomic(path: str | os.PathLike[str], text: str, option: str = "output") -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and a
     rename; the temporary file is removed when anything fails. Returns the path.
 
@@ -34,11 +107,45 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     keeps its permissions, and a new one gets the usual ones (0666 less the umask), not the
     temporary file's 0600. Something that exists and is not a regular file (``/dev/null``,
     ``/dev/stdout``, a named pipe) is written in place: a rename would replace the device or
-    the pipe with a file."""
-    target = Path(path).expanduser()
-    if _special(target):
-        with open(target, "w", encoding="utf-8") as handle:
+    the pipe with a file. A path the OS cannot take is refused first, naming ``option``."""
+
+    def put(handle_path: Path) -> None:
+        with open(handle_path, "w", encoding="utf-8") as handle:
             handle.write(text)
+            handle.flush()
+            if not _special(handle_path):
+                os.fsync(handle.fileno())
+
+    return write_with(path, option, put, check=False)
+
+
+def write_with(
+    path: str | os.PathLike[str],
+    option: str,
+    write_to: Callable[[Path], Any],
+    *,
+    check: bool = True,
+) -> Path:
+    """Have ``write_to(temporary)`` write the output (a figure, a file of any kind), then rename
+    the temporary file (beside the target, with its suffix) onto ``path``, as
+    :func:`write_atomic` does; the path is checked first (:func:`check_path`; with ``check``
+    also :func:`check_output_path`), and an OS error is a ``PrecisionConfigError`` naming
+    ``option``. Returns the path."""
+    if check:
+        check_output_path(os.fspath(path), option)
+    target = Path(check_path(path, option))
+    try:
+        return _write_replacing(target, write_to)
+    except OSError as exc:
+        raise PrecisionConfigError(
+            f"{option}: cannot write {os.fspath(path)!r}: {exc.strerror or exc}; pass a path "
+            f"in a folder that exists and is writable, on a disk with room"
+        ) from None
+
+
+def _write_replacing(target: Path, write_to: Callable[[Path], Any]) -> Path:
+    if _special(target):
+        write_to(target)
         return target
     if target.is_symlink():
         target = target.resolve()
@@ -48,13 +155,13 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, temporary = tempfile.mkstemp(
+        prefix=f".{target.stem[:32]}.", suffix=f".tmp{target.suffix[:16]}", dir=target.parent
+    )
+    os.close(fd)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_to(Path(temporary))
+        os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -33,6 +33,13 @@ from precision_plugin.dtypes import (
     torch_dtype,
 )
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.userfiles import MAX_DEPTH as MAX_JSON_DEPTH  # noqa: F401
+from precision_plugin.userfiles import (  # noqa: F401 (the JSON reader's names, kept here)
+    DuplicateKeyError,
+    TooDeepError,
+    UserJSONError,
+    parse_json,
+)
 
 #: Environment variable read by
 #: [`PrecisionPolicy.from_env`][precision_plugin.policy.PrecisionPolicy.from_env] (and by vLLM
@@ -460,68 +467,6 @@ _SECTIONS: dict[str, type] = {
 }
 
 _T = TypeVar("_T")
-
-
-class UserJSONError(PrecisionConfigError):
-    """JSON a user wrote that :func:`parse_json` refuses although it parses (callers say where)."""
-
-
-class DuplicateKeyError(UserJSONError):
-    """A JSON object names one key twice (raised by :func:`parse_json`; callers say where)."""
-
-
-class TooDeepError(UserJSONError):
-    """JSON nested deeper than :data:`MAX_JSON_DEPTH` (raised by :func:`parse_json`)."""
-
-
-#: How deep user-written JSON may nest. The deepest the plugin reads is a chat prompt (a list of
-#: messages in an object in a list: 4); a DeepSpeed config nests 3. Deeper is no config, and
-#: Python's recursion limit would end reading it (or anything walking it) in a RecursionError.
-MAX_JSON_DEPTH = 64
-
-
-def _too_deep(data: Any) -> bool:
-    """True when ``data`` nests deeper than :data:`MAX_JSON_DEPTH` (walked without recursion)."""
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                return True
-            items = value.values() if isinstance(value, dict) else value
-            stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
-    return False
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKeyError(
-                f"the key {key!r} appears twice in one JSON object ({out[key]!r} and then "
-                f"{value!r}), and a JSON reader would keep only the last one, silently: keep one"
-            )
-        out[key] = value
-    return out
-
-
-def parse_json(text: str) -> Any:
-    """``json.loads`` for JSON a user wrote (the ``PRECISION_PLUGIN`` object, a DeepSpeed
-    config, a prompts file): a key given twice in one object is a
-    :class:`DuplicateKeyError` instead of the last one winning (DeepSpeed refuses such a
-    config; the plugin must read it as DeepSpeed would). JSON nested deeper than
-    :data:`MAX_JSON_DEPTH` is a :class:`TooDeepError`, never a ``RecursionError``."""
-    too_deep = TooDeepError(
-        f"the JSON nests deeper than {MAX_JSON_DEPTH} levels, which no configuration or prompt "
-        f"does (the deepest the plugin reads nests 4); write it flat"
-    )
-    try:
-        data = json.loads(text, object_pairs_hook=_unique_keys)
-    except RecursionError:
-        raise too_deep from None
-    if _too_deep(data):
-        raise too_deep
-    return data
 
 
 def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:

@@ -10,82 +10,24 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from precision_plugin.cli.argtypes import UsageError
 from precision_plugin.cli.process import PROG, OutputLost, stdout_usable, writing_stdout
+from precision_plugin.outputs import check_output_path
 from precision_plugin.progress import ProgressFn
-
-
-def check_output_path(path: str | None, option: str, formats: Sequence[str] = ()) -> None:
-    """Refuse an output path the run could not write, before the run (not after it)."""
-    if path is None or (path == "-" and not formats):
-        return
-    if not path.strip():
-        example = "probe.png" if formats else "results.json ('-' for stdout)"
-        raise UsageError(f"{option}: the path is empty; pass a file path such as {example}")
-    target = Path(path).expanduser()
-    if target.is_dir():
-        raise UsageError(f"{option}: {path!r} is a folder; pass a file path inside it")
-    if target.exists() and not target.is_file() and not formats:
-        # A device or a named pipe (/dev/null, /dev/stdout) is written in place: only the
-        # target itself must be writable, whatever its folder (/dev, /proc/self/fd) allows.
-        if not os.access(target, os.W_OK):
-            raise UsageError(
-                f"{option}: cannot write {path!r}: no write permission for it; pass a path you "
-                f"can write"
-            )
-        return
-    parent = target.resolve().parent
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(
-            f"{option}: cannot write {path!r}: {str(parent)!r} is a file, not a folder; pass "
-            f"another path"
-        )
-    if not parent.is_dir():
-        raise UsageError(
-            f"{option}: cannot write {path!r}: folder {str(parent)!r} does not exist; create it "
-            f"or pass another path"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK) or (
-        target.exists() and not os.access(target, os.W_OK)
-    ):
-        where = str(target) if target.exists() else f"folder {str(parent)!r}"
-        raise UsageError(
-            f"{option}: cannot write {path!r}: no write permission for {where}; pass a path "
-            f"you can write"
-        )
-    if not target.exists():
-        _check_creatable(path, option, parent)
-    suffix = target.suffix.lower().lstrip(".")
-    if formats and suffix not in formats:
-        raise UsageError(
-            f"{option}: cannot write {path!r}: {suffix or 'no'} extension is not an image format "
-            f"matplotlib writes; use .png (or one of {', '.join(sorted(formats))})"
-        )
-
-
-def _check_creatable(path: str, option: str, folder: Path) -> None:
-    """Refuse a folder where no file can be created (``/proc``, a read-only mount), which the
-    permission bits do not show: by creating and removing a temporary file there."""
-    import tempfile
-
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".precision-plugin-check."):
-            pass
-    except OSError as exc:
-        raise UsageError(
-            f"{option}: cannot write {path!r}: no file can be created in folder "
-            f"{str(folder)!r} ({exc.strerror or exc}); pass a path in another folder"
-        ) from None
+from precision_plugin.userfiles import check_path
 
 
 def _check_not_in_model(args: argparse.Namespace, outputs: dict[str, str | None]) -> None:
-    """Refuse an output path that is an existing file of the ``--model`` folder (its
+    """Refuse a ``--model`` path the OS cannot take (a name over ``NAME_MAX`` bytes, a NUL
+    byte), and an output path that is an existing file of the ``--model`` folder (its
     ``config.json``, weights or tokenizer): the results would replace part of the checkpoint."""
     model = getattr(args, "model", None)
+    if isinstance(model, str):
+        check_path(model, "--model")
     if not isinstance(model, str) or not Path(model).expanduser().is_dir():
         return
     folder = Path(model).expanduser().resolve()
@@ -100,17 +42,30 @@ def _check_not_in_model(args: argparse.Namespace, outputs: dict[str, str | None]
             )
 
 
+def _check_prompts_path(path: str) -> None:
+    """Before the run, the ``--prompts`` file: a path the OS can take and, when something is
+    there, a regular file within the data limit (a named pipe would block the reader,
+    ``/dev/zero`` never ends); a missing file is left to the prompts reader's own message."""
+    from precision_plugin import userfiles
+
+    if os.path.lexists(check_path(path, "prompts:")):
+        userfiles.regular_file(path, "prompts:", userfiles.MAX_DATA_BYTES)
+
+
 def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
-    """Run ``write_to(path)``; an OS error (permissions, full disk) becomes one line, exit 2."""
-    try:
-        write_to(Path(path).expanduser())
-    except OSError as exc:
-        raise UsageError(f"{option}: cannot write {path!r}: {exc.strerror or exc}") from None
+    """Have ``write_to`` write ``path`` through the one checked writer
+    ([`write_with`][precision_plugin.outputs.write_with]: a temporary file and a rename); an OS
+    error (permissions, full disk) becomes one line, exit 2. The path was checked before the
+    run (``check_outputs``)."""
+    from precision_plugin.outputs import write_with
+
+    write_with(path, option, write_to, check=False)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Before a long run: ``--json``, ``--plot`` and (the probe's) ``--attribution-plot``
-    writable, and the results kept somewhere."""
+    writable, ``--model`` and ``--prompts`` paths the OS can take (``--prompts`` a regular
+    file), and the results kept somewhere."""
     check_output_path(args.json, "--json")
     figures = {"--plot": args.plot, "--attribution-plot": getattr(args, "attribution_plot", None)}
     for option, path in figures.items():
@@ -127,6 +82,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     from precision_plugin.outputs import distinct_paths
 
     prompts = getattr(args, "prompts", None)
+    if isinstance(prompts, str) and prompts.strip():
+        _check_prompts_path(prompts)
     distinct_paths(
         {"--prompts": prompts} if prompts is not None else {},
         {"--json": args.json, **figures},
@@ -149,7 +106,7 @@ def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -
         return
     from precision_plugin.outputs import write_atomic
 
-    write(args.json, "--json", lambda path: write_atomic(path, text))
+    write_atomic(args.json, text, "--json")
     err.print(f"wrote {args.json}")
 
 

@@ -3,26 +3,24 @@
 YAML is parsed by the program's own loader: OmegaConf's (verl, AReaL: PyYAML's SafeLoader, a
 key given twice refused, ``1e-6`` a float) or PyYAML's ``safe_load`` (SGLang, slime); both read
 ``yes``/``on`` as true (YAML 1.1), and a quoted ``"false"`` as a string. A ``.json`` file is
-JSON. Every error names the file: not found, not readable, not UTF-8, not YAML/JSON, nested
-too deeply, not a mapping, and then whatever the dialect refuses (``verl:
+JSON. The file is read by the one reader (:mod:`precision_plugin.userfiles`), so every error
+names the file: not found, not a regular file, too big, not UTF-8 (with the byte's offset),
+not YAML/JSON, an alias bomb, nested too deeply, a mapping that contains itself, a list as a
+key, not a mapping, and then whatever the dialect refuses (``verl:
 actor_rollout_ref.rollout.dtpye in ppo.yaml is not a setting verl has (did you mean ...)``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import checked
 from precision_plugin.configs.reader import Dialect
 from precision_plugin.errors import PrecisionConfigError
-
-#: Deeper than this no program's config nests; deeper YAML/JSON is refused, never a
-#: RecursionError.
-MAX_DEPTH = 64
 
 
 def _omegaconf_loader() -> Any:
@@ -75,69 +73,24 @@ def replica_loader() -> Any:
     return Loader
 
 
-def _depth(data: Any) -> int:
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                return deepest
-            items = node.values() if isinstance(node, dict) else node
-            stack.extend((item, depth + 1) for item in items)
-    return deepest
-
-
 def parse_file(path: str | os.PathLike[str], dialect: Dialect) -> Any:
-    """The parsed contents of the YAML or JSON file ``path``, by ``dialect``'s program's rules;
-    every failure a ``PrecisionConfigError`` naming the file."""
+    """The parsed contents of the YAML or JSON file ``path``, by ``dialect``'s program's rules,
+    read through the one reader (:mod:`precision_plugin.userfiles`: a regular file within the
+    size limit, UTF-8, YAML aliases within the node budget, depth and cycles checked); every
+    failure a ``PrecisionConfigError`` naming the file."""
     import yaml
 
     name = os.fspath(path)
-    where = f"{dialect.program}: {name!r}"
-    try:
-        text = Path(name).expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PrecisionConfigError(
-            f"{where} does not exist; pass the config file's path."
-        ) from None
-    except IsADirectoryError:
-        raise PrecisionConfigError(f"{where} is a folder, not a config file.") from None
-    except UnicodeDecodeError:
-        raise PrecisionConfigError(
-            f"{where} is not UTF-8 text; pass the YAML or JSON file."
-        ) from None
-    except OSError as exc:
-        raise PrecisionConfigError(f"{where} cannot be read ({exc.strerror or exc}).") from None
-    try:
-        if name.endswith(".json"):
-            data = json.loads(text)
-        elif dialect.style in ("omegaconf", "structured"):
-            data = yaml.load(text, Loader=_omegaconf_loader())
-        else:
-            data = yaml.safe_load(text)
-    except RecursionError:
-        data = None
-        deep = True
-    except json.JSONDecodeError as exc:
-        raise PrecisionConfigError(
-            f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
-        ) from None
-    except yaml.YAMLError as exc:
-        raise PrecisionConfigError(
-            f"{where} is not valid YAML ({' '.join(str(exc).split())})."
-        ) from None
+    where = f"{dialect.program}:"
+    if name.endswith(".json"):
+        data = userfiles.read_json(name, where)
     else:
-        deep = _depth(data) > MAX_DEPTH
-    if deep:
-        raise PrecisionConfigError(
-            f"{where} nests deeper than {MAX_DEPTH} levels, which no {dialect.program} config "
-            f"does; write it flat."
-        )
+        loader = _omegaconf_loader() if dialect.style in ("omegaconf", "structured") else None
+        data = userfiles.read_yaml(name, where, loader or yaml.SafeLoader)
     if not isinstance(data, dict):
         raise PrecisionConfigError(
-            f"{where} holds a {type(data).__name__}, not the mapping of settings a "
-            f"{dialect.program} config is."
+            f"{where} {userfiles.shown(name)} holds a {type(data).__name__}, not the mapping of "
+            f"settings a {dialect.program} config is."
         )
     return data
 

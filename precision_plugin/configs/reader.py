@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, one_of
 from precision_plugin.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
@@ -169,7 +170,10 @@ class Dialect:
     def read_mapping(self, data: Any, source: str) -> dict[str, Any]:
         """The known keys of ``data`` (nested mappings/objects or dotted keys), each read as the
         program reads it, by dotted path; typos of known keys refused."""
-        flat = flatten(data)
+        try:
+            flat = flatten(data)
+        except userfiles.UserDataError as exc:
+            raise PrecisionConfigError(f"{self.program}: {source} {exc}.") from None
         if self.style == "argparse":  # a YAML of flags (SGLang's --config): --kv-cache-dtype
             flat = {path.replace("-", "_"): value for path, value in flat.items()}
         known = list(self.by_path)
@@ -288,18 +292,39 @@ def _items(data: Any) -> Any:
 def flatten(data: Any) -> dict[str, Any]:
     """A nested config (mappings, OmegaConf containers, namespaces, dataclasses) as
     ``{dotted.path: leaf}``; a mapping's dotted keys are kept as written. Walked without
-    recursion, so a config nested thousands of levels deep is read, not a RecursionError."""
+    recursion, so a config nested thousands of levels deep is read, not a RecursionError; a
+    container that holds itself is a ``userfiles.CycleError`` and more than
+    ``userfiles.MAX_NODES`` values (shared ones counted each time) a ``userfiles.TooLargeError``,
+    never an endless walk."""
     out: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [("", data)]
+    stack: list[tuple[str, Any, bool]] = [("", data, False)]
+    on_path: set[int] = set()
+    count = 0
     while stack:
-        prefix, node = stack.pop()
+        prefix, node, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        count += 1
+        if count > userfiles.MAX_NODES:
+            raise userfiles.TooLargeError(
+                f"holds more than {userfiles.MAX_NODES:,} values (shared ones counted each time "
+                f"they are used), which no configuration does; write it out plainly"
+            )
         items = _items(node)
         if items is None or (prefix and not items):
             if prefix:
                 out[prefix] = node
             continue
+        if id(node) in on_path:
+            raise userfiles.CycleError(
+                f"holds a container that contains itself (at {prefix!r}), which has no end; "
+                f"write the values out"
+            )
+        on_path.add(id(node))
+        stack.append((prefix, node, True))
         for key, value in reversed(items):
-            stack.append((f"{prefix}.{key}" if prefix else str(key), value))
+            stack.append((f"{prefix}.{key}" if prefix else str(key), value, False))
     return out
 
 

@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import checked, fix_hint
 from precision_plugin.conflicts import settle_conflict
 from precision_plugin.errors import PrecisionConfigError
@@ -56,9 +57,13 @@ _BF16_OLD, _AUTOCAST = "bfloat16", "torch_autocast"
 def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """Return a deep copy of ``cfg``: a dict, a path to a JSON file, or a JSON string."""
     if isinstance(cfg, Mapping):
+        try:
+            userfiles.check_tree(cfg)
+        except userfiles.UserDataError as exc:
+            raise PrecisionConfigError(f"DeepSpeed config (a dict): {exc}.") from None
         return copy.deepcopy(dict(cfg))
     text = os.fspath(cfg)
-    if os.path.exists(text):
+    if not text.lstrip().startswith(("{", "[")) and ("\0" in text or os.path.lexists(text)):
         data = _read_json_file(text)
     else:
         try:
@@ -68,6 +73,7 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
                 f"DeepSpeed config (JSON string): {exc} (DeepSpeed refuses such a config)."
             ) from None
         except json.JSONDecodeError:
+            userfiles.check_path(text, "DeepSpeed config")  # a path the OS cannot take
             raise PrecisionConfigError(
                 f"DeepSpeed config: {text!r} is neither an existing file nor JSON. Pass a "
                 f"dict, a path to a DeepSpeed JSON config, or a JSON string."
@@ -80,34 +86,9 @@ def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, An
 
 
 def _read_json_file(path: str) -> Any:
-    """Parse a JSON config file; every way it can fail names the file and what is wrong."""
-    if os.path.isdir(path):
-        raise PrecisionConfigError(
-            f"DeepSpeed config {path!r} is a folder, not a file; pass the path of the JSON "
-            f"config inside it (e.g. {os.path.join(path, 'ds_config.json')!r})."
-        )
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return parse_json(fh.read())
-    except UserJSONError as exc:
-        raise PrecisionConfigError(
-            f"DeepSpeed config {path!r}: {exc} (DeepSpeed refuses such a config)."
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise PrecisionConfigError(
-            f"DeepSpeed config {path!r} is not valid JSON ({exc.msg} at line "
-            f"{exc.lineno}, column {exc.colno}). Fix the file, or pass the config as a dict."
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise PrecisionConfigError(
-            f"DeepSpeed config {path!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
-            f"offset {exc.start}); DeepSpeed configs are JSON files: save it as UTF-8."
-        ) from None
-    except OSError as exc:
-        raise PrecisionConfigError(
-            f"DeepSpeed config {path!r} cannot be read ({exc.strerror or exc}); check the path "
-            f"and its permissions."
-        ) from None
+    """Parse a JSON config file through the one reader (a regular file within the size limit,
+    UTF-8, a key given twice refused, depth checked); every failure names the file."""
+    return userfiles.read_json(path, "DeepSpeed config", note=" (DeepSpeed refuses such a config)")
 
 
 @checked(cfg=_AS_DICT)

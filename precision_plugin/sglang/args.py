@@ -14,7 +14,6 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 from precision_plugin.boundary import Invalid, Validator, checked
@@ -128,25 +127,13 @@ def field_parser(
 
 
 def read_yaml(path: str, flag: str) -> Any:
-    """The parsed YAML file ``flag`` names; an unreadable or malformed file is a
-    ``PrecisionConfigError`` naming the flag."""
-    import yaml
+    """The parsed YAML file ``flag`` names, read as PyYAML's ``safe_load`` does through the one
+    reader (:mod:`precision_plugin.userfiles`: a regular file within the size limit, UTF-8,
+    aliases within the node budget, depth, cycles and keys checked); every failure a
+    ``PrecisionConfigError`` naming the flag and the file."""
+    from precision_plugin import userfiles
 
-    try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PrecisionConfigError(
-            f"{flag} {path!r} cannot be read ({exc.strerror}); pass the path of the YAML file "
-            f"the framework would read."
-        ) from None
-    except yaml.YAMLError as exc:
-        text = " ".join(str(exc).split())
-        raise PrecisionConfigError(f"{flag} {path!r} is not valid YAML ({text}).") from None
-    except RecursionError:
-        raise PrecisionConfigError(
-            f"{flag} {path!r} nests too deeply to read (no server config nests more than a few "
-            f"levels); write it flat."
-        ) from None
+    return userfiles.read_yaml(path, flag)
 
 
 def _config_args(path: str) -> list[str]:

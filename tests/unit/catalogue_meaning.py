@@ -824,7 +824,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
         cfg,
         sglang_argv("--config", sglang_yaml("a:\n" + "  " * 1 + "[" * 3000 + "]" * 3000)),
         "--config",
-        "nests too deeply",
+        "nests deeper than 64 levels",
     )
     bad(
         "sglang config is a list",

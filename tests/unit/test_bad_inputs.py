@@ -30,6 +30,7 @@ import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.cli import main
 from precision_plugin.mismatch import SUM_FIELDS
+from tests.unit.catalogue_files import rows as _file_rows
 from tests.unit.catalogue_meaning import rows as _meaning_rows
 from tests.unit.state import assert_unchanged as _assert_unchanged
 from tests.unit.state import snapshot as _snapshot
@@ -1146,6 +1147,11 @@ AUDIT_SURFACES: list[Case] = [
 #: files and streams, deep structures, generation settings, progress): tests/unit/catalogue_meaning.py
 MEANING_SURFACES: list[Case] = [Case(**row) for row in _meaning_rows(sys.modules[__name__])]
 
+#: Issue 52, classes 1-2: files that are not plain files or too big, paths the OS refuses; each
+#: run in a forked child with a memory cap and a time limit (a hang fails, never hangs):
+#: tests/unit/catalogue_files.py
+FILE_SURFACES: list[Case] = [Case(**row) for row in _file_rows(sys.modules[__name__])]
+
 CASES: list[Case] = [
     # 1. numbers that validate but cannot work; wrong types and values of the policy
     Case("dtype fp8", "policy", policy(dtype="fp8"), names=("dtype", "fp8")),
@@ -1733,7 +1739,7 @@ CASES: list[Case] = [
         lambda t: __import__("precision_plugin.vllm", fromlist=["x"]).check_model_config(
             write(t, "m/config.json", b"\xff")
         ),
-        names=("cannot read",),
+        names=("config.json", "not UTF-8", "byte 0xff at offset 0"),
     ),
     Case(
         "verify_engine None",
@@ -1929,6 +1935,7 @@ CASES: list[Case] = [
     *NEW_SURFACES,
     *AUDIT_SURFACES,
     *MEANING_SURFACES,
+    *FILE_SURFACES,
 ]
 
 

@@ -71,8 +71,8 @@ def test_write_atomic_writes_a_pipe_or_device_in_place(tmp_path):
 def test_a_pipe_is_a_writable_output_path_whatever_its_folder_allows(tmp_path):
     # /dev/stdout leads to /proc/self/fd, where no file can be created: the pre-run check
     # asked for that, and a device is written in place, so only the device must be writable.
-    from precision_plugin.cli.argtypes import UsageError
     from precision_plugin.cli.output import check_output_path
+    from precision_plugin.errors import PrecisionConfigError
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -81,7 +81,7 @@ def test_a_pipe_is_a_writable_output_path_whatever_its_folder_allows(tmp_path):
         assert check_output_path(str(fifo), "--json") is None
         fifo.chmod(0o400)
         if not os.access(fifo, os.W_OK):  # root may write anything
-            with pytest.raises(UsageError) as refused:
+            with pytest.raises(PrecisionConfigError) as refused:
                 check_output_path(str(fifo), "--json")
             assert str(refused.value) == (
                 f"--json: cannot write {str(fifo)!r}: no write permission for it; pass a path "
