@@ -22,7 +22,7 @@ growing noise to the rollout log-probs the batch reports while the engine itself
 every K steps and ``--rollout-batch 1`` makes HFRollout sample and score one sequence at a time
 (batch-invariant: precision level 2).
 ``--model PATH`` trains a local checkpoint (loaded in float32: the plugin keeps master weights
-fp32 and autocast computes in the policy dtype); ``--rollout vllm-colocate`` / ``--rollout
+fp32 and autocast computes in the policy dtype); ``--engine vllm-colocate`` / ``--engine
 vllm-server`` sample with vLLM instead (GPU; the plugin starts a colocated engine in the policy
 dtype; a server must run with ``PRECISION_PLUGIN=<dtype>``).
 """
@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import sys
 
     from precision_plugin.audit import render
+    from precision_plugin.cli.argtypes import RenamedOption
     from precision_plugin.provenance import write_results
     from precision_plugin.trl import HFRollout
 
@@ -316,9 +317,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="a local checkpoint (default: built in code)")
+    engines = ["hf", "trl", "vllm-colocate", "vllm-server"]
+    parser.add_argument("--engine", choices=engines, default="hf", help="the rollout engine")
     parser.add_argument(
-        "--rollout", choices=["hf", "trl", "vllm-colocate", "vllm-server"], default="hf"
-    )
+        "--rollout", dest="engine", choices=engines, action=RenamedOption, new="--engine",
+        help=argparse.SUPPRESS,  # the old name of --engine (probe's --rollout: its settings)
+    )  # fmt: skip
     parser.add_argument(
         "--entry",
         choices=["enable", "callback"],
@@ -340,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--strict", action="store_true", help="strictness='error'")
     options = parser.parse_args(argv)
-    if options.drill and options.rollout != "hf":
-        parser.error("--drill needs --rollout hf (the drills act on HFRollout's copy)")
+    if options.drill and options.engine != "hf":
+        parser.error("--drill needs --engine hf (the drills act on HFRollout's copy)")
     settings: dict[str, Any] = {"dtype": options.dtype}
     if options.canary_every is not None:
         settings["metrics"] = {"canary_every": options.canary_every}
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fp16=options.dtype == "float16",
             bf16=options.dtype == "bfloat16",
         )
-    if options.rollout == "hf":
+    if options.engine == "hf":
         rollout_args = {"dtype": options.dtype, "max_batch": options.rollout_batch}
         entry["rollout_func"] = (
             DrillRollout(*options.drill, **rollout_args) if options.drill
@@ -367,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = build_trainer(
             options.output_dir or tempfile.mkdtemp(),
             options.max_steps,
-            rollout=options.rollout,
+            rollout=options.engine,
             model_path=options.model,
             seed=options.seed,
             **entry,

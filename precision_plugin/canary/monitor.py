@@ -328,9 +328,11 @@ class CanaryMonitor:
             f"check while the canary stayed within its band: the policy is moving into tokens "
             f"the engines disagree on more; the engines themselves have not changed"
         )
-        if not self._noted_policy:
+        if not self._noted_policy:  # said once, where a default log shows it (no alarm)
             self._noted_policy = True
-            log.info("precision_plugin: canary at step %d: %s.", step, reason)
+            log.warning(
+                "precision_plugin: canary at step %d: policy_moving (no alarm): %s.", step, reason
+            )
         return "policy_moving", reason
 
     def _raise_alarm(self, check: CanaryCheck) -> None:

@@ -92,3 +92,28 @@ def single_dtype(text: str) -> str:
         return normalize_dtype(text, field_name="--dtype")
     except PrecisionPluginError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--dtype: ")) from None
+
+
+class RenamedOption(argparse.Action):
+    """An old option name kept working for one renamed: it stores into the new option's ``dest``
+    and says, once per use on stderr, which name to use (``--rollout`` took the engine in the
+    recipes and ``verl-overrides``; it now means the rollout's settings, as in ``probe``)."""
+
+    def __init__(self, *args: object, new: str, **kwargs: object) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import sys
+
+        sys.stderr.write(
+            f"{PROG}: warning: {option_string} {values} is deprecated here: use {self.new} "
+            f"{values} ({option_string} means the rollout's own settings, as in probe).\n"
+        )
+        setattr(namespace, self.dest, values)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.cli.argtypes import single_dtype
+from precision_plugin.cli.argtypes import RenamedOption, single_dtype
 from precision_plugin.cli.exit_codes import ExitCode
 from precision_plugin.cli.process import writing_stdout
 
@@ -39,10 +39,18 @@ def add_parser(sub: Any, engines: Sequence[str] = ()) -> None:
         "--verl-version", default=None, help="verl version to target (default: the installed one)"
     )
     verl.add_argument(
-        "--rollout",
+        "--engine",
         choices=("vllm", "sglang"),
         default="vllm",
         help="rollout engine, verl's actor_rollout_ref.rollout.name (default: vllm)",
+    )
+    verl.add_argument(
+        "--rollout",
+        dest="engine",
+        choices=("vllm", "sglang"),
+        action=RenamedOption,
+        new="--engine",
+        help=argparse.SUPPRESS,  # the old name of --engine
     )
 
 
@@ -55,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype:
         policy = policy.replace(dtype=args.dtype)
     lines = overrides(
-        policy, verl_version=args.verl_version, strategy=args.strategy, rollout=args.rollout
+        policy, verl_version=args.verl_version, strategy=args.strategy, rollout=args.engine
     )
     with writing_stdout():
         sys.stdout.write("\n".join(lines) + "\n")

@@ -145,7 +145,7 @@ def verify_model_config(model_config: Any, policy: PrecisionPolicy, *, draft: bo
     )
     fix = (
         f"pass dtype={sglang_dtype(policy)} where the framework builds SGLang's arguments "
-        f"(verl: $(precision-plugin verl-overrides --rollout sglang); slime: --fp16 or "
+        f"(verl: $(precision-plugin verl-overrides --engine sglang); slime: --fp16 or "
         f"--sglang-dtype; AReaL: sglang.dtype), or use the consistent-bf16 mode"
     )
     if policy.strictness == "error":

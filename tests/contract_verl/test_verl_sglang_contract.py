@@ -84,7 +84,7 @@ def test_sglang_traps_in_verls_config():
 
 
 def test_the_command_line_with_rollout_sglang_composes():
-    cli = [sys.executable, "-m", "precision_plugin", "verl-overrides", "--rollout", "sglang"]
+    cli = [sys.executable, "-m", "precision_plugin", "verl-overrides", "--engine", "sglang"]
     text = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
     cfg = compose_verl([*SGLANG, *text.split()])
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)

@@ -151,6 +151,21 @@ def test_policy_moving_when_the_batch_mismatch_grows_and_the_canary_holds() -> N
     assert monitor.alarm is None and all(c.in_band for c in monitor.checks)
 
 
+def test_policy_moving_is_said_once_where_a_default_log_shows_it(caplog) -> None:
+    """Issue 54: documented as "said once", it was logged at INFO and a strict drill printed
+    nothing: one WARNING, at the first policy_moving check, none after."""
+    rng = random.Random(5)
+    learner = _logps(rng)
+    monitor = CanaryMonitor(strictness="error")
+    with caplog.at_level(logging.WARNING, logger="precision_plugin"):
+        for i in range(6):
+            monitor.check(i, learner, _noisy(learner, rng, 1e-3), batch_k3=1e-6 * 10**i)
+            learner = _moved(learner, rng)
+    said = [r for r in caplog.records if "policy_moving" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert said[0].getMessage().startswith("precision_plugin: canary at step 2: policy_moving")
+
+
 def test_strict_raises_a_canary_alarm_error_with_the_verdict() -> None:
     rng = random.Random(2)
     learner = _logps(rng)

@@ -47,3 +47,39 @@ def test_measuring_commands_share_one_output_path() -> None:
         source = inspect.getsource(module.run)
         assert "check_outputs(args)" in source and "run_and_report(" in source, module
         assert "emit_json" not in inspect.getsource(module) and "_write" not in source
+
+
+def test_rollout_means_the_rollouts_settings_and_its_old_engine_meaning_is_renamed(capsys):
+    """Issue 54: --rollout took sampling settings in probe and the engine in grpo_fp16.py and
+    verl-overrides. It is --engine there now; --rollout still works there and says so."""
+    assert main(["verl-overrides", "--engine", "sglang", "--verl-version", "0.9.1"]) == 0
+    new = capsys.readouterr()
+    assert main(["verl-overrides", "--rollout", "sglang", "--verl-version", "0.9.1"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and "engine_kwargs.sglang.dtype" in new.out
+    assert old.err == (
+        "precision-plugin: warning: --rollout sglang is deprecated here: use --engine sglang "
+        "(--rollout means the rollout's own settings, as in probe).\n"
+    )
+    assert new.err == ""
+
+
+def test_the_trl_recipe_takes_engine_and_its_old_name(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    path = Path(__file__).parents[2] / "integrations" / "trl" / "grpo_fp16.py"
+    spec = importlib.util.spec_from_file_location("grpo_fp16_recipe", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    for flag in ("--engine", "--rollout"):
+        with pytest.raises(SystemExit) as stop:  # refused after parsing: the drill needs hf
+            recipe.main([flag, "trl", "--drill", "stale-weights@2"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "--drill needs --engine hf" in err
+        assert ("--rollout trl is deprecated here: use --engine trl" in err) == (
+            flag == "--rollout"
+        )
