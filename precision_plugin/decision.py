@@ -27,6 +27,7 @@ variable (policy fields ``dtype`` and ``overflow.keep_fp32_modules``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -110,6 +111,27 @@ class Attribution:
 
 @checked
 @dataclass(frozen=True)
+class Configured:
+    """The rollout as configured (``probe --rollout``): its ``settings`` in words
+    (``kv_cache_dtype=fp8_e4m3``) and each low-precision dtype's evidence under them, measured
+    on the attribution's samples; the target length and batch are the decision's."""
+
+    settings: str
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    target: int = 0
+    batch: int = 0
+
+    def clause(self, dtype: str) -> str:
+        """``as configured (<settings>), <dtype> at <target> tokens keeps ... (<verdict>)``."""
+        e = self.evidence[dtype]
+        return (
+            f"as configured ({self.settings}), {dtype} at {self.target:,} tokens keeps "
+            f"{_kept(e)} of a batch of {self.batch:,} ({e.verdict})"
+        )
+
+
+@checked
+@dataclass(frozen=True)
 class Decision:
     """What to do: ``action`` (``train``, ``either``, ``undecided``, ``fix_setup``,
     ``fix_model``, ``nothing``), the ``dtype`` and ``keep_fp32_modules`` to train with, which
@@ -126,11 +148,21 @@ class Decision:
     num_prompts: int | None = None
     reasons: tuple[str, ...] = field(default_factory=tuple)
     change_first: str = ""
+    #: The dtypes DeepSpeed's accelerator runs on the machine that measured (``{"float16":
+    #: False, "bfloat16": True}``; empty: not known): the DeepSpeed form says when it refuses.
+    deepspeed_runs: dict[str, bool] = field(default_factory=dict)
 
     @property
     def forms(self) -> dict[str, str]:
         """How to apply it: ``python``, ``deepspeed`` and ``env`` (empty without a dtype)."""
-        return apply_forms(self.dtype, self.keep_fp32_modules) if self.dtype else {}
+        if not self.dtype:
+            return {}
+        forms = apply_forms(self.dtype, self.keep_fp32_modules)
+        if self.deepspeed_runs.get(self.dtype) is False:
+            forms["deepspeed"] = _deepspeed_elsewhere(
+                self.dtype, forms["deepspeed"], self.deepspeed_runs
+            )
+        return forms
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -164,6 +196,18 @@ def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, 
         "deepspeed": f'"precision_plugin": {json.dumps(entry)}',
         "env": f"PRECISION_PLUGIN={env}" if not modules else f"PRECISION_PLUGIN='{env}'",
     }
+
+
+def _deepspeed_elsewhere(dtype: str, form: str, runs: Mapping[str, bool]) -> str:
+    """The DeepSpeed form where this machine's DeepSpeed accelerator refuses ``dtype`` (as
+    ``doctor`` reports it): the form for a device that runs it, and what runs here."""
+    short = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+    here = [d for d in ("bfloat16", "float16") if d != dtype and runs.get(d)]
+    instead = f'; here: "precision_plugin": {{"dtype": "{here[0]}"}} on both sides' if here else ""
+    return (
+        f"{form} on a device whose DeepSpeed runs {short} (this machine's DeepSpeed "
+        f"accelerator has no {short}, as precision-plugin doctor says{instead})"
+    )
 
 
 def percent(value: Any) -> str:
@@ -220,10 +264,14 @@ def _compose(
     num_prompts: int | None = None,
     chosen: Evidence | None = None,
     change: Attribution | None = None,
+    configured: Configured | None = None,
+    deepspeed_runs: Mapping[str, bool] | None = None,
 ) -> Decision:
     first = ""
     if change is not None and action not in ("fix_setup", "fix_model", "nothing"):
-        text, by, first = _with_change(text, by, dtype, change, reasons)
+        text, by, first = _with_change(text, by, dtype, change, reasons, configured)
+    if not first and configured is not None and dtype in configured.evidence:
+        reasons.append(configured.clause(dtype))
     keep = headroom.modules if dtype == "float16" and headroom.action == "keep_fp32_modules" else ()
     if keep:
         reasons.append(
@@ -235,17 +283,25 @@ def _compose(
             f"{chosen.dtype} still loses more than half: generate shorter, or train with a "
             f"correction (verl's Seq-MIS, TRL's sequence_mask) and watch its masked share"
         )
-    d = Decision(action, dtype, by, "", tuple(keep), num_prompts, tuple(reasons), first)
+    runs = dict(deepspeed_runs or {})
+    d = Decision(action, dtype, by, "", tuple(keep), num_prompts, tuple(reasons), first, runs)
     line = text + ("; " + "; ".join(reasons) if reasons else "")
     if dtype:
         line += f". {_how(d)}"
-    return Decision(action, dtype, by, line + ".", tuple(keep), num_prompts, tuple(reasons), first)
+    return dataclasses.replace(d, line=line + ".")
 
 
 def _with_change(
-    text: str, by: str, dtype: str | None, change: Attribution, reasons: list[str]
+    text: str,
+    by: str,
+    dtype: str | None,
+    change: Attribution,
+    reasons: list[str],
+    configured: Configured | None = None,
 ) -> tuple[str, str, str]:
-    """Fold the attribution into a dtype decision: (text, decided_by, change_first)."""
+    """Fold the attribution into a dtype decision: (text, decided_by, change_first). With the
+    rollout as configured measured, the line reads in order: what to change first, what the
+    rollout keeps as configured now, then the dtype with the rollout at its defaults."""
     if not change.dominates:
         if change.cause == "dtype" and change.dtype == "bfloat16" and dtype == "float16":
             reasons.append(
@@ -256,7 +312,13 @@ def _with_change(
     if by in ("overflow", "headroom"):  # a dtype that cannot run leads; the setting follows
         reasons.append("then " + change.clause())
         return text, by, change.setting
-    return f"do: {change.clause()}; then {text.removeprefix('do: ')}", "attribution", change.setting
+    now = ""
+    if configured is not None and change.dtype in configured.evidence:
+        now = f"; {configured.clause(change.dtype)}"
+        text = f"then, with the rollout settings at their defaults, {text.removeprefix('do: ')}"
+    else:
+        text = f"then {text.removeprefix('do: ')}"
+    return f"do: {change.clause()}{now}; {text}", "attribution", change.setting
 
 
 @checked
@@ -269,15 +331,23 @@ def decide(
     headroom: Headroom | None = None,
     refused: str | None = None,
     attribution: Attribution | None = None,
+    configured: Configured | None = None,
+    deepspeed_runs: Mapping[str, bool] | None = None,
 ) -> Decision:
     """The decision (see the module docstring). ``evidence``: the low-precision dtypes by name;
     ``target``/``batch``: the length and batch size the ``kept`` figures are for; ``valid``:
     the float32 self-check passed; ``refused``: why a rollout engine will not run float16;
-    ``attribution``: the attribution's change-first (``probe --attribute``), when it ran."""
+    ``attribution``: the attribution's change-first (``probe --attribute``), when it ran;
+    ``configured``: the rollout as configured (``probe --rollout``), said beside the dtype's
+    figures, which are the default rollout's; ``deepspeed_runs``: the dtypes DeepSpeed's
+    accelerator runs on this machine, for the DeepSpeed form of ``apply:``."""
     headroom = headroom or Headroom()
 
     def _finish(*args: Any, **kwargs: Any) -> Decision:
-        return _compose(*args, change=attribution, **kwargs)
+        return _compose(
+            *args, change=attribution, configured=configured, deepspeed_runs=deepspeed_runs,
+            **kwargs,
+        )  # fmt: skip
 
     if not valid:
         return _finish(

@@ -26,8 +26,8 @@ def provenance(command: str | Sequence[str]) -> dict[str, Any]:
     """The provenance of a result produced now by ``command`` (a string, or argv words).
 
     ``{"command", "date" (UTC, ISO 8601), "versions" (precision_plugin and every installed
-    framework it knows), "machine" (platform, Python, CPU count, load average, CPU kernels:
-    :func:`cpu_kernels`)}``.
+    framework it knows), "machine" (platform, Python, CPU count, CPU model, load average, CPU
+    kernels: :func:`cpu_kernels`)}``.
     """
     if not isinstance(command, str):
         command = shlex.join(str(word) for word in command)
@@ -45,6 +45,7 @@ def provenance(command: str | Sequence[str]) -> dict[str, Any]:
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "cpu": cpu_model(),
             "load_average": load,
             "kernels": cpu_kernels(),
         },
@@ -59,6 +60,20 @@ KERNEL_CAPS = (
     "DNNL_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
 )
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``AMD EPYC 7B13``), from ``/proc/cpuinfo`` on Linux, else what
+    ``platform.processor()`` says; ``None`` where neither says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:  # the kernel's
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def cpu_kernels() -> dict[str, Any]:

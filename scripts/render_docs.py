@@ -98,13 +98,69 @@ def _provenance(data: dict[str, Any]) -> str:
     load = machine.get("load_average")
     load_text = f", load average {load[0]:g}" if load else ""
     kernels = machine.get("kernels") or {}
-    kernel_text = ""
-    if kernels.get("capability"):  # results files written since provenance records kernels
+    # results files written since provenance records them name the CPU and its kernels
+    cpu_text = f" ({machine['cpu']})" if machine.get("cpu") else ""
+    if kernels.get("capability"):
         caps = " ".join(f"{k}={v}" for k, v in kernels.get("caps", {}).items())
         kernel_text = f", torch {kernels['capability']} kernels" + (f" ({caps})" if caps else "")
+    else:
+        kernel_text = ", CPU kernels not recorded"
     return (
         f"Produced by `{p['command']}` on {p['date'][:10]} ({versions}; "
-        f"{machine['cpus']} CPUs{kernel_text}{load_text})."
+        f"{machine['cpus']} CPUs{cpu_text}{kernel_text}{load_text})."
+    )
+
+
+#: How much each kind of published figure varies from machine to machine.
+MISMATCH = (
+    "Mismatch figures vary with the CPU's kernels: k3 and the bfloat16/float16 ratio by the "
+    "spread over seeds and kernel settings in "
+    "[Testing](testing.md#how-much-the-figures-vary), the float32 floor by about a factor of "
+    "two; the verdicts hold on every setting there."
+)
+TIMING = (
+    "Times and memory vary with the CPU and its load (the load average above): compare runs "
+    "made on one machine."
+)
+TRAINING = (
+    "Training figures vary with the seed and the CPU's kernels (every step's rounding); the "
+    "verdicts are over the seeds run."
+)
+LADDER = (
+    "Whether a batch of N gives the log-probs of batch 1 bit for bit depends on the CPU's "
+    "kernels: the padded float16 engine reaches level 2 on some CPUs, level 1 on this one."
+)
+SPREAD = "This table is the spread itself: the same runs over seeds and kernel settings."
+#: What varies, by results file (``fnmatch`` patterns on its name, the first that matches):
+#: every provenance line says it, and a results file without an entry is not rendered.
+VARIES: tuple[tuple[str, str], ...] = (
+    ("kernel-margins", SPREAD),
+    ("canary-levels", LADDER),
+    ("canary-overhead", TIMING),
+    ("canary-*", TRAINING),
+    ("sanity-long-timing", TIMING),
+    ("sanity*", TRAINING),
+    ("trl-grpo-*", TRAINING),
+    ("bench-kv-rounding", MISMATCH),
+    ("bench-*", TIMING),
+    ("probe-*", MISMATCH),
+    ("smollm2-*", MISMATCH),
+    ("attribution-*", MISMATCH),
+    ("rope-buffers", MISMATCH),
+    ("vllm-cpu-*", MISMATCH),
+)
+
+
+def varies(name: str) -> str:
+    """What varies in ``docs/results/NAME.json``'s figures, from :data:`VARIES`."""
+    import fnmatch
+
+    for pattern, text in VARIES:
+        if fnmatch.fnmatchcase(name, pattern):
+            return text
+    raise RenderError(
+        f"docs/results/{name}.json has no entry in scripts/render_docs.py's VARIES; add one "
+        f"that says how much its figures vary from machine to machine"
     )
 
 
@@ -307,10 +363,14 @@ def _rich_text(renderable: Any, width: int = 110) -> str:
 
 @view("probe-table")
 def _probe_table(data: dict[str, Any]) -> str:
-    """The probe's table with its lines and what to do, as ``precision-plugin probe`` prints it."""
-    from precision_plugin.probe.table import render_probe_table
+    """The probe's table with its lines, then what to do, as ``precision-plugin probe`` prints
+    them (the table's legend is behind ``--explain``; docs/cli.md explains the columns)."""
+    from rich.console import Group
+    from rich.text import Text
 
-    return _rich_text(render_probe_table(data))
+    from precision_plugin.probe.table import render_decision, render_probe_table
+
+    return _rich_text(Group(render_probe_table(data), Text(render_decision(data))))
 
 
 @view("probe-layerwise")
@@ -685,6 +745,8 @@ def _render(name: str, view_name: str) -> str:
             factor, _, fmt = fmt[1:].partition(":")
             value = value * float(factor)
         return format(value, fmt)
+    if view_name == "provenance":  # the machine, and how much the figures vary
+        return f"{_provenance(data)} {varies(name)}"
     if view_name not in VIEWS:
         raise RenderError(
             f"unknown view {view_name!r} (known: value:PATH[:FORMAT], {', '.join(sorted(VIEWS))})"

@@ -15,6 +15,7 @@ from precision_plugin.cli.argtypes import (
 )
 from precision_plugin.cli.exit_codes import ExitCode
 from precision_plugin.cli.output import check_outputs, run_and_report
+from precision_plugin.errors import PrecisionConfigError
 
 
 def engine_names() -> list[str]:
@@ -128,6 +129,11 @@ def add_parser(sub: Any, engines: Sequence[str]) -> None:
     from precision_plugin.probe.attribution.cli import add_attribution_options
 
     add_attribution_options(probe)
+    probe.add_argument(
+        "--explain",
+        action="store_true",
+        help="also say what each column and verdict of the table means",
+    )
     probe.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     probe.add_argument(
         "--plot", metavar="FILE.png", help="write the offline-mismatch figure (needs matplotlib)"
@@ -140,14 +146,19 @@ def _plot(result: Any, path: Path) -> None:
     plot_probe(result, path)
 
 
-def _tables(result: Any) -> Iterable[Any]:
+def _tables(result: Any, explain: bool = False) -> Iterable[Any]:
+    """What the probe prints, in order: its table, the headroom, the layerwise replay and the
+    attribution, then the decision (``do:`` and ``apply:``), last."""
+    from rich.text import Text
+
     from precision_plugin.probe.table import (
+        render_decision,
         render_headroom_table,
         render_layerwise_table,
         render_probe_table,
     )
 
-    yield render_probe_table(result)
+    yield render_probe_table(result, explain=explain)
     headroom = render_headroom_table(result)
     if headroom is not None:
         yield headroom
@@ -160,6 +171,9 @@ def _tables(result: Any) -> Iterable[Any]:
         yield render_attribution_table(
             result.attribution.to_dict(), decision.to_dict() if decision is not None else None
         )
+    decision_lines = render_decision(result)
+    if decision_lines:
+        yield Text(decision_lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,7 +182,12 @@ def run(args: argparse.Namespace) -> int:
     from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
     from precision_plugin.probe.attribution.cli import attribution_settings, write_attribution_plot
     from precision_plugin.probe.inputs import read_prompts_file
+    from precision_plugin.probe.run import preflight_engine
 
+    try:  # an engine that cannot run here is refused with the arguments, before any work
+        preflight_engine(args.engine, args.device)
+    except PrecisionConfigError as refused:
+        raise UsageError(str(refused)) from None
     check_outputs(args)
     if args.prompts is not None and not args.prompts.strip():
         raise UsageError(
@@ -194,7 +213,10 @@ def run(args: argparse.Namespace) -> int:
         attribution=attribution_settings(args),
     )
     result, err = run_and_report(
-        args, lambda progress: run_probe(config, progress=progress), _tables, _plot
+        args,
+        lambda progress: run_probe(config, progress=progress),
+        lambda result: _tables(result, explain=args.explain),
+        _plot,
     )
     if write_attribution_plot(args, result, result.model):
         err.print(f"wrote {args.attribution_plot}")

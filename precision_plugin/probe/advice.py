@@ -51,7 +51,15 @@ from precision_plugin.consequence import (
     fit_growth,
     project,
 )
-from precision_plugin.decision import Attribution, Decision, Evidence, Headroom, decide, percent
+from precision_plugin.decision import (
+    Attribution,
+    Configured,
+    Decision,
+    Evidence,
+    Headroom,
+    decide,
+    percent,
+)
 from precision_plugin.intervals import (
     batch_ess as expected_ess,
 )
@@ -181,9 +189,22 @@ class ConsequenceReport:
     seconds: float = 0.0
     batch_size: int = DEFAULT_BATCH_SIZE
     decision: Decision | None = None
+    #: The rollout as configured (``probe --rollout``): its settings in words and each dtype's
+    #: consequence under them (empty with the default rollout).
+    configured_settings: str = ""
+    configured: dict[str, DtypeConsequence] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``dtypes`` by name)."""
+        """JSON-ready dict (``dtypes`` by name; ``configured`` with ``--rollout``)."""
+        out = self._to_dict()
+        if self.configured:
+            out["configured"] = {
+                "settings": self.configured_settings,
+                "dtypes": {name: d.to_dict() for name, d in self.configured.items()},
+            }
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "target_length": self.target_length,
             "batch_size": self.batch_size,
@@ -446,6 +467,9 @@ def assess(
     batch_size: int = DEFAULT_BATCH_SIZE,
     overflow: Any = None,
     attribution: Attribution | None = None,
+    configured: Mapping[str, Any] | None = None,
+    configured_settings: str = "",
+    deepspeed_runs: Mapping[str, bool] | None = None,
 ) -> ConsequenceReport:
     """The ``consequence`` section for a probe's per-dtype results (``DtypeResult`` by name).
 
@@ -454,7 +478,10 @@ def assess(
     probe's headroom check (``OverflowCheck``); ``attribution``: ``probe --attribute``'s
     change-first (``AttributionReport.evidence()``); all feed the one decision
     ([`decide`][precision_plugin.decision.decide]) whose line is ``advice``. ``batch_size``:
-    the sequences per batch the ESS is given for.
+    the sequences per batch the ESS is given for. ``configured``: the rollout as configured
+    (``probe --rollout``: ``DtypeResult`` by name, measured on the attribution's samples) and
+    ``configured_settings`` its settings in words; ``deepspeed_runs``: the dtypes DeepSpeed's
+    accelerator runs here (``apply:`` says where it refuses the decision's dtype).
     """
     started = time.perf_counter()
     report = ConsequenceReport(target_length, batch_size=batch_size)
@@ -476,6 +503,15 @@ def assess(
         report.dtypes[name] = c
         if name != "float32":
             evidence[name] = _evidence(c, blocked)
+    report.configured_settings = configured_settings
+    under: dict[str, Evidence] = {}
+    for name, r in (configured or {}).items():
+        c = dtype_consequence(name, r.train_logprobs, r.rollout_logprobs, target_length, batch_size)
+        c.verdict = classify(c) if valid else "invalid"
+        c.line = f"as configured ({configured_settings}): {dtype_line(c)}"
+        report.configured[name] = c
+        if name != "float32":
+            under[name] = _evidence(c, "")
     report.decision = decide(
         evidence,
         target=target_length,
@@ -484,6 +520,10 @@ def assess(
         headroom=_headroom(overflow),
         refused=float16_refused,
         attribution=attribution,
+        configured=(
+            Configured(configured_settings, under, target_length, batch_size) if under else None
+        ),
+        deepspeed_runs=deepspeed_runs,
     )
     report.advice = report.decision.line
     report.seconds = time.perf_counter() - started

@@ -302,6 +302,27 @@ def _check_positions(model: Any, prompts: list[list[int]], max_new_tokens: int) 
         )
 
 
+def preflight_engine(
+    engine: str, device: str, engines: dict[str, EngineFactory] | None = None
+) -> tuple[EngineFactory, str]:
+    """The factory of ``engine`` and the resolved ``device``, after the engine's own check
+    (``preflight(device)``: no vLLM, a device it cannot run on): the CLI calls it as soon as
+    the arguments are parsed, the probe before the model loads. Raises
+    [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]."""
+    engines = available_engines() if engines is None else engines
+    if engine not in engines:
+        raise PrecisionConfigError(
+            f"engine: {engine!r} is not available; available: {', '.join(sorted(engines))}"
+            f". Other engines come from plugins (vllm: install the vllm package)."
+        )
+    factory = engines[engine]
+    resolved = resolve_device(device)
+    preflight = getattr(factory, "preflight", None)
+    if callable(preflight):
+        preflight(resolved)
+    return factory, resolved
+
+
 @checked
 def run_probe(
     config: ProbeConfig | None = None,
@@ -318,16 +339,7 @@ def run_probe(
     config = config or ProbeConfig()
     started = time.perf_counter()
     engines = available_engines() if engines is None else engines
-    if config.engine not in engines:
-        raise PrecisionConfigError(
-            f"engine: {config.engine!r} is not available; available: {', '.join(sorted(engines))}"
-            f". Other engines come from plugins (vllm: install the vllm package)."
-        )
-    factory = engines[config.engine]
-    device = resolve_device(config.device)
-    preflight = getattr(factory, "preflight", None)
-    if callable(preflight):  # an engine that cannot run here says so before the model loads
-        preflight(device)
+    factory, device = preflight_engine(config.engine, config.device, engines)
     n = config.num_prompts
     total = 2 * n * len(config.dtypes) + (len(config.dtypes) - 1) * config.layerwise
     total += len(config.dtypes) * (config.attribution is not None)
@@ -375,6 +387,7 @@ def run_probe(
         for r in results.values():
             if r.dtype != SELF_CHECK_DTYPE:
                 r.verdict, r.reason = "invalid", "float32 self-check failed"
+    configured, configured_settings = configured_rollout(attribution)
     consequence = assess(
         results,
         config.target_length,
@@ -383,11 +396,17 @@ def run_probe(
         batch_size=config.batch_size,
         overflow=overflow,
         attribution=attribution.evidence() if attribution is not None else None,
+        configured=configured,
+        configured_settings=configured_settings,
+        deepspeed_runs=deepspeed_runs(),
     )
     for r in results.values():
         if r.dtype != SELF_CHECK_DTYPE and r.verdict != "invalid":
             c = consequence.dtypes[r.dtype]
             r.verdict, r.reason = c.verdict, c.line
+    for r in configured.values():
+        c = consequence.configured[r.dtype]
+        r.verdict, r.reason = c.verdict, c.line
     return ProbeResult(
         model=name,
         engine=config.engine,
@@ -402,7 +421,47 @@ def run_probe(
         layerwise=layerwise,
         attribution=attribution,
         peak_rss_mb=peak_rss_mb(),
+        configured=configured,
+        configured_settings=configured_settings,
     )
+
+
+def configured_rollout(attribution: Any) -> tuple[dict[str, DtypeResult], str]:
+    """The rollout as configured (``--rollout`` settings that differ from the defaults), per
+    dtype, from the attribution's own measurement of it (its samples, the rollout's log-probs
+    under the settings and the trainer's): ``({dtype: DtypeResult}, "key=value, ...")``; empty
+    without an attribution or with the default rollout (the probe's own rows are that one)."""
+    from precision_plugin.probe.attribution.settings import changed_settings
+
+    if attribution is None:
+        return {}, ""
+    changed = changed_settings(attribution.settings.to_dict())
+    if not changed:
+        return {}, ""
+    words = ", ".join(f"{key}={value}" for key, value in changed.items())
+    out = {}
+    for dtype, block in attribution.dtypes.items():
+        pi, mu = block.trainer_logprobs, block.rollout_logprobs
+        if pi:
+            out[dtype] = DtypeResult(dtype, measure(pi, mu), "measured", "", pi, mu, block.seconds)
+    return out, words
+
+
+def deepspeed_runs() -> dict[str, bool]:
+    """The dtypes DeepSpeed's accelerator runs on this machine, as ``doctor`` tells them (empty
+    without DeepSpeed installed, or where it cannot be told)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return {}
+    from precision_plugin.deepspeed.device import deepspeed_support
+
+    support = deepspeed_support()
+    return {
+        dtype: ok
+        for dtype, ok in (("float16", support.fp16), ("bfloat16", support.bf16))
+        if ok is not None
+    }
 
 
 def peak_rss_mb() -> float | None:

@@ -267,6 +267,10 @@ class ProbeResult:
     #: The process's peak resident memory at the end of the run, in MiB (``None`` where the
     #: platform does not say).
     peak_rss_mb: float | None = None
+    #: The rollout as configured (``--rollout``), per dtype, and its settings in words; empty
+    #: with the default rollout (``results`` is that one).
+    configured: dict[str, DtypeResult] = field(default_factory=dict)
+    configured_settings: str = ""
 
     @property
     def valid(self) -> bool:
@@ -313,6 +317,11 @@ class ProbeResult:
             data["layerwise"] = self.layerwise.to_dict()
         if self.attribution is not None:
             data["attribution"] = self.attribution.to_dict()
+        if self.configured:
+            data["configured"] = {
+                "settings": self.configured_settings,
+                "results": {name: r.to_dict() for name, r in self.configured.items()},
+            }
         return _json_safe(data)
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -38,9 +38,12 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
+def render_probe_table(result: ProbeResult | Mapping[str, Any], explain: bool = False) -> Any:
     """A rich ``Table`` of a [`ProbeResult`][precision_plugin.probe.ProbeResult] or of its JSON
-    form (a results file): a row per dtype, then the verdict lines and what to do."""
+    form (a results file): a row per dtype, then the verdict lines; ``explain`` adds what each
+    column means. With the rollout as configured (``--rollout``) each dtype's first row is that
+    rollout (labelled so) and its second the default rollout. What to do is
+    [`render_decision`][precision_plugin.probe.table.render_decision], printed last."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -51,12 +54,19 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
     per_dtype = consequence.get("dtypes", {})
     target = consequence.get("target_length")
     settings = data.get("settings", {})
+    configured = data.get("configured") or {}
+    title = (
+        f"train/rollout mismatch: {escape(str(data['model']))} ({data['engine']}, "
+        f"{data['device']}), up to {settings.get('max_new_tokens', '?'):,} new tokens"
+    )
+    if configured:
+        title += (
+            f"; the rollout as configured ({escape(configured['settings'])}), each dtype's "
+            f"second row with the rollout at its defaults"
+        )
     table = Table(
-        title=(
-            f"train/rollout mismatch: {escape(str(data['model']))} ({data['engine']}, "
-            f"{data['device']}), up to {settings.get('max_new_tokens', '?'):,} new tokens"
-        ),
-        caption=escape(_caption(data)),
+        title=title,
+        caption=escape(_caption(data, explain)),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -75,24 +85,54 @@ def render_probe_table(result: ProbeResult | Mapping[str, Any]) -> Any:
     at = f"at {target:,}\nkept" if target else "kept"
     table.add_column(at, justify="right", no_wrap=True)
     table.add_column("conse-\nquence", no_wrap=True)
+    under = configured.get("results", {})
+    under_consequence = consequence.get("configured", {}).get("dtypes", {})
     for name, r in results.items():
-        c = per_dtype.get(name, {})
-        measured = c.get("measured", {})
-        verdict = c.get("verdict") or r.get("verdict", "")
-        style = _VERDICT_STYLE.get(verdict, "")
-        table.add_row(
-            name,
-            _num(r.get("k3_kl")),
-            _factor(name, results, reference),
-            *(_cell(r, key) for _, key in _COLUMNS[1:]),
-            _count(measured.get("sequences")),
-            _fixed(measured.get("ess")),
-            f"{percent(measured.get('seq_mask_fraction_trl'))}·"
-            f"{percent(measured.get('seq_mask_fraction_verl'))}",
-            percent(c.get("kept_at_target")) if verdict not in ("invalid", "") else "-",
-            f"[{style}]{verdict}[/]" if style else verdict,
-        )
+        if name in under:
+            table.add_row(*_cells(name, under[name], under, under_consequence.get(name, {}),
+                                  _reference(under)))  # fmt: skip
+            table.add_row(*_cells("  defaults", r, results, per_dtype.get(name, {}), reference,
+                                  name), end_section=True)  # fmt: skip
+        else:
+            table.add_row(*_cells(name, r, results, per_dtype.get(name, {}), reference))
     return table
+
+
+def _cells(
+    label: str,
+    r: Mapping[str, Any],
+    results: Mapping[str, Any],
+    c: Mapping[str, Any],
+    reference: str,
+    name: str | None = None,
+) -> tuple[str, ...]:
+    """One row's cells: ``r`` a dtype's results, ``c`` its consequence; ``name`` the dtype
+    where ``label`` is not it."""
+    name = name or label
+    measured = c.get("measured", {})
+    verdict = c.get("verdict") or r.get("verdict", "")
+    style = _VERDICT_STYLE.get(verdict, "")
+    return (
+        label,
+        _num(r.get("k3_kl")),
+        _factor(name, results, reference, floor=r.get("verdict") in ("ok", "invalid")),
+        *(_cell(r, key) for _, key in _COLUMNS[1:]),
+        _count(measured.get("sequences")),
+        _fixed(measured.get("ess")),
+        f"{percent(measured.get('seq_mask_fraction_trl'))}·"
+        f"{percent(measured.get('seq_mask_fraction_verl'))}",
+        percent(c.get("kept_at_target")) if verdict not in ("invalid", "") else "-",
+        f"[{style}]{verdict}[/]" if style else verdict,
+    )
+
+
+def render_decision(result: ProbeResult | Mapping[str, Any]) -> str:
+    """What to do, as the probe's last lines: ``do: ...`` and ``apply: ...`` (the decision's
+    line split where it says how to apply it); empty without a consequence section."""
+    data = result.to_dict() if isinstance(result, ProbeResult) else result
+    advice = str((data.get("consequence") or {}).get("advice") or "")
+    do, sep, apply = advice.partition(". apply: ")
+    return f"{do}.\napply: {apply}" if sep else advice
 
 
 def _reference(results: Mapping[str, Any]) -> str:
@@ -107,8 +147,8 @@ def _reference(results: Mapping[str, Any]) -> str:
     return min(k3, key=k3.__getitem__)
 
 
-def _factor(name: str, results: Mapping[str, Any], reference: str) -> str:
-    if name == SELF_CHECK_DTYPE:
+def _factor(name: str, results: Mapping[str, Any], reference: str, floor: bool = True) -> str:
+    if name == SELF_CHECK_DTYPE and floor:
         return "floor"
     a, b = results[name].get("k3_kl"), results.get(reference, {}).get("k3_kl")
     if not (isinstance(a, (int, float)) and isinstance(b, (int, float))) or b <= 0:
@@ -139,13 +179,20 @@ def _fixed(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
-def _caption(data: Mapping[str, Any]) -> str:
+#: The line that points at the glossary when ``--explain`` is not given.
+EXPLAIN_HINT = "--explain: what each column and verdict means (also in docs/cli.md)."
+
+
+def _caption(data: Mapping[str, Any], explain: bool = False) -> str:
     consequence = data.get("consequence") or {}
-    lines = [d["line"] for d in consequence.get("dtypes", {}).values() if d.get("line")]
+    configured = (consequence.get("configured") or {}).get("dtypes", {})
+    lines = [d["line"] for d in configured.values() if d.get("line")]
+    default = [d["line"] for d in consequence.get("dtypes", {}).values() if d.get("line")]
+    lines += [f"with the rollout at its defaults: {line}" for line in default] if lines else default
     if not lines:
         lines = [f"* self-check: {data['self_check']['message']}"]
-    if consequence.get("advice"):
-        lines.append(consequence["advice"])
+    if not explain:
+        return "\n".join([*lines, "", EXPLAIN_HINT])
     target = consequence.get("target_length")
     bounds = consequence.get("bounds", {})
     trl = bounds.get("seq_mask_fraction_trl", {}).get("kept", "w ≤ 3")

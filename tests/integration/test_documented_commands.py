@@ -456,7 +456,7 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         )
     ),
     "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang <your overrides> "
-    "$(precision-plugin verl-overrides --rollout sglang)": Elsewhere(
+    "$(precision-plugin verl-overrides --engine sglang)": Elsewhere(
         "needs verl with SGLang and Ray on a GPU node; the overrides with rollout.name=sglang "
         "compose against real verl 0.9.1 and 0.7.1 in "
         "tests/contract_verl/test_verl_sglang_contract.py",

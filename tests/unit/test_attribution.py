@@ -240,6 +240,28 @@ def test_probe_attribute_with_rollout_settings_writes_the_section(
     assert "why it is still off" in printed and "change first" in printed
     assert f"(decided by {decision['decided_by']})" in printed
     assert printed.count("do: ") == 1
+    # The headline is the rollout as configured (issue 54): its k3 is the attribution's total
+    # (the same tokens, the same two sides), computed here from the per-sequence log-probs the
+    # JSON carries; the default rollout's rows stay beside it, labelled.
+    words = "top_p=0.9, logprobs_mode=processed_logprobs, kv_cache_dtype=fp8_e4m3"
+    configured = data["configured"]
+    assert configured["settings"] == words
+    assert set(configured["results"]) == {"float32", "bfloat16"}
+    for dtype, row in configured["results"].items():
+        total = section["dtypes"][dtype]["total"]
+        assert row["k3_kl"] == pytest.approx(total["k3"], rel=1e-9)
+        assert row["k3_kl"] != data["results"][dtype]["k3_kl"]
+        line = data["consequence"]["configured"]["dtypes"][dtype]["line"]
+        assert line.startswith(f"as configured ({words}): {dtype} at 4,096 tokens: a batch of")
+        assert " ".join(line.split()) in printed
+    assert f"the rollout as configured ({words})" in printed
+    assert "with the rollout at its defaults: bfloat16 at 4,096 tokens" in printed
+    assert printed.index("why it is still off") < printed.index("do: ")  # the decision last
+    if decision["decided_by"] == "attribution":
+        advice = data["consequence"]["advice"]
+        clause = f"as configured ({words}), bfloat16 at 4,096 tokens keeps"
+        then = "then, with the rollout settings at their defaults, "
+        assert advice.index("first (") < advice.index(clause) < advice.index(then)
 
 
 def test_the_change_first_reaches_the_decision_as_data() -> None:

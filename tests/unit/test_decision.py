@@ -288,3 +288,58 @@ def test_the_mismatch_decides_for_either_dtype_but_not_on_touching_k3_intervals(
             batch=256,
         )
         assert (d.action, d.dtype, d.decided_by) == ("undecided", None, "none")
+
+
+KV_FIRST = Attribution(
+    "float16", "kv_cache", 0.8, "kv_cache_dtype", {"--rollout": "kv_cache_dtype=auto"}
+)
+
+
+def test_with_the_rollout_as_configured_the_line_reads_change_now_then_what_that_leaves():
+    """Issue 54: with --rollout the do: line said "keeps 78 %", true only after the fix. Now:
+    what to change first, what the rollout keeps as configured, then the dtype with the rollout
+    at its defaults."""
+    from precision_plugin.decision import Configured
+
+    now = _ev("float16", (0.0004, 0.0, 0.008), k3=(2e-2, 1e-2, 3e-2), verdict="severe")
+    configured = Configured("kv_cache_dtype=fp8_e4m3", {"float16": now}, 4096, 256)
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, attribution=KV_FIRST,
+               configured=configured)  # fmt: skip
+    assert d.line.startswith(
+        "do: change kv_cache_dtype first (80% of the float16 mismatch in this rollout, the "
+        "dtype's own rounding 0%): --rollout kv_cache_dtype=auto; as configured "
+        "(kv_cache_dtype=fp8_e4m3), float16 at 4,096 tokens keeps <0.1% (0%–0.8%, 16 "
+        "sequences) of a batch of 256 (severe); then, with the rollout settings at their "
+        "defaults, train in float16: at 4,096 tokens, a batch of 256 keeps 78% (60%–90%, 16 "
+        "sequences), bfloat16 0.4% (0.1%–2.0%, 16 sequences)"
+    ), d.line
+    # a setting that does not outweigh the dtype: the dtype leads, the configured figure follows
+    weak = Attribution("float16", "kv_cache", 0.1, "kv_cache_dtype", {}, dtype_share=0.9)
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, attribution=weak,
+               configured=configured)  # fmt: skip
+    assert d.line.startswith("do: train in float16: at 4,096 tokens, a batch of 256 keeps 78%")
+    assert "; as configured (kv_cache_dtype=fp8_e4m3), float16 at 4,096 tokens keeps <0.1%" in (
+        d.line
+    )
+
+
+def test_apply_says_where_deepspeed_on_this_machine_refuses_the_dtype():
+    """Issue 54: the apply: line recommended a DeepSpeed fp16 section that doctor, on the same
+    CPU, calls an error."""
+    runs = {"float16": False, "bfloat16": True}
+    d = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256, deepspeed_runs=runs)
+    assert d.dtype == "float16"
+    assert d.forms["deepspeed"] == (
+        '"precision_plugin": {"dtype": "float16"} on a device whose DeepSpeed runs fp16 (this '
+        "machine's DeepSpeed accelerator has no fp16, as precision-plugin doctor says; here: "
+        '"precision_plugin": {"dtype": "bfloat16"} on both sides)'
+    )
+    assert d.forms["deepspeed"] in d.line
+    assert d.forms["python"] == "precision_plugin.enable()"  # torch runs fp16 on any CPU
+    fine = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256,
+                  deepspeed_runs={"float16": True, "bfloat16": True})  # fmt: skip
+    assert fine.forms["deepspeed"] == '"precision_plugin": {"dtype": "float16"}'
+    nothing = {"float16": False, "bfloat16": False}
+    none = decide({"float16": FP16, "bfloat16": BF16}, target=4096, batch=256,
+                  deepspeed_runs=nothing)  # fmt: skip
+    assert "; here:" not in none.forms["deepspeed"]

@@ -1,6 +1,6 @@
 """The probe's table reads top to bottom: a row per dtype (mismatch, then consequence), a line
-per dtype with the figures at the target length, the line that says what to do, the legend;
-and it renders the same from a results file."""
+per dtype with the figures at the target length, the legend behind --explain; what to do comes
+last; and it renders the same from a results file."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import json
 import pytest
 import torch
 from rich.console import Console
+from rich.text import Text
 
 from precision_plugin.mismatch import compute_mismatch
 from precision_plugin.probe.advice import assess, dtype_line
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
-from precision_plugin.probe.table import render_probe_table
+from precision_plugin.probe.table import EXPLAIN_HINT, render_decision, render_probe_table
 
 
 def _result(
@@ -48,9 +49,11 @@ def _result(
     return ProbeResult("m", "hf", "cpu", config, results, check, consequence=report)
 
 
-def _text(result) -> str:
+def _text(result, explain: bool = True) -> str:
+    """The table as ``probe --explain`` prints it, with the decision last."""
     console = Console(width=130, record=True)
-    console.print(render_probe_table(result))
+    console.print(render_probe_table(result, explain=explain))
+    console.print(Text(render_decision(result)))
     return console.export_text()
 
 
@@ -66,17 +69,37 @@ def test_the_table_reads_top_to_bottom_and_says_what_to_do():
         text.index("dtype"),
         *(text.index(f" {name} ") for name in ("float32", "float16", "bfloat16")),
         *(text.index(report.dtypes[name].line[:40]) for name in ("float32", "float16", "bfloat16")),
+        text.index("k3 KL: mean(r − 1 − log r)"),
         text.index("do: train in float16: at 4,096 tokens, a batch of 256 keeps"),
         text.index("apply: precision_plugin.enable() · DeepSpeed"),
-        text.index("k3 KL: mean(r − 1 − log r)"),
     ]
     assert order == sorted(order), order
+    # The decision is the last thing printed (issue 54): do: and apply: on lines of their own.
+    last = [ln for ln in text.splitlines() if ln.strip()]
+    assert any(ln.startswith("apply:") for ln in last[-3:]), last[-3:]
+    assert "do: " not in render_probe_table_text(result)
     k3 = {n: r.metrics.k3_kl for n, r in result.results.items()}
     assert _row(text, "bfloat16")[2] == f"{k3['bfloat16'] / k3['float16']:.0f}x"
     assert _row(text, "float32")[2] == "floor" and _row(text, "float16")[2] == "1.0x"
     assert _row(text, "float16")[-1] == report.dtypes["float16"].verdict
     assert _row(text, "bfloat16")[-1] == "severe"
     assert " - " not in text  # no unexplained dashes: missing figures say n/a
+
+
+def render_probe_table_text(result, explain: bool = False) -> str:
+    console = Console(width=130, record=True)
+    console.print(render_probe_table(result, explain=explain))
+    return console.export_text()
+
+
+def test_the_glossary_is_behind_explain():
+    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032})
+    plain = render_probe_table_text(result)
+    assert "k3 KL: mean(r − 1 − log r)" not in plain and EXPLAIN_HINT in " ".join(plain.split())
+    assert "k3 KL: mean(r − 1 − log r)" in render_probe_table_text(result, explain=True)
+    assert render_decision(result) == result.consequence.advice.replace(
+        ". apply: ", ".\napply: ", 1
+    )
 
 
 def test_a_results_file_renders_the_same_table():

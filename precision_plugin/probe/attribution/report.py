@@ -76,6 +76,11 @@ class DtypeAttribution:
     excluded: int = 0
     seconds: float = 0.0
     layerwise: str | None = None
+    #: The log-probs the total compares, per sequence: the trainer's (``pi``) and the rollout's
+    #: as configured (``mu``); not in the JSON (the probe measures the rollout as configured
+    #: from them).
+    trainer_logprobs: list[list[float]] = field(default_factory=list, repr=False)
+    rollout_logprobs: list[list[float]] = field(default_factory=list, repr=False)
 
     def row(self, cause: str) -> CauseRow | None:
         """The row of ``cause`` (``None`` when not measured)."""
