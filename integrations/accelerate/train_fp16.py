@@ -89,4 +89,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except pp.PrecisionPluginError as stop:  # a strict stop: its one line, not a traceback
+        raise SystemExit(f"{Path(__file__).name}: stopped: {stop}") from None

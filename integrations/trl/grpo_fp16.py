@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import string
 import tempfile
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -311,6 +314,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from precision_plugin.provenance import write_results
     from precision_plugin.trl import HFRollout
 
+    # TRL 1.16 on transformers 5.x: their deprecation notices about each other's names, and
+    # TRL's note that rollout_func (HFRollout here) is experimental; the recipe's lines follow
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--output-dir", default=None)
@@ -426,4 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except pp.PrecisionPluginError as stop:  # a strict stop: its one line, not a traceback
+        raise SystemExit(f"{Path(__file__).name}: stopped: {stop}") from None

@@ -86,3 +86,28 @@ def test_half_parameters_without_a_master_copy_still_contradict():
     assert set(contradictions(policy, learner, {})) == {"trainable"}
     learner["fp32_master_weights"] = "DeepSpeed ZeRO-1/2 optimizer (...)"
     assert contradictions(policy, learner, {}) == {}
+
+
+@pytest.mark.slow
+def test_a_strict_stop_of_the_recipe_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Issue 54: a strict DeepSpeed stop printed a 40-line ``[rank0]:`` traceback above its
+    one-line fix. Run as a user runs it (a subprocess), on a CPU made to refuse fp16."""
+    import os
+    import subprocess
+
+    from tests.kernels import fp16_override_env
+
+    config = json.loads(RECIPE.read_text())
+    config["precision_plugin"] = {**config.get("precision_plugin", {}), "strictness": "error"}
+    path = tmp_path / "strict.json"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(fp16_override_env(False, str(ROOT)))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--deepspeed", str(path), "--max-steps", "1"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "[rank0]" not in proc.stderr, proc.stderr[-3000:]
+    stop = [ln for ln in proc.stderr.splitlines() if ln.startswith("train.py: stopped: ")]
+    assert len(stop) == 1 and "does not support fp16" in stop[0] and "Fix: " in stop[0]

@@ -83,3 +83,16 @@ def test_the_trl_recipe_takes_engine_and_its_old_name(capsys):
         assert ("--rollout trl is deprecated here: use --engine trl" in err) == (
             flag == "--rollout"
         )
+
+
+def test_the_command_table_of_the_docs_lists_every_command() -> None:
+    """Issue 54: docs/cli.md's table of commands left out openrlhf-args."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    table = text[text.index("| command |") : text.index("All exit with")]
+    listed = re.findall(r"^\| \[`([\w-]+)`\]\(#precision-plugin-[\w-]+\)", table, re.M)
+    assert sorted(listed) == sorted(COMMANDS)
+    for name in COMMANDS:  # each links to its own section
+        assert f"## `precision-plugin {name}`" in text

@@ -70,6 +70,8 @@ def test_the_real_model_quick_look_comes_before_the_long_run():
     quick = section.index("--max-new-tokens 256 --min-new-tokens 256 --num-prompts 8")
     long = section.index("--max-new-tokens 1024 --min-new-tokens 1024")
     assert quick < long
+    # the hint that makes them faster comes before the first of them, not after (issue 54)
+    assert section.index("OMP_NUM_THREADS=1") < quick
 
 
 def _slug(heading: str) -> str:
