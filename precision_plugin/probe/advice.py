@@ -48,6 +48,7 @@ from precision_plugin.consequence import (
     SequenceMask,
     consequence_from_sums,
     consequence_sums,
+    ess_interval,
     fit_growth,
     project,
 )
@@ -60,14 +61,7 @@ from precision_plugin.decision import (
     decide,
     percent,
 )
-from precision_plugin.intervals import (
-    batch_ess as expected_ess,
-)
-from precision_plugin.intervals import (
-    clopper_pearson,
-    mixed_batch_ess,
-    ratio_interval,
-)
+from precision_plugin.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
 from precision_plugin.misfit import GrowthCheck, check_growth
 from precision_plugin.probe.length import bucket_slices
 from precision_plugin.probe.schema import DEFAULT_BATCH_SIZE
@@ -286,32 +280,21 @@ def _measured_intervals(
     measured: Consequence, fit: GrowthFit, lengths: list[int]
 ) -> dict[str, Interval]:
     """The measured figures with their intervals: each share Clopper-Pearson; the ESS the
-    range of the expected ESS of a batch like the measured one (same lengths) over the robust
-    variance interval."""
-    low, high = _robust(fit)
-    out = {
-        "ess": Interval(
-            measured.ess,
-            mixed_batch_ess(high, fit.drift, lengths),
-            mixed_batch_ess(low, fit.drift, lengths),
-        )
-    }
+    measured value with the interval of the expected ESS of a batch like the measured one (same
+    lengths) that holds for heavy tails
+    ([`ess_interval`][precision_plugin.metrics.consequence.ess_interval])."""
+    expected = ess_interval(fit, lengths)
+    out = {"ess": Interval(measured.ess, expected.low, expected.high)}
     for name, iv in _share_intervals(measured).items():
         out[name] = Interval(iv["value"], iv["low"], iv["high"])
     return out
 
 
 def _batch_ess(fit: GrowthFit, length: int, batches: list[int]) -> dict[int, Interval]:
-    """The projected ESS of a batch of each size at ``length`` tokens, with its interval."""
-    low, high = _robust(fit)
-    return {
-        n: Interval(
-            expected_ess(fit.variance, length, n),
-            expected_ess(high, length, n),
-            expected_ess(low, length, n),
-        )
-        for n in batches
-    }
+    """The projected ESS of a batch of each size at ``length`` tokens, with its interval that
+    holds for heavy tails ([`ess_interval`][precision_plugin.metrics.consequence.ess_interval]
+    of ``[length] * n``)."""
+    return {n: ess_interval(fit, [length] * n) for n in batches}
 
 
 def dtype_consequence(
@@ -360,7 +343,7 @@ def dtype_consequence(
         measured,
         buckets,
         fit,
-        project(used, target_length),
+        project(used, target_length, tails=True),
         verdict="",
         line="",
         batch_size=batch_size,
@@ -407,7 +390,8 @@ def _span(iv: Interval, fmt: Any = None) -> str:
 def dtype_line(c: DtypeConsequence) -> str:
     """The verdict line: what a correction would do to this dtype's batch at the target
     length and what was measured, each figure with its 90 % interval and the sequences behind
-    it, then the growth check."""
+    it, the heavy-tail warning where the fit's tail statistic crosses its threshold
+    (``GrowthFit.warning``), then the growth check."""
     p, n = c.projection, c.fit.sequences
     masks = ", ".join(
         f"{m.label} ({m.bounds}) drops {_span(_share(p, m))}"
@@ -421,6 +405,11 @@ def dtype_line(c: DtypeConsequence) -> str:
         f"{_span(p.ess, ess_text)}); a TIS clip at {TIS_CLIP:g} clips "
         f"{_span(p.tis_clip_fraction)} of the tokens; projected from {n} sequences."
     )
+    if c.fit.warning:
+        text += (
+            f" {c.fit.warning[0].upper()}{c.fit.warning[1:]} (the sequence log-ratios' excess "
+            f"kurtosis {c.fit.kurtosis:.1f} is above {HEAVY_TAIL_KURTOSIS:g})."
+        )
     mi = c.measured_intervals
     if mi:
         measured = "; ".join(

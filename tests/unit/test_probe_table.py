@@ -18,16 +18,19 @@ from precision_plugin.probe.table import EXPLAIN_HINT, render_decision, render_p
 
 
 def _result(
-    noise: dict[str, float], target: int = 4096, float16_refused: str | None = None
+    noise: dict[str, float],
+    target: int = 4096,
+    float16_refused: str | None = None,
+    sequences: int = 8,
 ) -> ProbeResult:
-    """Per dtype, 8 sequences of 40..320 tokens whose rollout log-probs differ from the
-    trainer's by Gaussian noise of the given size per token (seeded)."""
+    """Per dtype, ``sequences`` sequences of 40..320 tokens (cycling) whose rollout log-probs
+    differ from the trainer's by Gaussian noise of the given size per token (seeded)."""
     g = torch.Generator().manual_seed(0)
     results = {}
     for name, eps in noise.items():
         train, roll = [], []
-        for i in range(8):
-            n = 40 * (i + 1)
+        for i in range(sequences):
+            n = 40 * (i % 8 + 1)
             t = (-1.0 - torch.rand(n, generator=g, dtype=torch.float64)).tolist()
             d = (eps * torch.randn(n, generator=g, dtype=torch.float64)).tolist()
             train.append(t)
@@ -62,7 +65,9 @@ def _row(text: str, name: str) -> list[str]:
 
 
 def test_the_table_reads_top_to_bottom_and_says_what_to_do():
-    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032})
+    """16 sequences a dtype: at 8 the ESS interval that holds for heavy tails (issue 53) is too
+    wide for the decision to rest on the consequence, and it falls back to the mismatch."""
+    result = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}, sequences=16)
     text = _text(result)
     report = result.consequence
     order = [
@@ -108,7 +113,7 @@ def test_a_results_file_renders_the_same_table():
 
 
 def test_fp16_worse_than_bf16_says_so():
-    result = _result({"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004})
+    result = _result({"float32": 1e-9, "float16": 0.032, "bfloat16": 0.004}, sequences=16)
     text = " ".join(_text(result).split())
     assert "do: train in bfloat16: at 4,096 tokens" in text
     assert "apply: precision_plugin.enable(dtype='bfloat16')" in text

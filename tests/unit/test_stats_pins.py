@@ -55,16 +55,30 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
 
 
-def _ess_monte_carlo(means: list[float], sds: list[float]) -> float:
+def _ess_monte_carlo(means: list[float], sds: list[float], law: str = "normal") -> float:
     """The documented expected-ESS estimator written out in linear space: 250,000 weights per
     evaluation (replicates × batch), replicates clipped to [64, 2000], seed 0, each replicate's
-    ``(Σ w)² / (N Σ w²)`` at most 1, then their mean."""
+    ``(Σ w)² / (N Σ w²)`` at most 1 (scale-free: each row is divided by its largest weight),
+    then their mean. ``law="t3"``: the standardised draws are
+    a Student t with 3 degrees of freedom divided by √3 (unit variance)."""
     n = len(means)
     reps = min(2000, max(64, 250_000 // n))
-    z = np.random.default_rng(0).standard_normal((reps, n))
-    w = np.exp(np.asarray(means) + np.asarray(sds) * z)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((reps, n)) if law == "normal" else rng.standard_t(3, (reps, n)) / 3**0.5
+    x = np.asarray(means) + np.asarray(sds) * z
+    w = np.exp(x - x.max(axis=1, keepdims=True))  # each row scaled by its largest: no overflow
     ess = w.sum(axis=1) ** 2 / (n * (w**2).sum(axis=1))
     return float(np.minimum(ess, 1.0).mean())
+
+
+def _tail_high(variance: float, residuals: list[float]) -> float:
+    """The high end of a 90 % chi-square interval on ``variance`` with the degrees of freedom
+    of a sample of ``n`` at an excess kurtosis of at least 8 (``2/(2/(n-1) + k/n)``), ``k``
+    the residuals' bias-corrected G2 (scipy's)."""
+    n = len(residuals)
+    k = max(float(stats.kurtosis(residuals, fisher=True, bias=False)), 8.0)
+    dof = 2.0 / (2.0 / (n - 1) + k / n)
+    return variance * dof / stats.chi2.ppf(0.05, dof)
 
 
 # intervals.py ------------------------------------------------------------------------------
@@ -530,19 +544,36 @@ def _walks(lengths: list[int], eps_of) -> tuple[list[list[float]], list[list[flo
 
 def test_ess_intervals_take_their_low_end_from_the_high_variance():
     """Long sequences that spread faster (a misfit): the projected batch ESS's low end is the
-    expected ESS at the widened high variance, the measured ESS's low end the expected ESS of
-    the measured lengths at the fit's own robust high variance (catches the low end from the
-    central or the low variance, and the measured interval taking the widened fit)."""
+    smaller of the normal and Student-t-3 expected ESS at the larger of the widened high
+    variance and the heavy-tail high end (a 90 % chi-square interval sized at an excess
+    kurtosis of at least 8); the measured ESS's low end the same at the fit's own (unwidened)
+    high ends, over the measured lengths, and its value the measured one (catches the low end
+    from the central or the low variance, the normal law alone, and the measured interval
+    taking the widened fit)."""
     lengths = [16 * (i + 1) for i in range(16)]
-    c = dtype_consequence("bfloat16", *_walks(lengths, lambda n: 0.01 if n < 192 else 0.08), 4096)
+    train, rollout = _walks(lengths, lambda n: 0.01 if n < 192 else 0.08)
+    c = dtype_consequence("bfloat16", train, rollout, 4096)
     assert c.growth.status == "misfit"
-    high, own_high = c.growth.widened_high, c.fit.variance_robust_high
-    assert high > own_high
+    pairs = zip(train, rollout, strict=True)
+    sums = [math.fsum(a - b for a, b in zip(t, r, strict=True)) for t, r in pairs]
+    k1 = math.fsum(sums) / sum(lengths)  # the residuals' centre: the mean log-ratio per token
+    residuals = [(s - k1 * n) / math.sqrt(n) for s, n in zip(sums, lengths, strict=True)]
+    drift, variance = c.fit.drift, c.fit.variance  # the fit's own (pinned above)
+    tail_high = _tail_high(variance, residuals)
+    assert math.isclose(c.fit.variance_tail_high, tail_high, rel_tol=1e-9)
+    widened = c.growth.widened_high
+    high = max(widened, tail_high)
     sd = math.sqrt(high * 4096)
-    assert _close(c.batch_ess[256].low, _ess_monte_carlo([0.0] * 256, [sd] * 256))
-    means = [c.fit.drift * n for n in lengths]
+    lows = [_ess_monte_carlo([drift * 4096] * 256, [sd] * 256, law) for law in ("normal", "t3")]
+    assert lows[1] < lows[0]  # the t3 sums are the lower end here
+    assert math.isclose(c.batch_ess[256].low, min(lows), rel_tol=1e-9)
+    own_high = max(c.fit.variance_robust_high, tail_high)
+    assert own_high < high or widened <= tail_high
+    means = [drift * n for n in lengths]
     sds = [math.sqrt(own_high * n) for n in lengths]
-    assert _close(c.measured_intervals["ess"].low, _ess_monte_carlo(means, sds))
+    lows = [_ess_monte_carlo(means, sds, law) for law in ("normal", "t3")]
+    assert math.isclose(c.measured_intervals["ess"].low, min(lows), rel_tol=1e-9)
+    assert c.measured_intervals["ess"].value == c.measured.ess
 
 
 def test_advice_buckets_keep_equal_lengths_in_input_order():
@@ -578,3 +609,38 @@ def test_a_huge_log_ratio_caps_its_k3_term_instead_of_overflowing():
     capped at 700 (catches the uncapped ``expm1(1000)``, an ``OverflowError``)."""
     c = dtype_consequence("float16", [[-1.0]], [[-1001.0]], 64, batch_size=4)
     assert c.k3.value == math.expm1(700.0) - 1000.0
+
+
+def test_the_verdict_line_carries_the_heavy_tail_warning_where_it_fires():
+    """32 sequences of 10 tokens, log-ratio sums ±0.1 but one of 3: the residuals' excess
+    kurtosis (scipy's bias-corrected G2, about 32) is above 8, and the line says "Heavy tails:
+    the interval may be too narrow" with it; the JSON's tail block has the statistic, the
+    threshold 8 and the warning. Without the outlier (G2 below 8) the line has no warning
+    (catches a warning that never or always fires)."""
+
+    def consequence(sums: list[float]) -> DtypeConsequence:
+        rollout = [[-1.0] * 10 for _ in sums]
+        train = [[-1.0 + s / 10] * 10 for s in sums]
+        c = dtype_consequence("float16", train, rollout, 64, batch_size=4)
+        c.verdict = classify(c)
+        return c
+
+    sums = [0.1 if i % 2 else -0.1 for i in range(31)] + [3.0]
+    c = consequence(sums)
+    k1 = math.fsum(sums) / 320
+    g2 = float(stats.kurtosis([(s - k1 * 10) / 10**0.5 for s in sums], bias=False))
+    assert g2 > 8 and math.isclose(c.fit.kurtosis, g2, rel_tol=1e-9)
+    line = dtype_line(c)
+    assert (
+        f"Heavy tails: the interval may be too narrow (the sequence log-ratios' excess "
+        f"kurtosis {g2:.1f} is above 8)." in line
+    )
+    tail = c.to_dict()["fit"]["tail"]
+    assert (tail["threshold"], tail["warning"]) == (
+        8.0,
+        "heavy tails: the interval may be too narrow",
+    )
+    assert math.isclose(tail["value"], g2, rel_tol=1e-9)
+    calm = consequence([0.1 * ((i % 5) - 2) for i in range(32)])
+    assert calm.fit.kurtosis < 8 and "Heavy tails" not in dtype_line(calm)
+    assert calm.to_dict()["fit"]["tail"]["warning"] == ""
