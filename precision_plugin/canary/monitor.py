@@ -140,6 +140,7 @@ class CanaryMonitor:
     _batch_out: int = 0
     _reference: float | None = None
     _layout: list[int] | None = None
+    _with_reference: bool | None = None
 
     @property
     def alarm(self) -> CanaryCheck | None:
@@ -181,6 +182,9 @@ class CanaryMonitor:
                 per_token, reference_k3=ref_tokens, alpha=self.alpha, abs_tol=self.abs_tol
             )
             self._layout = [len(r) for r in learner]
+            self._with_reference = reference is not None
+            if self.band.note:
+                log.warning("precision_plugin: canary floor at step %d: %s.", step, self.band.note)
         band = self.band
         self._reference = ref
         value = band.statistic(per_token, ref)
@@ -251,6 +255,21 @@ class CanaryMonitor:
                             f"{where}: the {side}'s log-prob at (row {i}, token {j}) is "
                             f"{float(value)}; pass finite log-probs of every canary token."
                         )
+        # A band of ratios needs the reference at every check; a band of the raw k3 that the
+        # floor gave no reference cannot use one later. (A floor's reference of no use, so a
+        # raw band, makes the reference optional: the band holds the raw k3 either way.)
+        normalized = self.band is not None and self.band.normalized
+        if (normalized and reference is None) or (
+            self._with_reference is False and reference is not None
+        ):
+            first = self._kept[0].step if self._kept else 0
+            had, now = ("with", "without") if normalized else ("without", "with")
+            held = "k3 over the reference's" if normalized else "raw k3"
+            raise PrecisionConfigError(
+                f"{where}: the floor check (step {first}) came {had} a float32 reference and "
+                f"this one comes {now}, so its k3 cannot be compared with the band (it holds the "
+                f"{held}); pass reference= at every check, or at none."
+            )
         layout = [len(r) for r in learner]
         if self._layout is not None and layout != self._layout:
             first = self._kept[0].step if self._kept else 0
