@@ -43,6 +43,7 @@ from precision_plugin.boundary import Invalid, Validator, at_least, checked, eac
 from precision_plugin.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.intervals import (
+    COVERAGE,
     HEAVY_TAIL_KURTOSIS,
     HEAVY_TAIL_WARNING,
     TAIL_LAWS,
@@ -269,8 +270,6 @@ def compute_consequence(
 
 # -- growth with length: fit and projection ---------------------------------------------------
 
-#: Two-sided coverage of the projection's intervals.
-COVERAGE = 0.90
 _Z = z_value(COVERAGE)  # 1.645: a 90 % two-sided interval
 
 

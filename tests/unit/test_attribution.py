@@ -751,3 +751,65 @@ def test_the_dtype_fix_quotes_the_ratio_this_run_measured() -> None:
     from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 
     assert not any("x less" in text for text in CAUSE_TABLE["dtype"].fixes.values())
+
+
+def _mass_kept_by_hand(model: Any, samples: Any, top_p: float, temperature: float) -> list[float]:
+    """Per sampled token, ``log`` of the mass top-p keeps of ``softmax(logits / T)`` in float64:
+    ascending order, a token dropped while the cumulative mass up to it is at most ``1 - top_p``
+    (vLLM's rule), the largest never."""
+    import numpy as np
+    import torch
+
+    out = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].double()
+        start = len(s.prompt_ids) - 1
+        for i in range(len(s.completion_ids)):
+            p = np.sort(torch.softmax(logits[start + i] / temperature, -1).numpy())
+            cumulative = np.cumsum(p)
+            drop = cumulative <= 1 - top_p
+            drop[-1] = False
+            out.append(math.log(p[~drop].sum()))
+    return out
+
+
+def test_a_truncated_rollout_with_raw_log_probs_reports_the_mass_kept() -> None:
+    """top_p 0.9 with vLLM's default raw_logprobs at temperature 1: the sampling row's k3 is
+    exactly 0 (the recorded log-probs are the full distribution's, as the trainer's), and the
+    row carries the mean log of the mass top-p kept over the sampled tokens, equal to that
+    worked out by hand in float64 (3 prompts x 24 tokens, seed 0: -0.1014 nats per token),
+    with the fix in the JSON, the table and the notes. processed_logprobs (which records the
+    truncated distribution) and an untruncated rollout carry none (catches the silent 0)."""
+    from precision_plugin.probe.attribution import attribute
+    from precision_plugin.probe.attribution.render import render_attribution_table
+
+    model = llama()
+    settings = RolloutSettings(top_p=0.9)
+    samples = sample(model, "float32", settings)
+    report = attribute(model, {"float32": samples}, settings, min_new_tokens=24)
+    row = report.dtypes["float32"].row("sampling")
+    assert row is not None and row.k3.value == 0.0
+    by_hand = _mass_kept_by_hand(model, samples, 0.9, 1.0)
+    assert row.truncation_tokens == len(by_hand) == 72
+    assert row.truncation == pytest.approx(math.fsum(by_hand) / len(by_hand), rel=1e-5)
+    assert row.truncation == pytest.approx(-0.1014, abs=5e-5)
+    block = report.to_dict()["dtypes"]["float32"]["causes"]["sampling"]["truncation"]
+    assert block["log_ratio_bias_per_token"] == -row.truncation
+    assert "logprobs_mode=processed_logprobs" in block["fix"] and "top_p=1" in block["fix"]
+    assert any(
+        n.startswith("sampling (float32): top-k/top-p with raw_logprobs") for n in report.notes
+    )
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render_attribution_table(report.to_dict()))
+    text = " ".join(console.export_text().split())
+    assert f"ratios biased: log mass kept {row.truncation:.3g}/token" in text
+    processed = RolloutSettings(top_p=0.9, logprobs_mode="processed_logprobs")
+    again = run(model, "float32", processed)
+    assert again.row("sampling").truncation is None
+    assert (
+        run(model, "float32", RolloutSettings(temperature=0.7)).row("sampling").truncation is None
+    )

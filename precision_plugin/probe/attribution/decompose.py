@@ -13,7 +13,8 @@ so over the tokens (means) the total ``E[d^2]/2`` (about k3 for small ``d``: k3 
 share is its part over the total; the interaction and residual shares complete them to 1 (either
 may be negative).
 
-Each row's ``k3`` is the exact k3 estimator of its own pair (``mean(e^-d - 1 + d)``) with a 95 %
+Each row's ``k3`` is the exact k3 estimator of its own pair (``mean(e^-d - 1 + d)``) with a
+``COVERAGE`` (90 %, the project's one level: [`intervals`][precision_plugin.intervals])
 percentile bootstrap interval over sequences (tokens of one sequence move together).
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from precision_plugin.boundary import at_least, checked
 from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.intervals import COVERAGE
 from precision_plugin.metrics.k3 import k3_term
 
 #: Bootstrap resamples for the k3 intervals, and their seed.
@@ -35,7 +37,8 @@ BOOTSTRAP_SEED = 0
 @checked
 @dataclass(frozen=True)
 class K3:
-    """A k3 estimate (nats/token) with its 95 % bootstrap interval over sequences."""
+    """A k3 estimate (nats/token) with its ``COVERAGE`` (90 %) bootstrap interval over
+    sequences."""
 
     value: float
     low: float
@@ -126,11 +129,12 @@ def k3_interval(
     *,
     resamples: int = BOOTSTRAP,
     seed: int = BOOTSTRAP_SEED,
+    coverage: float = COVERAGE,
 ) -> K3:
-    """k3 (``mean(e^-d - 1 + d)`` over tokens) of per-sequence log-ratios ``d``, with a 95 %
-    percentile bootstrap interval that resamples whole sequences (empty ones left out); a NaN
-    interval from one sequence (resampling one sequence only repeats it). Refuses no token at
-    all (no estimate) and a non-finite log-ratio."""
+    """k3 (``mean(e^-d - 1 + d)`` over tokens) of per-sequence log-ratios ``d``, with a
+    ``coverage`` (``COVERAGE``, 90 %) percentile bootstrap interval that resamples whole
+    sequences (empty ones left out); a NaN interval from one sequence (resampling one sequence
+    only repeats it). Refuses no token at all (no estimate) and a non-finite log-ratio."""
     import torch
 
     _refuse_bad_tokens("k3_interval(): argument 'log_ratios'", log_ratios)
@@ -143,7 +147,8 @@ def k3_interval(
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(rows), (resamples, len(rows)), generator=generator)
     estimates = sums[picks].sum(1) / counts[picks].sum(1)
-    low, high = torch.quantile(estimates, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    tail = (1.0 - coverage) / 2.0
+    low, high = torch.quantile(estimates, torch.tensor([tail, 1.0 - tail], dtype=torch.float64))
     return K3(value, float(low), float(high))
 
 

@@ -45,6 +45,7 @@ from precision_plugin.probe.attribution.report import (
     AttributionReport,
     CauseRow,
     DtypeAttribution,
+    truncation_note,
 )
 from precision_plugin.probe.attribution.settings import RolloutSettings
 from precision_plugin.probe.attribution.variants import (
@@ -267,6 +268,10 @@ def attribute_dtype(
         with trainer_kernels():
             processed = HFScorer(base_model, transform=engine_t).score(seqs)
         add("sampling", processed, base, True)
+    truncation: tuple[float, int] | None = None
+    if settings.truncates and settings.logprobs_mode == "raw_logprobs":
+        announce(f"{dtype}: attribution: sampling (mass kept)")
+        truncation = _mass_kept(base, base_model, seqs, settings, vocab, device)
     low = dtype != "float32"
     switched = present_switches(settings, dtype)
     plan = (
@@ -313,9 +318,10 @@ def attribute_dtype(
         d = kept(d)
         part = split.parts[cause] if in_total else _half_mean_sq(d)
         share = split.share(part) if in_total else None
-        rows.append(
-            CauseRow(cause, in_total, k3_interval(d), part, share, fraction, count, what, flips)
-        )
+        row = CauseRow(cause, in_total, k3_interval(d), part, share, fraction, count, what, flips)
+        if cause == "sampling" and truncation is not None:
+            row.truncation, row.truncation_tokens = truncation
+        rows.append(row)
     order = {c: i for i, c in enumerate(CAUSES)}
     rows.sort(key=lambda r: order[r.cause])
     equal = bitwise_equal(mu, pi)
@@ -334,6 +340,35 @@ def attribute_dtype(
         trainer_logprobs=[list(map(float, row)) for row in pi],
         rollout_logprobs=[list(map(float, row)) for row in mu],
     )
+
+
+def _mass_kept(
+    base: list[list[float]],
+    model: Any,
+    seqs: Any,
+    settings: RolloutSettings,
+    vocab: int,
+    device: str,
+) -> tuple[float, int]:
+    """The mean over the sampled tokens of ``log M``, ``M`` the mass of the distribution
+    sampled from (``log_softmax(logits / temperature)``, ``base``'s convention) that the top-k /
+    top-p truncation keeps at that step: ``base`` minus the truncated, renormalised log-prob of
+    the same token (``processed_logprobs``' convention, the EOS mask of ``min_new_tokens`` left
+    out), with the number of tokens behind it (a token outside this pass's nucleus has no
+    finite one and is left out)."""
+    import dataclasses
+
+    nucleus = dataclasses.replace(settings, logprobs_mode="processed_logprobs")
+    transform = engine_transform(nucleus, vocab, [], 0, device)
+    with trainer_kernels():
+        kept = HFScorer(model, transform=transform).score(seqs)
+    logs = [
+        b - k
+        for rb, rk in zip(base, kept, strict=True)
+        for b, k in zip(rb, rk, strict=True)
+        if math.isfinite(b - k)
+    ]
+    return (math.fsum(logs) / len(logs) if logs else math.nan), len(logs)
 
 
 def conventions(settings: RolloutSettings) -> dict[str, str]:
@@ -402,12 +437,16 @@ def attribute(
                 )
         if tick is not None:
             tick(f"{dtype}: attribution")
-        report.dtypes[dtype] = attribute_dtype(
+        report.dtypes[dtype] = block = attribute_dtype(
             master, samples, dtype, settings,
             min_new_tokens=min_new_tokens, learning_rate=learning_rate, seed=seed,
             recorded_decode=recorded_decode, stale=stale,
             trainer=None if trainer is None else trainer.get(dtype), phase=phase,
         )  # fmt: skip
+        sampling = block.row("sampling")
+        if sampling is not None and sampling.truncation is not None:
+            note = truncation_note(sampling.truncation, sampling.truncation_tokens)
+            report.notes.append(f"sampling ({dtype}): {note}")
     report.first = first_change(
         {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}
              for r in a.rows} for d, a in report.dtypes.items()}

@@ -11,6 +11,9 @@ from precision_plugin.probe.attribution.fixes import FIX_ORDER
 from precision_plugin.probe.attribution.settings import changed_settings
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: The k3 bootstrap's level in results files written before the section stated its
+#: ``coverage``: 95 % (since then the project's one level, ``intervals.COVERAGE``, 90 %).
+UNSTATED_COVERAGE = 0.95
 
 
 def _k3(value: Any, digits: int = 2) -> str:
@@ -58,6 +61,12 @@ def dtype_fix(section: Mapping[str, Any], dtype: str) -> str:
 
 
 def _row_fix(section: Mapping[str, Any], dtype: str, cause: str, row: Mapping[str, Any]) -> str:
+    truncation = row.get("truncation")
+    if truncation:
+        return (
+            f"ratios biased: log mass kept {truncation['mean_log_mass_kept']:.3g}/token "
+            f"(note below); fix: logprobs_mode=processed_logprobs, or top_p=1, top_k=-1"
+        )
     if not row["in_total"]:
         return f"if {row.get('what_if', '')}"
     return dtype_fix(section, dtype) if cause == "dtype" else _fix(row["fixes"])
@@ -67,7 +76,8 @@ def render_attribution_table(
     section: Mapping[str, Any], decision: Mapping[str, Any] | None = None
 ) -> Any:
     """A rich ``Table`` of the JSON ``attribution`` section: per dtype a row per cause (k3 with
-    its interval, share, bit-identical share, the fix), then interaction, residual and total.
+    its interval at the section's ``coverage``, share, bit-identical share, the fix), then
+    interaction, residual and total.
     ``decision``: the probe's one decision (``consequence.decision``) the caption points at for
     what to change first (the table makes no decision of its own)."""
     from rich import box
@@ -83,9 +93,10 @@ def render_attribution_table(
         box=box.SIMPLE_HEAD,
     )
     blocks = _blocks(section)
+    level = f"{100 * section.get('coverage', UNSTATED_COVERAGE):g}"
     rows = [row for block in blocks for row in block]
     for i, (header, justify) in enumerate((
-        ("dtype", "left"), ("cause", "left"), ("k3 [95% CI]", "right"), ("share", "right"),
+        ("dtype", "left"), ("cause", "left"), (f"k3 [{level}% CI]", "right"), ("share", "right"),
         ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
     )):  # fmt: skip
         if header.startswith("fix"):

@@ -8,6 +8,7 @@ from typing import Any
 
 from precision_plugin.boundary import checked
 from precision_plugin.decision import Attribution
+from precision_plugin.intervals import COVERAGE
 from precision_plugin.probe.attribution.decompose import K3
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange, change_evidence
 from precision_plugin.probe.attribution.settings import RolloutSettings
@@ -15,6 +16,26 @@ from precision_plugin.probe.attribution.settings import RolloutSettings
 
 def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
+
+
+#: How to remove the truncated behaviour policy's bias (``CauseRow.truncation``).
+TRUNCATION_FIX = (
+    "record the sampled distribution's log-probs: logprobs_mode=processed_logprobs (vLLM "
+    "--logprobs-mode processed_logprobs), or sample untruncated: top_p=1, top_k=-1"
+)
+
+
+def truncation_note(mean_log_mass: float, tokens: int) -> str:
+    """The sampling row's words for a truncated behaviour policy recorded with raw log-probs:
+    the bias of each importance ratio's log (``-log`` of the mass kept, per token) and the
+    fix."""
+    return (
+        f"top-k/top-p with raw_logprobs: the rollout samples from the truncated distribution "
+        f"but records the full one's log-probs, so each importance ratio's log is biased by "
+        f"-log(mass kept) per token: the mean log mass kept is {mean_log_mass:.3g} nats per "
+        f"token over this run's {tokens:,} sampled tokens (a sequence of L tokens: about "
+        f"{-mean_log_mass:.3g}*L too large); this row's 0 leaves it out. Fix: {TRUNCATION_FIX}."
+    )
 
 
 @checked
@@ -26,7 +47,10 @@ class CauseRow:
     is given); otherwise the row says what it would add if switched on (``what_if``: how) and
     has no share. ``part``: ``E[d_c^2]/2``. ``bitwise_equal``: the share of tokens whose
     log-probs are bit-identical with and without the cause. ``expert_flips``: MoE only, the
-    share of routed positions whose chosen experts differ.
+    share of routed positions whose chosen experts differ. ``truncation``: the ``sampling`` row
+    of a rollout that truncates (top-k/top-p) and records raw log-probs, the mean over its
+    sampled tokens of the log of the mass the truncation kept (``<= 0``; ``-`` it is the bias
+    of each token's log importance ratio), with ``truncation_tokens`` the tokens it averages.
     """
 
     cause: str
@@ -38,6 +62,8 @@ class CauseRow:
     tokens: int
     what_if: str = ""
     expert_flips: float | None = None
+    truncation: float | None = None
+    truncation_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (with the cause's fixes)."""
@@ -55,6 +81,14 @@ class CauseRow:
             out["what_if"] = self.what_if
         if self.expert_flips is not None:
             out["expert_flips"] = self.expert_flips
+        if self.truncation is not None:
+            out["truncation"] = {
+                "mean_log_mass_kept": _num(self.truncation),
+                "tokens": self.truncation_tokens,
+                "log_ratio_bias_per_token": _num(-self.truncation),
+                "fix": TRUNCATION_FIX,
+                "note": truncation_note(self.truncation, self.truncation_tokens),
+            }
         out["fixes"] = dict(CAUSE_TABLE[self.cause].fixes)
         return out
 
@@ -140,6 +174,7 @@ class AttributionReport:
             "method": "per token d = log mu - log pi = sum of per-cause d_c (one cause switched "
             "on at a time against a common base) + residual; E[d^2]/2 (~k3) = sum_c E[d_c^2]/2 "
             "+ interaction (covariances) + residual, exactly",
+            "coverage": COVERAGE,
             "rollout": self.settings.to_dict(),
             "learning_rate": self.learning_rate,
             "dtypes": {d: a.to_dict() for d, a in self.dtypes.items()},

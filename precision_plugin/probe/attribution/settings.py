@@ -116,6 +116,13 @@ class RolloutSettings:
         return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @property
+    def truncates(self) -> bool:
+        """Whether the rollout samples from a truncated distribution (``top_p`` below 1 or
+        ``top_k`` on): with ``raw_logprobs`` the log-probs it records are then not those of the
+        distribution it sampled from."""
+        return self.top_p != 1.0 or self.top_k not in (0, -1)
+
+    @property
     def samples_differently(self) -> bool:
         """Whether sampling differs from the full distribution at temperature 1."""
         return self.temperature != 1.0 or self.top_p != 1.0 or self.top_k not in (0, -1)
