@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import annotated_types as at
 import numpy as np
 from scipy import special, stats
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import checked, same_length
+from precision_plugin.constraints import AtMost, Each, Finite, Ordered, Whole
 
 #: Two-sided coverage of every interval.
 COVERAGE = 0.90
@@ -69,6 +71,7 @@ HEAVY_TAIL_WARNING = "heavy tails: the interval may be too narrow"
 #: The laws of the standardised sequence log-ratio an ESS or mask interval spans: normal (the
 #: random walk) and Student t with 3 degrees of freedom scaled to unit variance.
 TAIL_LAWS: tuple[str, ...] = ("normal", "t3")
+Law = Literal["normal", "t3"]
 #: Weights drawn per expected-ESS evaluation (replicates × batch size), and the replicate bounds.
 ESS_DRAWS = 250_000
 ESS_REPLICATES = (64, 2000)
@@ -77,6 +80,23 @@ ESS_SEED = 0
 
 NAN = (math.nan, math.nan)
 
+#: The largest count of trials, tokens or sequences an interval takes: float64 holds every
+#: whole number up to it exactly (scipy's binomial works in float64).
+MAX_COUNT = 2**53
+#: The largest batch an expected ESS is simulated for, above the probe's largest --batch-size
+#: (``probe.schema.MAX_BATCH_SIZE``); each replicate draws one weight per sequence (64
+#: replicates of this many weights: 512 MiB of float64).
+MAX_BATCH = 2**20
+
+#: A two-sided coverage level: a probability strictly between 0 and 1.
+Coverage = Annotated[float, Finite(), at.Gt(0), at.Lt(1)]
+#: A count of trials, sequences or tokens.
+Trials = Annotated[int, Whole(), at.Ge(0), at.Le(MAX_COUNT)]
+#: A variance (NaN or inf: not measured, the interval is NaN).
+VarianceIn = Annotated[float, at.Ge(0)]
+#: Sequence lengths in tokens, one per sequence of a batch no larger than ``MAX_BATCH``.
+Lengths = Annotated[Sequence[int], Each(Whole(), at.Ge(0), at.Le(MAX_COUNT)), at.MaxLen(MAX_BATCH)]
+
 
 def z_value(coverage: float = COVERAGE) -> float:
     """The standard normal quantile of a two-sided ``coverage`` interval (1.645 for 90 %)."""
@@ -84,7 +104,11 @@ def z_value(coverage: float = COVERAGE) -> float:
 
 
 @checked
-def clopper_pearson(k: int, n: int, coverage: float = COVERAGE) -> tuple[float, float]:
+def clopper_pearson(
+    k: Annotated[int, Whole(), at.Ge(0), AtMost("n")],
+    n: Trials,
+    coverage: Coverage = COVERAGE,
+) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a share ``k / n``; NaN without a trial."""
     if n <= 0:
         return NAN
@@ -98,7 +122,9 @@ def chi2_ppf(p: float, dof: float) -> float:
 
 
 @checked
-def variance_normal(variance: float, n: int, coverage: float = COVERAGE) -> tuple[float, float]:
+def variance_normal(
+    variance: VarianceIn, n: Trials, coverage: Coverage = COVERAGE
+) -> tuple[float, float]:
     """The chi-square interval of a variance estimated with ``n − 1`` degrees of freedom from
     ``n`` normal values; NaN below two."""
     return _chi2_interval(variance, float(n - 1), coverage) if n >= 2 else NAN
@@ -115,7 +141,7 @@ def excess_kurtosis(residuals: Sequence[float]) -> float:
 
 @checked
 def variance_robust(
-    variance: float, residuals: Sequence[float], coverage: float = COVERAGE
+    variance: VarianceIn, residuals: Sequence[float], coverage: Coverage = COVERAGE
 ) -> tuple[float, float]:
     """The interval of a per-token variance that holds for heavy-tailed log-ratios (see the
     module docstring); ``residuals``: the sequences' standardised residuals
@@ -148,7 +174,7 @@ def robust_bounds(
 
 @checked
 def tail_bounds(
-    variance: float, residuals: Sequence[float], coverage: float = COVERAGE
+    variance: VarianceIn, residuals: Sequence[float], coverage: Coverage = COVERAGE
 ) -> tuple[float, float]:
     """The variance interval the ESS and mask intervals span: ``variance_robust``'s low end and
     the high end of the same interval sized at an excess kurtosis of at least
@@ -185,9 +211,12 @@ def standard_draws(law: str, shape: tuple[int, int]) -> np.ndarray:
     raise ValueError(f"law={law!r} is not one of {TAIL_LAWS}")
 
 
-@checked
+@checked(same_length("means", "sds", fix="pass one mean and one sd per sequence"))
 def expected_batch_ess(
-    means: Sequence[float], sds: Sequence[float], *, law: str = "normal"
+    means: Annotated[Sequence[float], at.MaxLen(MAX_BATCH)],
+    sds: Annotated[Sequence[float], at.MaxLen(MAX_BATCH)],
+    *,
+    law: Law = "normal",
 ) -> float:
     """The expected self-normalised ESS ``(Σ w)² / (N Σ w²)`` of a batch of ``N = len(means)``
     sequences whose log-ratios are ``means[i] + sds[i]·Z``, ``Z`` standard normal (``law``
@@ -210,7 +239,12 @@ def expected_batch_ess(
 
 @checked
 def batch_ess(
-    variance: float, length: float, batch: int, drift: float = 0.0, *, law: str = "normal"
+    variance: VarianceIn,
+    length: Annotated[float, Finite(), at.Ge(0), at.Le(MAX_COUNT)],
+    batch: Annotated[int, Whole(), at.Ge(0), at.Le(MAX_BATCH)],
+    drift: float = 0.0,
+    *,
+    law: Law = "normal",
 ) -> float:
     """The expected ESS of ``batch`` sequences of ``length`` tokens each, ``S ~ Normal(drift·L,
     variance·L)`` (a drift common to the batch does not change it; ``law``: the standardised
@@ -223,7 +257,7 @@ def batch_ess(
 
 @checked
 def mixed_batch_ess(
-    variance: float, drift: float, lengths: Sequence[int], *, law: str = "normal"
+    variance: VarianceIn, drift: float, lengths: Lengths, *, law: Law = "normal"
 ) -> float:
     """The expected ESS of a batch of sequences of the given ``lengths``, ``S_i ~
     Normal(drift·L_i, variance·L_i)``: what a sample like the measured one shows on average
@@ -237,7 +271,11 @@ def mixed_batch_ess(
 
 @checked
 def ess_hull(
-    variance: float, low: float, high: float, drift: float, lengths: Sequence[int]
+    variance: VarianceIn,
+    low: VarianceIn,
+    high: Annotated[float, at.Ge(0), Ordered("low", ">=")],
+    drift: float,
+    lengths: Lengths,
 ) -> tuple[float, float, float]:
     """An expected ESS with its interval for a batch of sequences of ``lengths`` tokens: the
     random walk's value at ``variance``, and the hull over ``TAIL_LAWS`` of the expected ESS at
@@ -251,9 +289,13 @@ def ess_hull(
     return value, min(value, *lows), max(value, *highs)
 
 
-@checked
+@checked(
+    same_length(
+        "numerators", "denominators", fix="pass one numerator and one denominator per cluster"
+    )
+)
 def ratio_interval(
-    numerators: Sequence[float], denominators: Sequence[float], coverage: float = COVERAGE
+    numerators: Sequence[float], denominators: Sequence[float], coverage: Coverage = COVERAGE
 ) -> tuple[float, float, float]:
     """``Σ a / Σ b`` over clusters (sequences) with its interval: the ratio estimator's
     standard error ``√(n/(n−1) Σ (a_i − r·b_i)²) / Σ b``, normal quantiles, floored at 0; NaN

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import annotated_types as at
 from scipy import stats
 
-from precision_plugin.boundary import checked
-from precision_plugin.intervals import COVERAGE, variance_robust
+from precision_plugin.boundary import checked, same_length
+from precision_plugin.constraints import Each, Finite, Whole
+from precision_plugin.intervals import COVERAGE, MAX_COUNT, variance_robust
 
 #: One-sided level of the misfit test.
 ALPHA = 0.05
@@ -58,10 +60,18 @@ def _fit(pairs: Sequence[tuple[float, int]]) -> tuple[float, float]:
     return drift, ss
 
 
-@checked
-def check_growth(seq_log_ratio: Sequence[float], seq_lengths: Sequence[int]) -> GrowthCheck:
+@checked(
+    same_length(
+        "seq_log_ratio", "seq_lengths", fix="pass one log-ratio sum and one length per sequence"
+    )
+)
+def check_growth(
+    seq_log_ratio: Annotated[Sequence[float], Each(Finite())],
+    seq_lengths: Annotated[Sequence[int], Each(Whole(), at.Ge(0), at.Le(MAX_COUNT))],
+) -> GrowthCheck:
     """Test the longest third of the sequences (by valid tokens) against the random walk fitted
-    to the rest (see the module docstring)."""
+    to the rest (see the module docstring); a sequence of no valid token (length 0) is left
+    out."""
     pairs = sorted(
         ((float(s), int(n)) for s, n in zip(seq_log_ratio, seq_lengths, strict=True) if n > 0),
         key=lambda p: p[1],
