@@ -341,7 +341,7 @@ def _torch_device(value: Any) -> Any:
 
     try:
         torch.device(value)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as exc:  # 2**70: ValueError
         raise Invalid(
             f"is not a torch device ({' '.join(str(exc).split())}); pass 'cuda', 'cpu', "
             f"'cuda:1' or a torch.device"
@@ -361,7 +361,7 @@ def device_problem(device: Any) -> str | None:
 
     try:
         parsed = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
         return f"it is not a torch device ({' '.join(str(exc).split())})"
     xpu = getattr(torch, "xpu", None)
     counts = {
