@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin.boundary import Invalid, Relation, Validator, checked
 from precision_plugin.canary.band import token_k3
 from precision_plugin.canary.monitor import CanaryCheck, CanaryMonitor
 from precision_plugin.errors import PrecisionConfigError
@@ -115,7 +115,46 @@ def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     ]
 
 
-@checked(learner=TABLE, rollout=TABLE, mask=OPTIONAL_MASK)
+def _row_lengths(value: Any) -> list[int]:
+    """The length of each row of a ``(B, T)`` table (checked by ``TABLE``) or of nested lists."""
+    if hasattr(value, "ndim") and hasattr(value, "shape"):
+        rows, width = (int(n) for n in value.shape)
+        return [width] * rows
+    rows = value.tolist() if hasattr(value, "tolist") else value
+    return [len(row) for row in rows]
+
+
+def _shown(value: Any, lengths: list[int]) -> str:
+    if hasattr(value, "ndim") and hasattr(value, "shape"):
+        return f"shape {tuple(int(n) for n in value.shape)}"
+    more = ", ..." if len(lengths) > 4 else ""
+    return f"{len(lengths)} rows of {', '.join(map(str, lengths[:4]))}{more} tokens"
+
+
+def same_rows(*params: str, fix: str) -> Relation:
+    """``params`` (tables, after ``TABLE``/``OPTIONAL_MASK``) hold as many rows each, each row
+    as long as the others' (the same tokens on every side); ``fix`` is shown."""
+
+    def check(values: dict[str, Any]) -> None:
+        lengths = {name: _row_lengths(value) for name, value in values.items()}
+        if len({tuple(v) for v in lengths.values()}) > 1:
+            differ = "; ".join(f"{name}: {_shown(values[name], v)}" for name, v in lengths.items())
+            raise Invalid(f"differ in shape ({differ}); {fix}")
+
+    return Relation(params, f"{', '.join(params)} of one shape", check)
+
+
+@checked(
+    same_rows(
+        "learner",
+        "rollout",
+        "mask",
+        fix="pass both sides' log-probs of the same tokens of the same batch, and its mask",
+    ),
+    learner=TABLE,
+    rollout=TABLE,
+    mask=OPTIONAL_MASK,
+)
 def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, float]:
     """The per-batch ``bitwise_equal_frac`` (the share of masked tokens whose learner and
     rollout log-probs are bit-identical) and ``k3_kl`` (the canary's k3 over them):

@@ -39,5 +39,13 @@ def test_check_canary_takes_tensors_and_scorer_lists() -> None:
 
 
 def test_batch_metrics_refuse_sides_of_different_lengths_by_name() -> None:
-    with pytest.raises(PrecisionConfigError, match=r"different lengths \(\[2\]\.\.\. vs \[1\]"):
+    with pytest.raises(
+        PrecisionConfigError,
+        match=r"batch_metrics\(\): arguments 'learner' and 'rollout' differ in shape "
+        r"\(learner: 1 rows of 2 tokens; rollout: 1 rows of 1 tokens\)",
+    ):
         batch_metrics([[-1.0, -2.0]], [[-1.0]])
+    with pytest.raises(
+        PrecisionConfigError, match=r"'mask' differ in shape .*mask: shape \(2, 2\)"
+    ):
+        batch_metrics(LEARNER, ROLLOUT, MASK[:, :2])
