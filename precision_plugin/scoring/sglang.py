@@ -16,6 +16,7 @@ JSON to a server's ``/generate``). SGLang is never imported here.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +53,43 @@ def generate_request(sequences: Sequence[TokenSequence]) -> dict[str, Any]:
     }
 
 
-@checked
+def _entries(value: Any) -> Any:
+    """SGLang's ``input_token_logprobs``: ``(logprob, token_id, text)`` entries, ``logprob`` a
+    number or ``None``, ``token_id`` a whole number >= 0 (``text`` optional)."""
+    for i, entry in enumerate(value):
+        shape = "is not a (logprob, token_id, text) entry"
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence):
+            raise Invalid(f"holds {entry!r} at [{i}], which {shape}; {_ENTRY_FIX}")
+        if not 2 <= len(entry) <= 3:
+            raise Invalid(
+                f"holds {entry!r} at [{i}], which {shape} ({len(entry)} items); {_ENTRY_FIX}"
+            )
+        logprob, token = entry[0], entry[1]
+        number = isinstance(logprob, numbers.Real) and not isinstance(logprob, bool)
+        if logprob is not None and not number:
+            raise Invalid(
+                f"holds {entry!r} at [{i}], whose logprob {logprob!r} is not a number or None; "
+                f"{_ENTRY_FIX}"
+            )
+        whole = isinstance(token, numbers.Integral) or (
+            isinstance(token, float) and token.is_integer()
+        )
+        if isinstance(token, bool) or not whole or token < 0:
+            raise Invalid(
+                f"holds {entry!r} at [{i}], whose token id {token!r} is not a whole number >= 0; "
+                f"{_ENTRY_FIX}"
+            )
+    return value
+
+
+_ENTRY_FIX = "pass meta_info['input_token_logprobs'] of SGLang's answer as it is"
+#: SGLang's ``meta_info["input_token_logprobs"]``, each entry checked.
+TOKEN_LOGPROBS = Validator(
+    "SGLang's (logprob, token_id, text) entries", _entries, ([[]], [[0.5]], [["x", 1, "a"]])
+)
+
+
+@checked(input_token_logprobs=TOKEN_LOGPROBS)
 def completion_logprobs(
     input_token_logprobs: Sequence[Sequence[Any]], sequence: TokenSequence
 ) -> list[float]:

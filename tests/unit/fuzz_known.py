@@ -33,7 +33,4 @@ KNOWN: dict[str, str] = {
     "precision_plugin.probe.advice.assess(overflow=<self-reference>)": "traceback: builtins.AttributeError: 'dict' object has no attribute 'recommendation'",
     "precision_plugin.probe.advice.assess(configured=<self-reference>)": "traceback: builtins.AttributeError: 'str' object has no attribute 'train_logprobs'",
     "precision_plugin.probe.advice.assess(configured=<10,000 deep>)": "traceback: builtins.AttributeError: 'dict' object has no attribute 'train_logprobs'",
-    "precision_plugin.scoring.sglang.completion_logprobs(input_token_logprobs=<ragged rows>)": "traceback: builtins.IndexError: list index out of range",
-    "precision_plugin.scoring.sglang.completion_logprobs(input_token_logprobs=<[[]]>)": "traceback: builtins.IndexError: list index out of range",
-    "precision_plugin.scoring.sglang.completion_logprobs(input_token_logprobs=<[[nan]]>)": "traceback: builtins.IndexError: list index out of range",
 }

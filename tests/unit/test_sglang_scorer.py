@@ -48,6 +48,23 @@ def test_a_window_of_other_tokens_is_refused() -> None:
         completion_logprobs([(None, 9, None), (-1.0, 7, None), (None, 8, None)], SEQ)
 
 
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ((), r"\(0 items\)"),
+        ((-0.5,), r"\(1 items\)"),
+        ("abc", r"item \[2\] is str"),
+        (("x", 7, None), "logprob 'x' is not a number or None"),
+        ((-0.5, -7, None), "token id -7 is not a whole number"),
+        ((-0.5, 7.5, None), "token id 7.5 is not a whole number"),
+    ],
+)
+def test_a_malformed_entry_is_refused_naming_the_parameter(entry: tuple, why: str) -> None:
+    answer = [*window(SEQ, [-0.5, -1.0])[:2], entry]
+    with pytest.raises(PrecisionConfigError, match=rf"argument 'input_token_logprobs' .*{why}"):
+        completion_logprobs(answer, SEQ)
+
+
 def test_an_empty_prompt_is_refused() -> None:
     with pytest.raises(PrecisionConfigError, match=r"at least one prompt token"):
         logprob_start(TokenSequence((), (3,)))
