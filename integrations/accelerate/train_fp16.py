@@ -23,6 +23,7 @@ from accelerate import Accelerator
 
 import precision_plugin as pp
 from precision_plugin.accelerate import accelerator_stats
+from precision_plugin.cli.argtypes import positive_int
 from precision_plugin.deepspeed import config_policy, engine_dtype, engine_scaler_stats
 
 
@@ -44,8 +45,8 @@ def the_policy(dtype: str | None, growth_interval: int | None) -> pp.PrecisionPo
 def main() -> None:
     """Train a tiny MLP for ``--steps`` steps and report what ran."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--growth-interval", type=int, help="default: the policy's (400)")
+    parser.add_argument("--steps", type=positive_int, default=20)
+    parser.add_argument("--growth-interval", type=positive_int, help="default: the policy's (400)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"])
     options = parser.parse_args()
 

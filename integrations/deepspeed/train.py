@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 import precision_plugin as pp
+from precision_plugin import userfiles
+from precision_plugin.cli.argtypes import positive_int
 from precision_plugin.deepspeed import config_policy, engine_dtype, engine_scaler_stats
 
 
@@ -82,13 +84,16 @@ def main() -> None:
         choices=["float16", "bfloat16", "float32"],
         help="override the file's precision_plugin.dtype (the policy follows it)",
     )
-    parser.add_argument("--max-steps", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=2, help="per device")
+    parser.add_argument("--max-steps", type=positive_int, default=5)
+    parser.add_argument("--batch-size", type=positive_int, default=2, help="per device")
     parser.add_argument("--output-dir", default=None, help="default: a temporary folder")
     options = parser.parse_args()
 
     one_process_world()
-    config = json.loads(Path(options.deepspeed).read_text())
+    # The one reader: a regular JSON file within the size limit, every failure in one line.
+    config = userfiles.read_json(options.deepspeed, "--deepspeed (the DeepSpeed config)")
+    if not isinstance(config, dict):
+        parser.error(f"--deepspeed: {options.deepspeed!r} holds no JSON object")
     if options.dtype:
         config["precision_plugin"] = {**config.get("precision_plugin", {}), "dtype": options.dtype}
     policy = pp.enable(config_policy(config))

@@ -42,6 +42,8 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
+from precision_plugin.cli.argtypes import non_negative_int, positive_float, positive_int
+from precision_plugin.probe.inputs import check_model_dir
 
 ALPHABET = string.ascii_lowercase + " "
 
@@ -132,7 +134,7 @@ KINDS = ("stale-weights", "engine-drift", "batch-drift")
 def parse_drill(text: str) -> tuple[str, int]:
     """``KIND@STEP`` -> (kind, step); kinds: stale-weights, engine-drift, batch-drift."""
     kind, _, step = text.partition("@")
-    if kind not in KINDS or not step.isdigit() or int(step) < 1:
+    if kind not in KINDS or not (step.isascii() and step.isdigit()) or int(step) < 1:
         raise argparse.ArgumentTypeError(
             f"--drill {text!r}: expected stale-weights@STEP, engine-drift@STEP or "
             f"batch-drift@STEP with STEP an "
@@ -319,10 +321,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--max-steps", type=positive_int, default=3)
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--model", default=None, help="a local checkpoint (default: built in code)")
     engines = ["hf", "trl", "vllm-colocate", "vllm-server"]
     parser.add_argument("--engine", choices=engines, default="hf", help="the rollout engine")
@@ -337,9 +339,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="enable(): the one line; callback: PrecisionCallback(dtype) alone, flags by hand",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
     parser.add_argument(
-        "--canary-every", type=int, default=None, help="canary check every K steps (policy)"
+        "--canary-every",
+        type=non_negative_int,
+        default=None,
+        help="canary check every K steps (policy)",
     )
     parser.add_argument(
         "--drill", type=parse_drill, default=None, metavar="KIND@STEP",
@@ -347,12 +352,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "only)",
     )  # fmt: skip
     parser.add_argument(
-        "--rollout-batch", type=int, default=None, help="HFRollout: sequences per forward"
+        "--rollout-batch", type=positive_int, default=None, help="HFRollout: sequences per forward"
     )
     parser.add_argument("--strict", action="store_true", help="strictness='error'")
     options = parser.parse_args(argv)
     if options.drill and options.engine != "hf":
         parser.error("--drill needs --engine hf (the drills act on HFRollout's copy)")
+    if options.model is not None:  # a local checkpoint folder: the recipe downloads nothing
+        try:
+            check_model_dir(options.model)
+        except pp.PrecisionConfigError as refused:
+            parser.error(f"--model: {refused}")
     settings: dict[str, Any] = {"dtype": options.dtype}
     if options.canary_every is not None:
         settings["metrics"] = {"canary_every": options.canary_every}
