@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked
+from precision_plugin.boundary import at_least, checked, in_range
 from precision_plugin.consequence import (
     COUNT_FIELDS,
     COVERAGE,
@@ -63,8 +63,10 @@ from precision_plugin.decision import (
 )
 from precision_plugin.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
 from precision_plugin.misfit import GrowthCheck, check_growth
+from precision_plugin.overflow import HeadroomReport
 from precision_plugin.probe.length import bucket_slices
-from precision_plugin.probe.schema import DEFAULT_BATCH_SIZE
+from precision_plugin.probe.overflow import OverflowCheck
+from precision_plugin.probe.schema import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, DtypeResult
 from precision_plugin.probe.scoring import padded
 
 #: verl docs/algo/rollout_corr.md: ESS below 0.3 is "too low" (its health check warns).
@@ -423,7 +425,7 @@ def dtype_line(c: DtypeConsequence) -> str:
     return text
 
 
-def _headroom(overflow: Any) -> Headroom | None:
+def _headroom(overflow: OverflowCheck | HeadroomReport | None) -> Headroom | None:
     """The decision's view of a probe's headroom check (``OverflowCheck``, or its report)."""
     if overflow is None:
         return None
@@ -446,17 +448,20 @@ def _evidence(c: DtypeConsequence, blocked: str) -> Evidence:
     )
 
 
-@checked(target_length=at_least(1), batch_size=at_least(1))
+@checked(
+    target_length=at_least(1),
+    batch_size=in_range(1, MAX_BATCH_SIZE, integer=True, why="the probe's --batch-size"),
+)
 def assess(
-    results: Mapping[str, Any],
+    results: Mapping[str, DtypeResult],
     target_length: int,
     *,
     valid: bool = True,
     float16_refused: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    overflow: Any = None,
+    overflow: OverflowCheck | HeadroomReport | None = None,
     attribution: Attribution | None = None,
-    configured: Mapping[str, Any] | None = None,
+    configured: Mapping[str, DtypeResult] | None = None,
     configured_settings: str = "",
     deepspeed_runs: Mapping[str, bool] | None = None,
 ) -> ConsequenceReport:

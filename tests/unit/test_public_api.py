@@ -335,8 +335,6 @@ def test_exemptions_name_public_objects() -> None:
 #: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
 #: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
 UNCHECKED_ANY: dict[str, str] = {
-    "precision_plugin.probe.advice.assess overflow": "the probe's OverflowCheck (or its "
-    "HeadroomReport, or None), read only for its recommendation",
     "precision_plugin.configs.Dialect.value raw": "any value a config holds: reading it by the "
     "program's rules (or refusing it, naming the key) is what the method does",
     "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
