@@ -258,7 +258,12 @@ def sglang_runs(value: Any) -> str | None:
         return None
     if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
         return dtype_label(value)
-    key = str(value).strip().lower()
+    if not isinstance(value, str):  # a mapping or list: its repr would not say which argument
+        raise PrecisionConfigError(
+            f"SGLang dtype (value): got {type(value).__name__}, not a dtype; pass one of "
+            f"{', '.join(SGLANG_DTYPE_CHOICES)} or a torch.dtype."
+        )
+    key = value.strip().lower()
     if key not in SGLANG_DTYPE_CHOICES:
         raise PrecisionConfigError(
             f"SGLang dtype {value!r} is not one SGLang accepts; choose one of "

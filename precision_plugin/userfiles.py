@@ -216,12 +216,9 @@ def regular_file(
     return info
 
 
-def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    """The contents of the regular file ``path`` (see :func:`regular_file`), at most ``limit``
-    bytes; the file is opened without blocking and checked again once open."""
-    full = check_path(path, what)
-    regular_file(full, what, limit)
-    name = shown(path)
+def _open_regular(full: str, what: str, name: str) -> int:
+    """A read-only descriptor of ``full`` (already :func:`regular_file`), opened without
+    blocking and checked again once open."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(full, flags)
@@ -232,8 +229,38 @@ def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_CONFIG_
             f"cannot be read ({exc.strerror or exc}); check the path and its permissions.",
         ) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
-            raise _refuse(what, name, "changed into something that is not a file; pass a file.")
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:  # replaced between the stat and the open
+        os.close(fd)
+        raise _refuse(what, name, "changed into something that is not a file; pass a file.")
+    return fd
+
+
+def read_head(path: str | os.PathLike[str], what: str, size: int) -> bytes:
+    """The first ``size`` bytes (fewer in a shorter file) of the regular file ``path`` of any
+    size (a model file's magic bytes); refused as :func:`regular_file` refuses."""
+    full = check_path(path, what)
+    regular_file(full, what, limit=2**63 - 1)
+    name = shown(path)
+    fd = _open_regular(full, what, name)
+    try:
+        return os.read(fd, size)
+    except OSError as exc:
+        raise _refuse(what, name, f"cannot be read ({exc.strerror or exc}).") from None
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The contents of the regular file ``path`` (see :func:`regular_file`), at most ``limit``
+    bytes; the file is opened without blocking and checked again once open."""
+    full = check_path(path, what)
+    regular_file(full, what, limit)
+    name = shown(path)
+    fd = _open_regular(full, what, name)
+    try:
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -307,6 +334,17 @@ def check_tree(data: Any, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES
         stack.append((node, depth, True))
         items = node.values() if isinstance(node, Mapping) else node
         stack.extend((item, depth + 1, False) for item in items)
+
+
+def check_argument(data: Any, what: str) -> None:
+    """:func:`check_tree` for a structure passed to a public function (not read from a file):
+    a cycle, nesting past :data:`MAX_DEPTH` or more than :data:`MAX_NODES` values is a one-line
+    ``PrecisionConfigError`` that starts with ``what``, which names the parameter as its caller
+    spells it (``"DeepSpeed config (cfg, a dict)"``), so the user knows which argument it is."""
+    try:
+        check_tree(data)
+    except UserDataError as exc:
+        raise PrecisionConfigError(f"{what}: {exc}.") from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

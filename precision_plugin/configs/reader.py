@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 from precision_plugin import userfiles
-from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, one_of
+from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, non_empty, one_of
 from precision_plugin.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
 
@@ -350,7 +350,7 @@ def _is_omegaconf(data: Any) -> bool:
     return type(data).__name__ == "DictConfig" and type(data).__module__.startswith("omegaconf")
 
 
-@checked
+@checked(source=non_empty("a label for where the override comes from, e.g. 'the overrides'"))
 def parse_override(text: str, dialect: Dialect, source: str = "the overrides") -> tuple[str, Any]:
     """One Hydra override (``[+|++]key.path=value``) as ``(path, value)``, the value typed by
     Hydra's grammar (``true``/``false`` any case, ``null``, integers, floats, else text) and

@@ -57,10 +57,7 @@ _BF16_OLD, _AUTOCAST = "bfloat16", "torch_autocast"
 def load_config(cfg: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """Return a deep copy of ``cfg``: a dict, a path to a JSON file, or a JSON string."""
     if isinstance(cfg, Mapping):
-        try:
-            userfiles.check_tree(cfg)
-        except userfiles.UserDataError as exc:
-            raise PrecisionConfigError(f"DeepSpeed config (a dict): {exc}.") from None
+        userfiles.check_argument(cfg, "DeepSpeed config (cfg, a dict)")
         return copy.deepcopy(dict(cfg))
     text = os.fspath(cfg)
     if not text.lstrip().startswith(("{", "[")) and ("\0" in text or os.path.lexists(text)):
@@ -186,6 +183,7 @@ def translate(
     [`apply_config`][precision_plugin.deepspeed.apply_config] is ``translate(cfg, config_policy(cfg,
     policy))``; call this one when the policy is already resolved.
     """
+    userfiles.check_argument(cfg, "DeepSpeed config (cfg, a dict)")  # before deepcopy recurses
     policy = resolve_policy(policy)
     out = copy.deepcopy(dict(cfg))
     _Translator(out, policy).run()

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.frameworks import sglang_dtype
@@ -219,6 +220,8 @@ def read_server_args(args: Any) -> dict[str, Any]:
     if isinstance(args, Mapping):
         from precision_plugin.configs import SGLANG
 
+        # a cycle or endless nesting is refused naming the argument, before it is flattened
+        userfiles.check_argument(args, "SGLang: the keyword arguments (args)")
         kwargs = SGLANG.with_style("python")
         given = {str(key).replace("-", "_"): value for key, value in args.items()}
         if "version" not in given:  # keyword arguments, not a server's /server_info answer

@@ -4,13 +4,6 @@ listed fails, and a listed one that no longer happens fails until it is taken of
 """
 
 KNOWN: dict[str, str] = {
-    "precision_plugin.configs.parse_override(source=<''>)": "misleading: the refusal names neither 'source' nor the value: verl: 'float16' in  is not a",
-    "precision_plugin.configs.parse_override(source=<whitespace>)": "misleading: the refusal names neither 'source' nor the value: verl: 'float16' in   \t is no",
-    "precision_plugin.deepspeed.apply_config(cfg=<self-reference>)": "misleading: the refusal names neither 'cfg' nor the value: DeepSpeed config (a dict): hold",
-    "precision_plugin.deepspeed.apply_config(cfg=<10,000 deep>)": "misleading: the refusal names neither 'cfg' nor the value: DeepSpeed config (a dict): nest",
-    "precision_plugin.deepspeed.load_config(cfg=<self-reference>)": "misleading: the refusal names neither 'cfg' nor the value: DeepSpeed config (a dict): hold",
-    "precision_plugin.deepspeed.load_config(cfg=<10,000 deep>)": "misleading: the refusal names neither 'cfg' nor the value: DeepSpeed config (a dict): nest",
-    "precision_plugin.deepspeed.translate(cfg=<10,000 deep>)": "traceback: builtins.RecursionError: maximum recursion depth exceeded while calling a Pytho",
     "precision_plugin.probe.build_prompts(num_prompts=<2**70>)": "hang: no answer in 10 s",
     "precision_plugin.probe.check_model_dir(path=<300-byte name>)": "traceback: builtins.OSError: [Errno 36] File name too long: '/tmp/tmp83pt5m64/paths/nnnnnn",
     "precision_plugin.probe.completion_budgets(num_prompts=<2**70>)": "hang: no answer in 10 s",
@@ -19,7 +12,4 @@ KNOWN: dict[str, str] = {
     "precision_plugin.probe.read_prompts_file(path=<NUL byte>)": "traceback: builtins.ValueError: embedded null byte",
     "precision_plugin.probe.read_prompts_file(path=<FIFO>)": "hang: no answer in 10 s",
     "precision_plugin.probe.read_prompts_file(path=</dev/zero>)": "traceback: builtins.MemoryError: ",
-    "precision_plugin.sglang.check_server_args(args=<self-reference>)": "misleading: the refusal names neither 'args' nor the value: SGLang: the keyword arguments ",
-    "precision_plugin.sglang.read_server_args(args=<self-reference>)": "misleading: the refusal names neither 'args' nor the value: SGLang: the keyword arguments ",
-    "precision_plugin.frameworks.sglang_runs(value=<self-reference>)": "misleading: the refusal names neither 'value' nor the value: SGLang dtype {'dtype': 'float",
 }

@@ -187,3 +187,16 @@ def test_a_field_of_the_programs_own_config_object_is_never_a_typo():
         PrecisionConfigError, match=r"did you mean 'actor_rollout_ref\.rollout\.tensor_model"
     ):
         VERL.read_mapping(written, "ppo.yaml")
+
+
+@pytest.mark.parametrize("source", ["", "  \t"])
+def test_a_blank_source_label_is_refused_naming_source(source):
+    """The label is what every message says the override came from ("'x' in  is not ...")."""
+    from precision_plugin.configs import VERL, parse_override
+
+    with pytest.raises(PrecisionConfigError, match=r"'source'.*empty"):
+        parse_override("float16", VERL, source)
+    assert parse_override("actor_rollout_ref.rollout.dtype=float16", VERL) == (
+        "actor_rollout_ref.rollout.dtype",
+        "float16",
+    )

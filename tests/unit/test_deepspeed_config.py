@@ -369,3 +369,28 @@ def test_half_master_weights_contradict_the_policy(dtype, name, caplog):
     assert (
         apply_config({name: {key: False}, "precision_plugin": {"dtype": dtype}})[name][key] is False
     )
+
+
+def _deep(levels: int = 10_000) -> dict:
+    root: dict = {}
+    node = root
+    for _ in range(levels):
+        node["a"] = node = {}
+    return root
+
+
+def _cyclic() -> dict:
+    cfg: dict = {"fp16": {"enabled": "auto"}}
+    cfg["fp16"]["self"] = cfg
+    return cfg
+
+
+@pytest.mark.parametrize("make", [_deep, _cyclic])
+def test_an_endless_dict_is_refused_naming_cfg_in_every_entry(make):
+    """load_config, apply_config and translate walk the dict before copying it (deepcopy of a
+    10,000-deep dict was a RecursionError) and name the parameter."""
+    from precision_plugin.deepspeed import translate
+
+    for call in (load_config, apply_config, lambda cfg: translate(cfg, None)):
+        with pytest.raises(pp.PrecisionConfigError, match=r"^DeepSpeed config \(cfg, a dict\)"):
+            call(make())

@@ -69,6 +69,8 @@ def test_sglang_spelling():
         "float32": "float32",
     }
     assert sglang_runs(None) is None and sglang_runs(" BFloat16 ") == "bfloat16"
+    with pytest.raises(PrecisionConfigError, match=r"SGLang dtype \(value\): got dict"):
+        sglang_runs({"dtype": "float16"})  # its repr named neither the parameter nor a dtype
     with pytest.raises(PrecisionConfigError, match="never 'fp16'"):
         sglang_runs("fp16")
     with pytest.raises(PrecisionConfigError, match=r"'torch\.float16' is not one SGLang accepts"):
@@ -619,3 +621,13 @@ def test_the_serve_recipe_leaves_the_dtype_to_the_entry_point():
         "auto",  # the entry point makes it the policy dtype
         "auto",
     )
+
+
+def test_keyword_arguments_that_contain_themselves_are_refused_naming_args():
+    from precision_plugin.sglang import check_server_args, read_server_args
+
+    args: dict = {"model_path": "m", "dtype": "float16"}
+    args["extra"] = {"loop": args}
+    for call in (read_server_args, check_server_args):
+        with pytest.raises(PrecisionConfigError, match=r"keyword arguments \(args\).*itself"):
+            call(args)
