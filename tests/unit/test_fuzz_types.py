@@ -10,7 +10,9 @@ prints every finding (a benchmark-sized run); the default is the CI run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,6 @@ NOTHING_TO_FUZZ: dict[str, str] = {
     "precision_plugin.vllm.engine_arg_fields": "a class (or None); a wrong one is the type "
     "test's (test_public_api.py)",
     "precision_plugin.frameworks.TrainerFlags": "two bools; a wrong type is the type test's",
-    "precision_plugin.frameworks.grad_scaler": "LossScalerSettings, which checks every field "
-    "in its constructor",
 }
 
 
@@ -58,7 +58,36 @@ def _values(entry: Entry, tmp: Path) -> list[tuple[str, str, dict[str, Any], Any
                     n = len(good[sibling]) + 1
                     values.append((f"len {n} beside {sibling}", [good[sibling][0]] * n))
         rows += [(param.name, label, {**good, param.name: v}, v) for label, v in values]
+        if not values and dataclasses.is_dataclass(good.get(param.name)):
+            rows += _field_rows(param.name, good, tmp)
     return rows
+
+
+class Built:
+    """A value built in the child: a dataclass argument with one field replaced (its
+    constructor checks the field there, as it would for a user)."""
+
+    def __init__(self, instance: Any, field: str, value: Any) -> None:
+        self.instance, self.field, self.value = instance, field, value
+
+    def build(self) -> Any:
+        return dataclasses.replace(self.instance, **{self.field: self.value})
+
+
+def _field_rows(
+    param: str, good: dict[str, Any], tmp: Path
+) -> list[tuple[str, str, dict[str, Any], Any]]:
+    """A parameter typed only as a dataclass: its valid value with each field in turn replaced
+    by the values of that field's annotation (``param.field``)."""
+    instance = good[param]
+    hints = typing.get_type_hints(type(instance))
+    rows = []
+    for field in dataclasses.fields(instance):
+        if not field.init:
+            continue
+        for label, v in fz.adversarial(field.name, hints.get(field.name, Any), tmp / "paths"):
+            rows.append((f"{param}.{field.name}", label, {**good}, Built(instance, field.name, v)))
+    return [(p, label, {**kw, p.split(".")[0]: value}, value) for p, label, kw, value in rows]
 
 
 def _plan(entry: Entry, tmp: Path, check_only: bool = False) -> list[tuple[str, str, Any]]:
@@ -84,6 +113,8 @@ def _fresh(target: Any, kwargs: dict[str, Any], param: str) -> Any:
             copied[name] = value if name == param else copy.deepcopy(value)
         except Exception:
             copied[name] = value
+        if isinstance(value, Built):  # a dataclass field's value: built here, in the child
+            copied[name] = value.build()
     return target(copied)
 
 
@@ -104,7 +135,12 @@ def fuzz(entry: Entry, tmp: Path) -> tuple[int, list[fz.Finding]]:
     values = {(p, label): value for p, label, _, value in _values(entry, tmp)}
     for param, label, outcome in fz.run_each_isolated(rest, budget=60.0):
         made += 1
-        verdict = fz.judge(param, values.get((param, label)), outcome)
+        value = values.get((param, label))
+        if isinstance(value, Built):  # a field of a dataclass argument: named as the field
+            param_named, value = value.field, value.value
+        else:
+            param_named = param
+        verdict = fz.judge(param_named, value, outcome)
         if verdict is not None and not (verdict[0] == "misleading" and outcome[2] == refused):
             findings.append(fz.Finding(entry.name, param, label, *verdict))
     return made, findings
@@ -124,9 +160,13 @@ def test_a_public_entry_point_survives_values_derived_from_its_types(entry: Entr
 
 
 def _constructed(hint: Any) -> bool:
-    """Whether ``hint`` is a class whose constructor is itself a fuzzed entry point: a value of
-    it is checked where it is built, and those values are fuzzed there."""
-    return any(isinstance(a, type) and a in CONSTRUCTORS for a in _arms(hint))
+    """Whether ``hint`` is a class whose constructor is itself a fuzzed entry point (a value of
+    it is checked where it is built, and those values are fuzzed there), or a dataclass (whose
+    fields are fuzzed through the parameter, :func:`_field_rows`)."""
+    return any(
+        isinstance(a, type) and (a in CONSTRUCTORS or dataclasses.is_dataclass(a))
+        for a in _arms(hint)
+    )
 
 
 CONSTRUCTORS = {e.obj for e in FUZZED if isinstance(e.obj, type) and e.method is None}
