@@ -84,7 +84,10 @@ class Attribution:
     """The attribution's evidence, as data built by the probe: in ``dtype``'s mismatch, the
     largest ``cause`` a user setting removes, its ``share``, the compute dtype's own share
     ``dtype_share`` in the same total, the ``setting`` to change (``kv_cache_dtype``) and the
-    ``keys`` that change it, by framework (the probe's ``--rollout`` first)."""
+    ``keys`` that change it, by framework (the probe's ``--rollout`` first). Where the probe
+    measured them: ``share_interval`` and ``dtype_interval``, the two shares' bootstrap
+    intervals, and ``tied``, the other settings (``{setting: (share, low, high)}``) whose
+    intervals overlap ``share_interval``, which the run does not rank below this one."""
 
     dtype: str
     cause: str
@@ -92,19 +95,47 @@ class Attribution:
     setting: str
     keys: dict[str, str] = field(default_factory=dict)
     dtype_share: float = 0.0
+    share_interval: tuple[float, float] | None = None
+    dtype_interval: tuple[float, float] | None = None
+    tied: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def dominates(self) -> bool:
-        """A rollout setting (not the dtype) whose share is at least the dtype's own."""
+        """A rollout setting (not the dtype) whose share is at least the dtype's own; with both
+        intervals, one whose interval lies above the dtype's (the run ranks it first)."""
+        if self.cause == "dtype" or not math.isfinite(self.share):
+            return False
+        if self.share_interval is not None and self.dtype_interval is not None:
+            above = self.dtype_interval[1]
+            return math.isfinite(above) and self.share_interval[0] > above
         own = self.dtype_share if math.isfinite(self.dtype_share) else 0.0
-        return self.cause != "dtype" and math.isfinite(self.share) and self.share >= own
+        return self.share >= own
 
     def clause(self) -> str:
-        """``change <setting> first (<share> of the <dtype> mismatch, ...): <keys>``."""
+        """``change <setting> first (<share> of the <dtype> mismatch, ...): <keys>``; with the
+        intervals, each share with its interval and the tied settings named."""
         keys = " · ".join(f"{k} {v}" for k, v in self.keys.items())
+        own = percent(max(self.dtype_share, 0.0))
+        if self.share_interval is None:
+            return (
+                f"change {self.setting} first ({percent(self.share)} of the {self.dtype} "
+                f"mismatch in this rollout, the dtype's own rounding {own})"
+                + (f": {keys}" if keys else "")
+            )
+        shares = " and ".join(
+            f"{name} {_share_with(share, low, high)}"
+            for name, (share, low, high) in {
+                self.setting: (self.share, *self.share_interval),
+                **self.tied,
+            }.items()
+        )
+        settings = " and ".join([self.setting, *self.tied])
+        tied = ", not distinguishable from each other" if self.tied else ""
+        if self.dtype_interval is not None:
+            own = _share_with(self.dtype_share, *self.dtype_interval)
         return (
-            f"change {self.setting} first ({percent(self.share)} of the {self.dtype} mismatch "
-            f"in this rollout, the dtype's own rounding {percent(max(self.dtype_share, 0.0))})"
+            f"change {settings} first (shares of the {self.dtype} mismatch in this "
+            f"rollout: {shares}{tied}; the dtype's own rounding {own})"
             + (f": {keys}" if keys else "")
         )
 
@@ -225,6 +256,11 @@ def percent(value: Any) -> str:
     if 0.999 < value < 1:
         return ">99.9%"
     return f"{value:.1%}" if abs(value) < 0.1 or 0.995 <= value < 1 else f"{value:.0%}"
+
+
+def _share_with(share: float, low: float, high: float) -> str:
+    """``62% [55%–70%]``: a share with its interval."""
+    return f"{percent(share)} [{percent(low)}–{percent(high)}]"
 
 
 def _kept(e: Evidence) -> str:

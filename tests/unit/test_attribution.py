@@ -48,8 +48,15 @@ def test_float32_without_causes_has_dtype_exactly_zero_and_shares_summing_to_one
     # The same weights and code on both sides in float32: bit-identical, exactly.
     assert dtype_row.k3.value == 0.0 and dtype_row.bitwise_equal == 1.0
     shares = [r.share for r in report.rows if r.in_total]
-    total = sum(shares) + (report.interaction + report.residual) / report.total_part
-    assert total == pytest.approx(1.0, abs=1e-12)
+    # Shapley shares of the k3 total and the residual add up to 1; the parts to the total.
+    assert sum(shares) + report.shares.residual.share == pytest.approx(1.0, abs=1e-12)
+    parts = math.fsum(r.part for r in report.rows if r.in_total) + report.residual
+    assert parts == pytest.approx(report.total.value, rel=1e-12)
+    # In float32 the dtype switches nothing in any subset: its Shapley part is exactly 0, and
+    # shown as not distinguishable from 0; the rollout rescored with every cause is mu itself.
+    assert dtype_row.part == 0.0 and not dtype_row.split.distinguishable
+    assert "not distinguishable from 0" in dtype_row.to_dict()["note"]
+    assert report.residual == 0.0
 
 
 def test_decomposition_arithmetic_is_exact() -> None:
@@ -203,20 +210,28 @@ def test_probe_attribute_with_rollout_settings_writes_the_section(
     block = section["dtypes"]["bfloat16"]
     in_total = [c for c, row in block["causes"].items() if row["in_total"]]
     assert in_total == ["dtype", "decode", "batch", "sampling", "kv_cache"]
-    shares = sum(block["causes"][c]["share"] for c in in_total)
-    shares += block["interaction"]["share"] + block["residual"]["share"]
+    # Shapley shares of k3 with the residual add up to 1; 2^5 - 1 subsets scored.
+    assert section["shares"] == block["shares"] == "shapley" and "interaction" not in block
+    shares = sum(block["causes"][c]["share"] for c in in_total) + block["residual"]["share"]
     assert shares == pytest.approx(1.0, abs=1e-9)
+    assert block["together"]["passes"] == 31
+    for c in in_total:
+        low, high = block["causes"][c]["share_interval"]
+        assert block["causes"][c]["distinguishable_from_0"] == (low > 0 or high < 0)
     assert block["causes"]["stale_weights"]["in_total"] is False
     assert "VLLM_BATCH_INVARIANT=1" in block["causes"]["batch"]["fixes"]["vLLM"]
     first = section["first_change"]
     assert first["cause"] in ("kv_cache", "sampling")
     # One decision: the advice line and the table's caption name the same setting.
     decision = data["consequence"]["decision"]
-    own = section["dtypes"][first["dtype"]]["causes"]["dtype"]["share"]
-    if first["share"] >= own:
+    # The setting leads only where its share's interval lies above the dtype's own.
+    own = section["dtypes"][first["dtype"]]["causes"]["dtype"]["share_interval"]
+    if first["share_interval"][0] > own[1]:
         setting = setting_name(first["cause"])
         assert (decision["decided_by"], decision["change_first"]) == ("attribution", setting)
-        assert data["consequence"]["advice"].startswith(f"do: change {setting} first")
+        # with any setting whose interval overlaps it named beside it, not ranked below it
+        tied = " and ".join([setting, *map(setting_name, first["tied"])])
+        assert data["consequence"]["advice"].startswith(f"do: change {tied} first (shares of")
     else:
         assert decision["change_first"] == "" and decision["decided_by"] != "attribution"
     captured = capsys.readouterr()
@@ -235,7 +250,9 @@ def test_probe_attribute_with_rollout_settings_writes_the_section(
         *[f"{dtype}: attribution{cause}" for dtype in ("float32", "bfloat16") for cause in (
             "", ": trainer side", ": dtype", ": batch", ": decode", ": sampling",
             *((": lm_head", ": rope") if dtype == "bfloat16" else ()), ": kv_cache",
-            ": stale_weights")],
+            ": stale_weights",
+            # 2^5 - 5 - 1 subsets more; in float32 the dtype switches nothing: 2^4 - 5
+            f": causes together ({11 if dtype == 'float32' else 26} passes)")],
     ]  # fmt: skip
     assert "why it is still off" in printed and "change first" in printed
     assert f"(decided by {decision['decided_by']})" in printed

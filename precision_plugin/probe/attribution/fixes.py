@@ -7,8 +7,10 @@ framework has no switch for a cause the table says so rather than invent one.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from precision_plugin.boundary import checked
@@ -177,18 +179,49 @@ class FirstChange:
     share: float
     k3: float
     settings: dict[str, str]
+    #: The share's bootstrap interval (``None``: results without one).
+    share_interval: tuple[float, float] | None = None
+    #: Other settable causes of the same total, separated from 0, whose share intervals overlap
+    #: this one's: the run does not rank ``cause`` above them. ``{cause: (share, low, high)}``.
+    tied: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def line(self) -> str:
         """One line for the advice: which setting to change first and why."""
         where = "; ".join(f"{k}: {v}" for k, v in self.settings.items())
+        interval = _interval_text(self.share_interval)
+        tied = (
+            f"; not ranked above {', '.join(self.tied)}: their intervals overlap"
+            if self.tied
+            else ""
+        )
         return (
-            f"change first ({self.dtype}): {self.cause} ({self.share:.0%} of the mismatch, "
-            f"k3 {self.k3:.2e}): {where}"
+            f"change first ({self.dtype}): {self.cause} ({self.share:.0%}{interval} of the "
+            f"mismatch{tied}, k3 {self.k3:.2e}): {where}"
         )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+
+def _interval_text(interval: tuple[float, float] | None) -> str:
+    if interval is None:
+        return ""
+    return f" [{interval[0]:.0%}, {interval[1]:.0%}]"
+
+
+def _separated(row: Mapping[str, Any]) -> tuple[float, float] | bool | None:
+    """A row's share interval: ``None`` where the row has none (results written before the
+    intervals), ``False`` where it holds 0 or is missing a bound (one sequence)."""
+    interval = row.get("share_interval")
+    if interval is None:
+        return None
+    low, high = interval
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return False
+    if not (low > 0):  # NaN or at most 0: not distinguishable from 0
+        return False
+    return float(low), float(high)
 
 
 @checked
@@ -199,7 +232,11 @@ def first_change(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> FirstCh
     largest such share (float32, the reference, only when it is the only dtype measured).
     ``None`` when no settable cause is in any total with a share above 0. A NaN share is one of
     them: ``Decomposition.share`` gives it when the total is 0 (the two sides agree on every
-    token, float32's can), so there is nothing to remove. Refuses a cause not in ``CAUSES``."""
+    token, float32's can), so there is nothing to remove. Where a row carries its share's
+    bootstrap interval (``"share_interval": [low, high]``), only a cause whose interval
+    separates from 0 (``low > 0``) is named, and the causes of the same total whose intervals
+    overlap the one named are its ``tied`` (not ranked below it). Refuses a cause not in
+    ``CAUSES``."""
     for dtype, causes in rows.items():
         unknown = [c for c in causes if c not in CAUSE_TABLE]
         if unknown:
@@ -220,9 +257,26 @@ def first_change(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> FirstCh
                 continue
             if share != share or share <= 0:  # NaN (a total of 0) or nothing
                 continue
+            interval = _separated(row)
+            if interval is False:  # not distinguishable from 0
+                continue
             if best is None or share > best.share:
-                best = FirstChange(dtype, cause, float(share), float(row["k3"]), spec.fixes)
-    return best
+                best = FirstChange(
+                    dtype, cause, float(share), float(row["k3"]), spec.fixes,
+                    interval if isinstance(interval, tuple) else None,
+                )  # fmt: skip
+    if best is None or best.share_interval is None:
+        return best
+    low = best.share_interval[0]
+    tied: dict[str, tuple[float, float, float]] = {}
+    for cause, row in rows[best.dtype].items():
+        spec = CAUSE_TABLE[cause]
+        if cause in (best.cause, "dtype") or not spec.settable or not row.get("in_total"):
+            continue
+        interval = _separated(row)
+        if isinstance(interval, tuple) and interval[1] >= low:
+            tied[cause] = (float(row["share"]), *interval)
+    return dataclasses.replace(best, tied=tied) if tied else best
 
 
 #: Which framework's key comes first where a cause lists several (the probe's own first).
@@ -262,6 +316,7 @@ def change_evidence(
         return None
     own = rows.get(first.dtype, {}).get("dtype", {})
     share = own.get("share") if own.get("in_total") else None
+    own_interval = own.get("share_interval") if own.get("in_total") else None
     return Attribution(
         first.dtype,
         first.cause,
@@ -269,4 +324,14 @@ def change_evidence(
         setting_name(first.cause),
         ordered_keys(first.settings),
         float(share) if share is not None and share == share else 0.0,
+        share_interval=first.share_interval,
+        dtype_interval=_bounds(own_interval),
+        tied={setting_name(c): v for c, v in first.tied.items()},
     )
+
+
+def _bounds(interval: Any) -> tuple[float, float] | None:
+    """``[low, high]`` of a JSON row as floats (NaN for a missing bound); ``None`` without."""
+    if interval is None:
+        return None
+    return tuple(math.nan if x is None else float(x) for x in interval)  # type: ignore[return-value]

@@ -21,8 +21,20 @@ convention), and every token's log-prob difference is recorded:
   rollout lags behind was computed on an earlier batch, not on the tokens being scored).
 
 Causes the rollout does not run with are measured as what-ifs (an fp8 e4m3 KV cache, an fp32 LM
-head, RoPE rounded to the dtype, an fp32 router) and have no share. The arithmetic is in
-[`decompose`][precision_plugin.probe.attribution.decompose].
+head, RoPE rounded to the dtype, an fp32 router) and have no share.
+
+The shares: the ``k`` causes in the total are then switched on together, every subset ``S`` of
+them on the same tokens (``subset_scores``): the rollout's dtype weights when ``dtype`` is in
+``S``, else the trainer's (float32 master weights under autocast, with an fp32 LM head or
+router computed outside autocast); KV-cache decode when ``decode`` is, one padded batch of all
+sequences when ``batch`` is, the engine's log-prob convention when ``sampling`` is, and each
+component switch in ``S`` as the rollout sets it. ``v(S)`` is the trainer against that rollout's
+k3, and each cause's part of the total is its Shapley value (``decompose.cause_shares``). The
+passes above already give ``k + 1`` of the ``2^k`` subsets (the empty one is the trainer, the
+dtype row's base, and the base with batch, decode in the batch, sampling or one component), so
+the shares take ``2^k - k - 1`` more passes; above ``SHAPLEY_MAX_CAUSES`` causes the parts are
+the sequential saving in ``CAUSES`` order (no pass beyond the ``k`` prefixes). The arithmetic is
+in [`decompose`][precision_plugin.probe.attribution.decompose].
 """
 
 from __future__ import annotations
@@ -30,15 +42,18 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.attribution.decompose import (
-    decompose,
+    cause_shares,
     k3_interval,
     log_ratio,
+    share_method,
+    subsets_needed,
 )
 from precision_plugin.probe.attribution.fixes import CAUSES, first_change
 from precision_plugin.probe.attribution.report import (
@@ -51,6 +66,7 @@ from precision_plugin.probe.attribution.settings import RolloutSettings
 from precision_plugin.probe.attribution.variants import (
     apply_switches,
     has_rope,
+    outside_autocast,
     recorded_routes,
     routers,
     stepped_weights,
@@ -227,6 +243,8 @@ def attribute_dtype(
         base = base_scorer.score(seqs)
 
     measured: list[tuple[str, list[list[float]], bool, str, float | None, float, int]] = []
+    # The rollout log-probs of each subset of causes switched on together already scored.
+    known: dict[frozenset[str], list[list[float]]] = {frozenset(): pi, frozenset({"dtype"}): base}
 
     def add(cause: str, side: list[list[float]], reference: list[list[float]], in_total: bool,
             what: str = "", flips: float | None = None) -> None:  # fmt: skip
@@ -255,6 +273,7 @@ def attribute_dtype(
             rescore = batch_rescore(batched, seqs, n, seed=seed, alone=base)
         add("batch", rescore.batched, base, True)
         prefill_n = rescore.batched
+        known[frozenset({"dtype", "batch"})] = rescore.batched
     if recorded_decode and settings == RolloutSettings():
         decoded = mu
     else:
@@ -263,11 +282,13 @@ def attribute_dtype(
             seqs
         )
     add("decode", decoded, prefill_n, True)
+    known[frozenset({"dtype", "decode", "batch"} if n > 1 else {"dtype", "decode"})] = decoded
     if settings.samples_differently or settings.logprobs_mode == "processed_logprobs":
         announce(f"{dtype}: attribution: sampling")
         with trainer_kernels():
             processed = HFScorer(base_model, transform=engine_t).score(seqs)
         add("sampling", processed, base, True)
+        known[frozenset({"dtype", "sampling"})] = processed
     truncation: tuple[float, int] | None = None
     if settings.truncates and settings.logprobs_mode == "raw_logprobs":
         announce(f"{dtype}: attribution: sampling (mass kept)")
@@ -286,6 +307,7 @@ def attribute_dtype(
         if switched[key] is not None:
             scores, flips = variant(cause, **{key: switched[key]})
             add(cause, scores, base, True, flips=flips)
+            known[frozenset({"dtype", cause})] = scores
         elif what_if and hypothetical is not None:
             scores, flips = variant(cause, **{key: hypothetical})
             add(cause, scores, base, False, what, flips)
@@ -298,12 +320,35 @@ def attribute_dtype(
         add("stale_weights", stale, base, False,
             f"weights one Adam step behind (lr {learning_rate:g})")  # fmt: skip
 
+    players = [c for c in CAUSES if any(m[0] == c and m[2] for m in measured)]
+    method = share_method(len(players))
+    masks = subsets_needed(len(players), method)
+    # In float32 the dtype switches nothing (subset_scores): a subset with it and without it
+    # are one pass.
+    same = (lambda m: m | {"dtype"}) if dtype == "float32" and "dtype" in players else (lambda m: m)
+    for members in list(known):
+        known.setdefault(same(members), known[members])
+    missing = {same(_members(players, m)) for m in masks} - set(known)
+    if missing:
+        announce(f"{dtype}: attribution: causes together ({len(missing)} passes)")
+    together: dict[int, list[list[float]]] = {}
+    for mask in masks:
+        members = same(_members(players, mask))
+        if members not in known:
+            known[members] = subset_scores(
+                master, seqs, dtype, members, switched,
+                train_t=train_t, engine_t=engine_t, seed=seed,
+            )  # fmt: skip
+        together[mask] = log_ratio(known[members], pi)
+
     total = log_ratio(mu, pi)
     # A token one side gives probability 0 (outside a top-p/top-k nucleus) has an infinite
     # log-ratio: it is counted and left out of every row, so all rows cover the same tokens.
     keep = []
     for i, t in enumerate(total):
-        columns = zip(t, *(m[1][i] for m in measured), strict=True)
+        columns = zip(
+            t, *(m[1][i] for m in measured), *(d[i] for d in together.values()), strict=True
+        )
         keep.append([all(math.isfinite(x) for x in xs) for xs in columns])
 
     def kept(rows_: list[list[float]]) -> list[list[float]]:
@@ -312,13 +357,18 @@ def attribute_dtype(
         ]
 
     total = kept(total)
-    split = decompose(total, {m[0]: kept(m[1]) for m in measured if m[2]})
+    shares = cause_shares(
+        total, {mask: kept(d) for mask, d in together.items()}, players, method=method
+    )
     rows: list[CauseRow] = []
     for cause, d, in_total, what, flips, fraction, count in measured:
-        d = kept(d)
-        part = split.parts[cause] if in_total else _half_mean_sq(d)
-        share = split.share(part) if in_total else None
-        row = CauseRow(cause, in_total, k3_interval(d), part, share, fraction, count, what, flips)
+        k3 = k3_interval(kept(d))
+        split = shares.parts.get(cause) if in_total else None
+        part = split.value if split is not None else k3.value
+        share = split.share if split is not None else None
+        row = CauseRow(
+            cause, in_total, k3, part, _finite(share), fraction, count, what, flips, split=split
+        )
         if cause == "sampling" and truncation is not None:
             row.truncation, row.truncation_tokens = truncation
         rows.append(row)
@@ -327,14 +377,15 @@ def attribute_dtype(
     equal = bitwise_equal(mu, pi)
     return DtypeAttribution(
         dtype=dtype,
-        total=k3_interval(total),
-        total_part=split.total,
+        total=shares.total,
+        total_part=shares.total.value,
         bitwise_equal=equal.fraction,
         tokens=equal.total,
         excluded=sum(not k for ks in keep for k in ks),
         rows=rows,
-        interaction=split.interaction,
-        residual=split.residual,
+        interaction=math.nan,
+        residual=shares.residual.value,
+        shares=shares,
         conventions=conventions(settings),
         seconds=time.perf_counter() - started,
         trainer_logprobs=[list(map(float, row)) for row in pi],
@@ -400,8 +451,78 @@ def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any
 
 
 def _half_mean_sq(d: list[list[float]]) -> float:
+    """``E[d^2]/2`` over the tokens (the old split's part of a cause)."""
     flat = [x for row in d for x in row]
     return math.fsum(x * x for x in flat) / (2 * len(flat)) if flat else math.nan
+
+
+def _finite(share: float | None) -> float | None:
+    """A share, or ``None`` where there is none (a total of 0 has nothing to split)."""
+    return share if share is not None and math.isfinite(share) else None
+
+
+def _members(players: Sequence[str], mask: int) -> frozenset[str]:
+    return frozenset(c for i, c in enumerate(players) if mask >> i & 1)
+
+
+#: The component causes and the ``apply_switches`` keyword that switches each on.
+_COMPONENT = {
+    "lm_head": "head_dtype",
+    "rope": "rope_dtype",
+    "kv_cache": "kv_format",
+    "router": "router_dtype",
+}
+
+
+def subset_scores(
+    master: Any,
+    seqs: Sequence[TokenSequence],
+    dtype: str,
+    causes: frozenset[str],
+    switched: dict[str, Any],
+    *,
+    train_t: Callable[[Any, Any], Any],
+    engine_t: Callable[[Any, Any], Any],
+    seed: int = 0,
+) -> list[list[float]]:
+    """The rollout's log-probs of ``seqs`` with ``causes`` switched on together and every other
+    cause off (module docstring): ``dtype`` the rollout's dtype weights (else the trainer's
+    float32 master weights under autocast), ``decode`` KV-cache decode, ``batch`` all sequences
+    in one padded batch (a prefill in ``batch_rescore``'s seeded order), ``sampling`` the
+    engine's log-prob convention, a component cause its ``switched`` setting (in float32 the
+    dtype switches nothing: every subset runs on the rollout copy). Prefill passes run the
+    trainer's kernels, decode passes the engine's, as the rows do."""
+    switch = {key: switched[key] for cause, key in _COMPONENT.items() if cause in causes}
+    # In float32 the dtype switches nothing (the rollout copy holds the trainer's weights and
+    # prefills with its kernels), so every subset runs on the rollout copy: decoding then keeps
+    # the engine's kernels with or without it, and the dtype's part is exactly 0.
+    if "dtype" in causes or dtype == "float32":
+        model, autocast = apply_switches(_copy(master, dtype), master, dtype, **switch), "float32"
+    else:
+        model = apply_switches(copy.deepcopy(master).eval(), master, dtype, **switch)
+        autocast = dtype
+        if "lm_head" in causes:
+            outside_autocast(model.get_output_embeddings())
+        if "router" in causes:
+            for _, router in routers(model):
+                outside_autocast(router)
+    n = len(seqs) if "batch" in causes else 1
+    transform = engine_t if "sampling" in causes else train_t
+    if "decode" in causes:
+        scorer = HFScorer(model, autocast=autocast, incremental=True, batch_size=n,
+                          transform=transform)  # fmt: skip
+        return scorer.score(seqs)
+    scorer = HFScorer(model, autocast=autocast, batch_size=n, transform=transform)
+    with trainer_kernels():
+        if n == 1:
+            return scorer.score(seqs)
+        order = list(range(len(seqs)))
+        random.Random(seed).shuffle(order)
+        got = scorer.score([seqs[i] for i in order])
+    out: list[list[float]] = [[] for _ in seqs]
+    for i, row in zip(order, got, strict=True):
+        out[i] = list(row)
+    return out
 
 
 def attribute(
@@ -447,10 +568,7 @@ def attribute(
         if sampling is not None and sampling.truncation is not None:
             note = truncation_note(sampling.truncation, sampling.truncation_tokens)
             report.notes.append(f"sampling ({dtype}): {note}")
-    report.first = first_change(
-        {d: {r.cause: {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}
-             for r in a.rows} for d, a in report.dtypes.items()}
-    )  # fmt: skip
+    report.first = first_change(report.first_rows())
     report.seconds = time.perf_counter() - started
     return report
 
@@ -470,6 +588,7 @@ __all__ = [
     "attribute_dtype",
     "conventions",
     "engine_transform",
+    "subset_scores",
     "rollout_samples",
     "trainer_transform",
 ]

@@ -91,7 +91,9 @@ def plot_attribution(section: Mapping[str, Any], path: str | Path, title: str = 
         up = down = 0.0
         unshared = False
         terms = [(c, r.get("share")) for c, r in block["causes"].items() if r.get("in_total")]
-        terms += [(t, (block.get(t) or {}).get("share")) for t in ("interaction", "residual")]
+        # Shapley shares (results with "shares") have no interaction term.
+        terms += [(t, (block.get(t) or {}).get("share")) for t in ("interaction", "residual")
+                  if t in block]  # fmt: skip
         for name, value in terms:
             share = _finite(value)
             if share is None:
@@ -115,7 +117,7 @@ def plot_attribution(section: Mapping[str, Any], path: str | Path, title: str = 
     left.axhline(0, color="black", linewidth=0.8)
     left.set_xlim(-0.5, len(dtypes) - 0.5)
     left.set_xticks(range(len(dtypes)), [_SHORT.get(d, d) for d in dtypes])
-    left.set_ylabel("share of E[d²]/2 (≈ k3)")
+    left.set_ylabel("Shapley share of k3" if section.get("shares") else "share of E[d²]/2 (≈ k3)")
     left.set_title("the measured mismatch by cause")
     if seen:
         left.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -14,6 +14,8 @@ _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: The k3 bootstrap's level in results files written before the section stated its
 #: ``coverage``: 95 % (since then the project's one level, ``intervals.COVERAGE``, 90 %).
 UNSTATED_COVERAGE = 0.95
+#: The residual row's words in a table of Shapley shares.
+RESIDUAL_WORDS = "the rollout as measured beyond all causes switched on together (rescored)"
 
 
 def _k3(value: Any, digits: int = 2) -> str:
@@ -29,6 +31,14 @@ def _share(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:+.0%}" if value < 0 else f"{value:.0%}"
+
+
+def _share_interval(row: Mapping[str, Any]) -> str:
+    """A share with its interval (``62% [55%, 70%]``); the share alone where it has none."""
+    interval = row.get("share_interval")
+    if row.get("share") is None or not interval or None in interval:
+        return _share(row.get("share"))
+    return f"{_share(row['share'])} [{_share(interval[0])}, {_share(interval[1])}]"
 
 
 def _fix(fixes: Mapping[str, str]) -> str:
@@ -69,7 +79,8 @@ def _row_fix(section: Mapping[str, Any], dtype: str, cause: str, row: Mapping[st
         )
     if not row["in_total"]:
         return f"if {row.get('what_if', '')}"
-    return dtype_fix(section, dtype) if cause == "dtype" else _fix(row["fixes"])
+    fix = dtype_fix(section, dtype) if cause == "dtype" else _fix(row["fixes"])
+    return f"{row['note']}. {fix}" if row.get("note") else fix
 
 
 def render_attribution_table(
@@ -94,9 +105,11 @@ def render_attribution_table(
     )
     blocks = _blocks(section)
     level = f"{100 * section.get('coverage', UNSTATED_COVERAGE):g}"
+    # Results with Shapley (or sequential) shares of k3 give each share its interval.
+    share = f"share [{level}% CI]" if section.get("shares") else "share"
     rows = [row for block in blocks for row in block]
     for i, (header, justify) in enumerate((
-        ("dtype", "left"), ("cause", "left"), (f"k3 [{level}% CI]", "right"), ("share", "right"),
+        ("dtype", "left"), ("cause", "left"), (f"k3 [{level}% CI]", "right"), (share, "right"),
         ("bit-eq", "right"), ("fix (what-if: what was switched)", "left"),
     )):  # fmt: skip
         if header.startswith("fix"):
@@ -124,6 +137,7 @@ def _blocks(section: Mapping[str, Any]) -> list[list[tuple[str, ...]]]:
     from rich.markup import escape
 
     blocks: list[list[tuple[str, ...]]] = []
+    split = bool(section.get("shares"))
     for dtype, block in section.get("dtypes", {}).items():
         rows: list[tuple[str, ...]] = []
         blocks.append(rows)
@@ -135,12 +149,18 @@ def _blocks(section: Mapping[str, Any]) -> list[list[tuple[str, ...]]]:
                 name += f", experts flip {flips:.1%}"
             rows.append((
                 _SHORT.get(dtype, dtype) if first else "", name, _interval(row),
-                _share(row["share"]),
+                _share_interval(row) if split else _share(row["share"]),
                 f"{row['bitwise_equal']:.1%}" if row["bitwise_equal"] is not None else "-",
                 escape(_row_fix(section, dtype, cause, row)),
             ))  # fmt: skip
             first = False
-        for term in ("interaction", "residual"):
+        if split:
+            residual = block["residual"]
+            rows.append((
+                "", "residual", "", _share_interval(residual), "",
+                escape(residual.get("note", RESIDUAL_WORDS)),
+            ))  # fmt: skip
+        for term in () if split else ("interaction", "residual"):
             rows.append(("", term, "", _share(block[term]["share"]), "", ""))
         total = block["total"]
         rows.append((
@@ -156,9 +176,7 @@ def _caption(
     rollout = ", ".join(f"{k}={v}" for k, v in changed.items()) or "defaults"
     lines = [
         f"rollout settings: {rollout}; stale weights at lr {section.get('learning_rate'):g}.",
-        "(cause): not in this rollout; what it would add if switched on (no share). Shares of "
-        "E[d^2]/2; interaction = covariances between causes, residual = what they do together "
-        "beyond their sum; the shares add up to 100%.",
+        _shares_line(section),
     ]
     if section.get("first_change"):
         lines.append(_pointer(decision))
@@ -167,6 +185,33 @@ def _caption(
             lines.append(f"layerwise ({dtype}): {block['layerwise']}")
     lines.extend(section.get("notes", []))
     return "\n".join(lines)
+
+
+def _shares_line(section: Mapping[str, Any]) -> str:
+    """What the share column is: Shapley (or sequential) shares of k3 with their intervals, or
+    (results written before them) shares of E[d^2]/2 with an interaction."""
+    method = section.get("shares")
+    if not method:
+        return (
+            "(cause): not in this rollout; what it would add if switched on (no share). Shares "
+            "of E[d^2]/2; interaction = covariances between causes, residual = what they do "
+            "together beyond their sum; the shares add up to 100%."
+        )
+    level = f"{100 * section.get('coverage', UNSTATED_COVERAGE):g}"
+    how = (
+        "Shapley shares of k3: each cause's saving averaged over every order of switching the "
+        "causes on together (rescored on the same tokens)"
+        if method == "shapley"
+        else "sequential shares of k3: the causes switched on one after the other in the "
+        "table's order, each what it adds (more causes than a Shapley split rescores)"
+    )
+    return (
+        f"(cause): not in this rollout; what it would add if switched on (no share). {how}; "
+        f"k3 per cause: that cause alone against the common base. residual = the rollout as "
+        f"measured minus all causes switched on together; the shares add up to 100%. Each "
+        f"share's {level}% interval comes from one bootstrap over sequences; a share whose "
+        f"interval holds 0 is not distinguishable from 0."
+    )
 
 
 def _pointer(decision: Mapping[str, Any] | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from precision_plugin.boundary import checked
 from precision_plugin.decision import Attribution
 from precision_plugin.intervals import COVERAGE
-from precision_plugin.probe.attribution.decompose import K3
+from precision_plugin.probe.attribution.decompose import K3, SHAPLEY_MAX_CAUSES, Part, Shares
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange, change_evidence
 from precision_plugin.probe.attribution.settings import RolloutSettings
 
@@ -38,6 +38,38 @@ def truncation_note(mean_log_mass: float, tokens: int) -> str:
     )
 
 
+#: A part whose interval holds 0, in the table and the JSON.
+NOT_DISTINGUISHABLE = "not distinguishable from 0"
+
+
+def part_note(split: Part | None) -> str:
+    """The words a part needs beside its number (``CauseRow.note``)."""
+    if split is None:
+        return ""
+    words = []
+    if not split.distinguishable:
+        words.append(f"{NOT_DISTINGUISHABLE} ({100 * COVERAGE:g}% interval holds 0)")
+    if split.value < 0:
+        words.append(
+            "negative: switched on with the others it lowers the k3 (it offsets part of them)"
+        )
+    elif split.share == split.share and split.share > 1:
+        words.append("above the total: other parts are negative (they offset part of this one)")
+    return "; ".join(words)
+
+
+def _part_fields(split: Part) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "part_interval": [_num(split.low), _num(split.high)],
+        "share_interval": [_num(split.share_low), _num(split.share_high)],
+        "distinguishable_from_0": split.distinguishable,
+    }
+    note = part_note(split)
+    if note:
+        out["note"] = note
+    return out
+
+
 @checked
 @dataclass
 class CauseRow:
@@ -45,7 +77,9 @@ class CauseRow:
 
     ``in_total``: the cause is part of this run's rollout (its ``share`` of the measured total
     is given); otherwise the row says what it would add if switched on (``what_if``: how) and
-    has no share. ``part``: ``E[d_c^2]/2``. ``bitwise_equal``: the share of tokens whose
+    has no share. ``part``: the cause's part of the k3 total (``split``, its Shapley value or
+    sequential saving with their intervals); for a what-if, its own ``k3``. ``k3``: the cause
+    switched on alone against the common base. ``bitwise_equal``: the share of tokens whose
     log-probs are bit-identical with and without the cause. ``expert_flips``: MoE only, the
     share of routed positions whose chosen experts differ. ``truncation``: the ``sampling`` row
     of a rollout that truncates (top-k/top-p) and records raw log-probs, the mean over its
@@ -64,6 +98,12 @@ class CauseRow:
     expert_flips: float | None = None
     truncation: float | None = None
     truncation_tokens: int = 0
+    split: Part | None = None
+
+    def note(self) -> str:
+        """Words for a part the table must not leave as a bare number: not distinguishable
+        from 0, negative, or above the whole total; ``""`` otherwise."""
+        return part_note(self.split)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (with the cause's fixes)."""
@@ -77,6 +117,8 @@ class CauseRow:
             "bitwise_equal": _num(self.bitwise_equal),
             "tokens": self.tokens,
         }
+        if self.split is not None:
+            out.update(_part_fields(self.split))
         if self.what_if:
             out["what_if"] = self.what_if
         if self.expert_flips is not None:
@@ -96,7 +138,9 @@ class CauseRow:
 @checked
 @dataclass
 class DtypeAttribution:
-    """One dtype: the measured total, each cause's row, the interaction and the residual."""
+    """One dtype: the measured total, each cause's row and the residual (``shares``: the
+    Shapley or sequential split of the k3 total; without it, results written before it: parts
+    of ``E[d^2]/2`` with an ``interaction``)."""
 
     dtype: str
     total: K3
@@ -115,6 +159,7 @@ class DtypeAttribution:
     #: from them).
     trainer_logprobs: list[list[float]] = field(default_factory=list, repr=False)
     rollout_logprobs: list[list[float]] = field(default_factory=list, repr=False)
+    shares: Shares | None = None
 
     def row(self, cause: str) -> CauseRow | None:
         """The row of ``cause`` (``None`` when not measured)."""
@@ -137,8 +182,25 @@ class DtypeAttribution:
                 "excluded_tokens": self.excluded,
             },
             "causes": {r.cause: r.to_dict() for r in self.rows},
-            "interaction": {"part": self.interaction, "share": share(self.interaction)},
-            "residual": {"part": self.residual, "share": share(self.residual)},
+        }
+        if self.shares is None:
+            out["interaction"] = {"part": self.interaction, "share": share(self.interaction)}
+            out["residual"] = {"part": self.residual, "share": share(self.residual)}
+        else:
+            together = self.shares.together
+            out["shares"] = self.shares.method
+            out["together"] = {
+                "k3": _num(together.value),
+                "k3_interval": [_num(together.low), _num(together.high)],
+                "passes": self.shares.passes,
+            }
+            residual = self.shares.residual
+            out["residual"] = {
+                "part": _num(residual.value),
+                "share": _num(residual.share),
+                **_part_fields(residual),
+            }
+        out |= {
             "conventions": dict(self.conventions),
             "seconds": round(self.seconds, 3),
         }
@@ -162,18 +224,32 @@ class AttributionReport:
     def evidence(self) -> Attribution | None:
         """The change-first as the one decision's evidence
         ([`decide`][precision_plugin.decision.decide]); ``None`` without one."""
-        rows = {
-            d: {r.cause: {"share": r.share, "in_total": r.in_total} for r in a.rows}
-            for d, a in self.dtypes.items()
-        }
-        return change_evidence(self.first, rows)
+        return change_evidence(self.first, self.first_rows())
+
+    def first_rows(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each dtype's rows as ``first_change`` reads them (with each share's interval where
+        the run has one)."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for d, a in self.dtypes.items():
+            out[d] = {}
+            for r in a.rows:
+                row: dict[str, Any] = {"share": r.share, "k3": r.k3.value, "in_total": r.in_total}
+                if r.split is not None:
+                    row["share_interval"] = [r.split.share_low, r.split.share_high]
+                out[d][r.cause] = row
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON ``attribution`` section."""
+        methods = {a.shares.method for a in self.dtypes.values() if a.shares is not None}
         return {
-            "method": "per token d = log mu - log pi = sum of per-cause d_c (one cause switched "
-            "on at a time against a common base) + residual; E[d^2]/2 (~k3) = sum_c E[d_c^2]/2 "
-            "+ interaction (covariances) + residual, exactly",
+            "method": "each cause's part of the k3 total is its Shapley value over the causes in "
+            "the total: v(S) = k3 of the trainer against the rollout rescored with the causes in "
+            "S switched on together (v(empty) = 0), on the same tokens; the parts add up to "
+            "v(all causes) and residual = total - v(all causes); above "
+            f"{SHAPLEY_MAX_CAUSES} causes, the sequential saving in the table's order; each "
+            "part, share and the residual with a bootstrap interval over sequences",
+            "shares": "sequential" if "sequential" in methods else "shapley",
             "coverage": COVERAGE,
             "rollout": self.settings.to_dict(),
             "learning_rate": self.learning_rate,

@@ -225,6 +225,29 @@ def router_in(model: Any, master: Any, dtype: str, compute: str) -> int:
     return len(found)
 
 
+def outside_autocast(module: Any) -> None:
+    """Run ``module``'s forward with torch's autocast off (a component computed in its own
+    dtype inside a model scored under autocast: the trainer's side with the rollout's fp32 LM
+    head or router switched on). A forward pre-hook turns autocast off, a forward hook turns it
+    back on."""
+    import torch
+
+    entered: list[Any] = []
+
+    def off(mod: Any, args: tuple[Any, ...]) -> None:
+        device = args[0].device.type if args and hasattr(args[0], "device") else "cpu"
+        context = torch.autocast(device_type=device, enabled=False)
+        context.__enter__()
+        entered.append(context)
+
+    def on(mod: Any, args: tuple[Any, ...], output: Any) -> None:
+        if entered:
+            entered.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(off)
+    module.register_forward_hook(on)
+
+
 @contextlib.contextmanager
 def recorded_routes(model: Any) -> Iterator[list[Any]]:
     """While open, each router call appends its chosen experts (sorted, ``[tokens, top_k]``)."""
