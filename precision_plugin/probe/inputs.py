@@ -9,11 +9,29 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from precision_plugin.boundary import at_least, checked, device_problem, duck, non_empty
+import annotated_types as at
+
+from precision_plugin import userfiles
+from precision_plugin.boundary import (
+    Invalid,
+    Validator,
+    at_least,
+    checked,
+    device_problem,
+    duck,
+    non_empty,
+)
+from precision_plugin.constraints import Whole
+from precision_plugin.decision import MAX_NUM_PROMPTS
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import UserJSONError, parse_json
+from precision_plugin.probe.engine import (  # noqa: F401 - the two named here as before
+    TOKENIZER_FILES,
+    checkpoint_folder,
+    looks_like_hub_id,
+)
 
 #: What the prompt builders tokenize with.
 _TOKENIZER = duck("__call__", "decode", what="a transformers tokenizer (AutoTokenizer)")
@@ -28,6 +46,48 @@ MAX_PROMPT_TOKENS = 48
 Message = Mapping[str, Any]
 #: A prompt: plain text, or a chat (a sequence of messages) rendered by the chat template.
 Prompt = str | Sequence[Message]
+
+#: How many completions a prompt builder makes: 1 .. ``MAX_NUM_PROMPTS`` (``--num-prompts``'s
+#: range), refused at the boundary before any prompt is tokenized.
+NumPrompts = Annotated[int, Whole(), at.Ge(1), at.Le(MAX_NUM_PROMPTS)]
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    """Why ``prompt`` is no prompt (text, or a non-empty list of messages with text content)."""
+    if isinstance(prompt, str):
+        return None
+    if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence):
+        return f"is {type(prompt).__name__}, neither text nor a chat (a list of messages)"
+    if not prompt:
+        return "is an empty chat (a list of no messages)"
+    for number, message in enumerate(prompt, 1):
+        if not isinstance(message, Mapping) or not isinstance(message.get("content"), str):
+            return (
+                f"is a chat whose message {number} is not a {{'role': ..., 'content': '...'}} "
+                f"dict with text content"
+            )
+    return None
+
+
+def _check_prompts(prompts: Any) -> Any:
+    if not isinstance(prompts, str) and isinstance(prompts, Sequence) and len(prompts) == 0:
+        raise Invalid("is empty; pass at least one prompt")
+    for number, prompt in enumerate(prompts, 1):
+        problem = _prompt_problem(prompt)
+        if problem is not None:
+            raise Invalid(
+                f"holds a prompt that is not one: prompt {number} {problem}; a prompt is text "
+                f"or a list of {{'role': ..., 'content': '...'}} messages"
+            )
+    return prompts
+
+
+#: The user's prompts: at least one, each text or a non-empty chat of messages with text.
+_PROMPTS = Validator(
+    "at least one prompt: text, or a list of {'role', 'content'} messages",
+    _check_prompts,
+    ([], [[]], [{}], [[{"role": "user"}]]),
+)
 
 PROMPTS: tuple[str, ...] = (
     "The history of the printing press begins in the fifteenth century, when",
@@ -66,66 +126,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
-# The files a tokenizer is loaded from (fast, sentencepiece, BPE and WordPiece vocabularies);
-# without any of them transformers silently builds an empty tokenizer.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "spiece.model",
-    "vocab.json",
-    "vocab.txt",
-)
-
-
-# A Hub model id: "name" or "owner/name" (letters, digits, '-', '_', '.'; no path syntax).
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-def looks_like_hub_id(text: str) -> bool:
-    """Whether ``text`` reads as a Hugging Face Hub id (``owner/name``) rather than a path."""
-    return bool(_HUB_ID.fullmatch(text)) and ".." not in text and not text.startswith(".")
-
-
 @checked
 def check_model_dir(path: str | os.PathLike[str]) -> Path:
     """Check that ``path`` is a local HF checkpoint folder (with ``config.json``)."""
-    folder = Path(path).expanduser()
-    if not folder.exists() and looks_like_hub_id(str(path)):
-        raise PrecisionConfigError(
-            f"model: {path!r} does not exist as a local folder; it looks like a Hugging Face Hub "
-            f"id, and the probe downloads nothing. Fetch the checkpoint once on a machine with "
-            f"network: `hf download {path} --local-dir ./{Path(str(path)).name}` (the "
-            f"huggingface_hub CLI; `huggingface-cli download` in versions before 1.0), or in "
-            f"Python AutoModelForCausalLM.from_pretrained({str(path)!r}).save_pretrained(PATH) "
-            f"and the same for AutoTokenizer; then pass --model with that folder."
-        )
-    if not folder.exists():
-        raise PrecisionConfigError(
-            f"model: {path!r} does not exist; pass a local HF checkpoint folder (config.json, "
-            f"weights and tokenizer), or omit --model to probe the embedded default model."
-        )
-    if not folder.is_dir():
-        raise PrecisionConfigError(
-            f"model: {path!r} is a file, not a folder; pass the checkpoint folder that holds "
-            f"config.json, the weights and the tokenizer."
-        )
-    if not (folder / "config.json").is_file():
-        raise PrecisionConfigError(
-            f"model: {path!r} has no config.json, so it is not an HF checkpoint; save one with "
-            f"model.save_pretrained(PATH) and tokenizer.save_pretrained(PATH)."
-        )
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise PrecisionConfigError(
-            f"model: {path!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
-            f"the probe tokenizes its prompts with the checkpoint's tokenizer: save it there with "
-            f"tokenizer.save_pretrained(PATH)."
-        )
-    return folder
+    return checkpoint_folder(path)
 
 
-@checked(tokenizer=_TOKENIZER, num_prompts=at_least(1))
-def build_prompts(tokenizer: Any, num_prompts: int) -> list[list[int]]:
+@checked(tokenizer=_TOKENIZER)
+def build_prompts(tokenizer: Any, num_prompts: NumPrompts) -> list[list[int]]:
     """Tokenize the built-in prompts (cycled to ``num_prompts``), all cut to one length.
 
     The pad token id is removed from every prompt: an engine that derives an attention mask
@@ -159,16 +167,12 @@ def read_prompts_file(path: str | os.PathLike[str]) -> list[Prompt]:
     lines end at ``\n`` only.
     """
     path = os.fspath(path)  # named as given in every message
-    file = Path(path).expanduser()
-    try:
-        text = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise PrecisionConfigError(
-            f"prompts: cannot read {path!r} ({reason}); pass a UTF-8 text or JSONL file."
-        ) from None
-    # Lines end at "\n" only (read_text has turned "\r\n" and "\r" into "\n"): splitlines()
-    # would also split at a form feed, \x1c-\x1e, \x85, U+2028 and U+2029 inside a prompt.
+    # The one reader: a path the OS can take, a regular file (a FIFO or /dev/zero refused
+    # before opening) within the data size limit, UTF-8 (a bad byte named with its offset).
+    text = userfiles.read_text(path, "prompts:", userfiles.MAX_DATA_BYTES, bom=True)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as universal newlines read it
+    # Lines end at "\n" only ("\r\n" and "\r" turned into "\n" above): splitlines() would
+    # also split at a form feed, \x1c-\x1e, \x85, U+2028 and U+2029 inside a prompt.
     lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:
         raise PrecisionConfigError(
@@ -257,8 +261,10 @@ def _record_prompt(path: str, number: int, record: Any, where: str = "") -> Prom
     )
 
 
-@checked(tokenizer=_TOKENIZER, prompts=non_empty("at least one prompt"), num_prompts=at_least(1))
-def encode_prompts(tokenizer: Any, prompts: Sequence[Prompt], num_prompts: int) -> list[list[int]]:
+@checked(tokenizer=_TOKENIZER, prompts=_PROMPTS)
+def encode_prompts(
+    tokenizer: Any, prompts: Sequence[Prompt], num_prompts: NumPrompts
+) -> list[list[int]]:
     """Tokenize the user's prompts (cycled to ``num_prompts``), each at its own length.
 
     Text is encoded as the tokenizer does by default (its BOS where it adds one). A chat is
@@ -315,8 +321,8 @@ def _chat_text(tokenizer: Any, messages: list[dict[str, Any]], number: int) -> s
         ) from None
 
 
-@checked(num_prompts=at_least(1), max_new_tokens=at_least(1))
-def completion_budgets(num_prompts: int, max_new_tokens: int) -> list[int]:
+@checked(max_new_tokens=at_least(1))
+def completion_budgets(num_prompts: NumPrompts, max_new_tokens: int) -> list[int]:
     """Per-completion length caps spread evenly up to ``max_new_tokens`` (for the length fit)."""
     return [max(1, math.ceil(max_new_tokens * (i + 1) / num_prompts)) for i in range(num_prompts)]
 

@@ -204,7 +204,7 @@ BAD_ARGS = {
     "too many tokens": (lambda tmp: ["probe", "--max-new-tokens", "5000"], "max_position"),
     "missing prompts file": (
         lambda tmp: ["probe", "--prompts", str(tmp / "none.txt")],
-        "prompts: cannot read",
+        "none.txt' does not exist",
     ),
     "min above max": (
         lambda tmp: ["probe", "--max-new-tokens", "8", "--min-new-tokens", "9"],

@@ -267,6 +267,57 @@ def model_config(make: Callable[[Path], str]) -> Callable[[Path], Any]:
     return run
 
 
+def probe_api(name: str, make: Callable[[Path], Any]) -> Callable[[Path], Any]:
+    """``precision_plugin.probe.<name>(make(tmp))`` (``read_prompts_file``, ``check_model_dir``,
+    ``load_causal_lm`` with the device ``cpu``)."""
+
+    def run(tmp: Path) -> Any:
+        from precision_plugin import probe
+
+        func = getattr(probe, name)
+        return func(make(tmp), "cpu") if name == "load_causal_lm" else func(make(tmp))
+
+    return run
+
+
+def find_gguf(make: Callable[[Path], str]) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from precision_plugin.probe.gguf import find_gguf as find
+
+        return find(make(tmp))
+
+    return run
+
+
+def ds_translate(data: Callable[[], Any]) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from precision_plugin.deepspeed import translate
+
+        return translate(data(), None)
+
+    return run
+
+
+def sglang_kwargs(data: Callable[[], Any]) -> Callable[[Path], Any]:
+    """``sglang.check_server_args(data())``: the keyword arguments of ``sglang.Engine``."""
+
+    def run(tmp: Path) -> Any:
+        from precision_plugin.sglang import check_server_args
+
+        return check_server_args(data())
+
+    return run
+
+
+def deep_dict(levels: int = 10_000) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(levels):
+        node["a"] = {}
+        node = node["a"]
+    return root
+
+
 def cyclic_dict() -> dict[str, Any]:
     data: dict[str, Any] = {"actor_rollout_ref": {"rollout": {"dtype": "float16"}}}
     data["actor_rollout_ref"]["self"] = data
@@ -372,7 +423,28 @@ def rows(h: Any) -> list[dict[str, Any]]:
         "ds apply_config self-reference dict",
         "files",
         ds(lambda t: cyclic_dict()),
-        "DeepSpeed config",
+        "DeepSpeed config (cfg",
+        "contains itself",
+    )
+    bad(
+        "ds apply_config 10,000 deep dict",
+        "files",
+        ds(lambda t: deep_dict()),
+        "DeepSpeed config (cfg",
+        "nests deeper",
+    )
+    bad(
+        "ds translate 10,000 deep dict",
+        "files",
+        ds_translate(deep_dict),
+        "DeepSpeed config (cfg",
+        "nests deeper",
+    )
+    bad(
+        "sglang check_server_args self-reference dict",
+        "files",
+        sglang_kwargs(lambda: {"model_path": "m", **cyclic_dict()}),
+        "(args)",
         "contains itself",
     )
     bad(
@@ -417,6 +489,27 @@ def rows(h: Any) -> list[dict[str, Any]]:
         "p.txt",
         "over the limit",
     )
+    bad(
+        "probe read_prompts_file fifo",
+        "files",
+        probe_api("read_prompts_file", fifo("p.txt")),
+        "prompts:",
+        "named pipe",
+    )
+    bad(
+        "probe read_prompts_file /dev/zero",
+        "files",
+        probe_api("read_prompts_file", fixed("/dev/zero")),
+        "prompts:",
+        "device",
+    )
+    bad(
+        "gguf-checkpoint source fifo",
+        "files",
+        find_gguf(fifo("m.gguf")),
+        "source:",
+        "named pipe",
+    )
     # -- class 2: paths the OS refuses -----------------------------------------------------------
     for command, option, suffix in (
         ("probe", "--json", ".json"),
@@ -444,6 +537,34 @@ def rows(h: Any) -> list[dict[str, Any]]:
         "paths",
         cli("probe", "--prompts", long_name(".txt")),
         "prompts:",
+        "over the file system's limit",
+    )
+    bad(
+        "probe read_prompts_file NUL byte",
+        "paths",
+        probe_api("read_prompts_file", fixed("p\0.txt")),
+        "prompts:",
+        "NUL",
+    )
+    bad(
+        "probe check_model_dir name over 255 bytes",
+        "paths",
+        probe_api("check_model_dir", long_name()),
+        "model",
+        "over the file system's limit",
+    )
+    bad(
+        "probe load_causal_lm a Hub id (never downloaded)",
+        "paths",
+        probe_api("load_causal_lm", fixed("no-such-owner/no-such-model")),
+        "'no-such-owner/no-such-model'",
+        "downloads nothing",
+    )
+    bad(
+        "gguf-checkpoint source name over 255 bytes",
+        "paths",
+        find_gguf(long_name(".gguf")),
+        "source",
         "over the file system's limit",
     )
     bad("cli probe --json NUL byte", "paths", cli("probe", "--json", "a\0b.json"), "--json", "NUL")

@@ -44,7 +44,7 @@ def test_bad_files_are_refused_with_the_line(tmp_path: Path, text: str, match: s
 
 
 def test_a_missing_file_is_refused() -> None:
-    with pytest.raises(PrecisionConfigError, match="cannot read"):
+    with pytest.raises(PrecisionConfigError, match=r"prompts: '/no/such/prompts\.txt' does not"):
         read_prompts_file("/no/such/prompts.txt")
 
 
@@ -83,3 +83,42 @@ def test_config_checks_prompts_and_min_new_tokens() -> None:
         ProbeConfig(max_new_tokens=64, min_new_tokens=65)
     with pytest.raises(PrecisionConfigError, match="min-new-tokens"):
         ProbeConfig(min_new_tokens=-1)
+
+
+def test_line_ends_are_read_as_universal_newlines(tmp_path: Path) -> None:
+    """The one reader keeps bytes as written: "\r\n" and "\r" still end a line, as when the file
+    was read in text mode, and a UTF-8 byte-order mark is dropped."""
+    file = tmp_path / "prompts.txt"
+    file.write_bytes(b"\xef\xbb\xbfone\r\ntwo\rthree\n")
+    assert read_prompts_file(str(file)) == ["one", "two", "three"]
+
+
+@pytest.mark.parametrize(
+    ("prompts", "match"),
+    [
+        ([[]], "prompt 1 is an empty chat"),
+        (["ok", [{"role": "user"}]], "prompt 2 is a chat whose message 1"),
+        (["ok", [{"role": "user", "content": 5}]], "prompt 2 is a chat whose message 1"),
+    ],
+)
+def test_a_prompt_that_is_no_prompt_is_refused_naming_prompts(prompts: list, match: str) -> None:
+    with pytest.raises(PrecisionConfigError, match=match) as info:
+        encode_prompts(build_tokenizer(), prompts, 2)
+    assert "'prompts'" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_num_prompts_is_bounded_before_any_work() -> None:
+    from precision_plugin.probe import build_prompts, completion_budgets
+    from precision_plugin.probe.schema import MAX_NUM_PROMPTS
+
+    tokenizer = build_tokenizer()
+    for call in (
+        lambda n: build_prompts(tokenizer, n),
+        lambda n: encode_prompts(tokenizer, ["a"], n),
+        lambda n: completion_budgets(n, 8),
+    ):
+        with pytest.raises(PrecisionConfigError, match=rf"'num_prompts'.*<= {MAX_NUM_PROMPTS}"):
+            call(2**70)  # a hang before: the loop ran to it
+        with pytest.raises(PrecisionConfigError, match="'num_prompts'"):
+            call(0)
+    assert len(completion_budgets(MAX_NUM_PROMPTS, 8)) == MAX_NUM_PROMPTS
