@@ -14,7 +14,12 @@ builds on it):
 - :class:`Each`: the rules hold for every item of a sequence or a 1-D tensor;
 - :class:`Ordered`: ordered against another parameter (``low <= high``);
 - :class:`AtMost`: a count no larger than its total (another parameter, or a measure of it,
-  such as the sum of the lengths).
+  such as the sum of the lengths);
+- :class:`Brackets`: a tuple holding an interval, ``(low, high)`` or ``(value, low, high)``,
+  whose ends bracket it: ``low <= value <= high`` (a result's declaration, usually).
+
+A function's *return* annotation declares its result the same way, and the boundary checks
+the result on the way out (a broken one is a bug in the plugin, reported as such).
 
 A NaN passes the comparison rules (it is "not measured", not a value out of range) unless the
 parameter is :class:`Finite` without ``nan_ok``.
@@ -22,6 +27,7 @@ parameter is :class:`Finite` without ``nan_ok``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import typing
 from collections.abc import Callable, Sequence
@@ -38,6 +44,7 @@ class Invalid(ValueError):
 __all__ = [
     "Across",
     "AtMost",
+    "Brackets",
     "Count",
     "Declared",
     "Each",
@@ -110,6 +117,20 @@ class AtMost(at.BaseMetadata):
 
     def __str__(self) -> str:
         return f"<= {self.what or self.other}"
+
+
+@dataclass(frozen=True)
+class Brackets(at.BaseMetadata):
+    """A tuple whose items ``low`` and ``high`` (indices) bracket the item ``value`` (an index,
+    or ``None`` for a bare ``(low, high)``): ``low <= value <= high``; a NaN end is "not
+    measured" and brackets nothing."""
+
+    low: int = 0
+    high: int = 1
+    value: int | None = None
+
+    def __str__(self) -> str:
+        return "low <= high" if self.value is None else "low <= value <= high"
 
 
 #: Reusable declarations.
@@ -239,7 +260,26 @@ def _check(value: Any, rules: Sequence[Any]) -> Any:
     for rule in rules:
         if isinstance(rule, Each):
             _check_items(value, _flat(rule.rules))
+        elif isinstance(rule, Brackets):
+            _check_brackets(value, rule)
     return value
+
+
+def _check_brackets(value: Any, rule: Brackets) -> None:
+    """Raise :class:`Invalid` where ``value``'s ends do not bracket it (NaN ends skipped)."""
+    try:
+        items = list(value)
+        named = {"low": items[rule.low], "high": items[rule.high]}
+        if rule.value is not None:
+            named["value"] = items[rule.value]
+    except (TypeError, IndexError):
+        raise Invalid(f"is not a tuple of the interval its rule names ({rule})") from None
+    numbers = {k: _number(v) for k, v in named.items()}
+    order = [k for k in ("low", "value", "high") if k in numbers]
+    known = [k for k in order if numbers[k] is not None and not math.isnan(numbers[k])]
+    for a, b in itertools.pairwise(known):
+        if not numbers[a] <= numbers[b]:
+            raise Invalid(f"has {a} {named[a]!r} above {b} {named[b]!r} (rule: {rule})")
 
 
 def _check_items(value: Any, rules: Sequence[Any]) -> None:

@@ -53,7 +53,15 @@ import numpy as np
 from scipy import special, stats
 
 from precision_plugin.boundary import checked, same_length
-from precision_plugin.constraints import AtMost, Each, Finite, Ordered, Whole
+from precision_plugin.constraints import (
+    AtMost,
+    Brackets,
+    Each,
+    Finite,
+    Ordered,
+    Probability,
+    Whole,
+)
 
 #: Two-sided coverage of every interval.
 COVERAGE = 0.90
@@ -94,6 +102,20 @@ Coverage = Annotated[float, Finite(), at.Gt(0), at.Lt(1)]
 Trials = Annotated[int, Whole(), at.Ge(0), at.Le(MAX_COUNT)]
 #: A variance (NaN or inf: not measured, the interval is NaN).
 VarianceIn = Annotated[float, at.Ge(0)]
+#: Results (checked by the boundary on the way out; NaN: too few sequences or trials):
+#: a share's interval, within [0, 1] and ordered;
+ShareInterval = Annotated[tuple[Probability, Probability], Brackets(low=0, high=1)]
+#: a variance (or a ratio of non-negative sums) and its interval: >= 0, ordered (inf only
+#: from an infinite input);
+NonNegativeOrNaN = Annotated[float, at.Ge(0)]
+VarianceInterval = Annotated[tuple[NonNegativeOrNaN, NonNegativeOrNaN], Brackets(low=0, high=1)]
+#: an expected ESS (a share of the batch, in [0, 1]) and one with its interval;
+ESS = Probability
+ESSInterval = Annotated[tuple[ESS, ESS, ESS], Brackets(value=0, low=1, high=2)]
+#: a ratio with its interval, ``(value, low, high)``.
+RatioInterval = Annotated[
+    tuple[NonNegativeOrNaN, NonNegativeOrNaN, NonNegativeOrNaN], Brackets(value=0, low=1, high=2)
+]
 #: Sequence lengths in tokens, one per sequence of a batch no larger than ``MAX_BATCH``.
 Lengths = Annotated[Sequence[int], Each(Whole(), at.Ge(0), at.Le(MAX_COUNT)), at.MaxLen(MAX_BATCH)]
 
@@ -108,7 +130,7 @@ def clopper_pearson(
     k: Annotated[int, Whole(), at.Ge(0), AtMost("n")],
     n: Trials,
     coverage: Coverage = COVERAGE,
-) -> tuple[float, float]:
+) -> ShareInterval:
     """The exact (Clopper-Pearson) interval of a share ``k / n``; NaN without a trial."""
     if n <= 0:
         return NAN
@@ -124,14 +146,14 @@ def chi2_ppf(p: float, dof: float) -> float:
 @checked
 def variance_normal(
     variance: VarianceIn, n: Trials, coverage: Coverage = COVERAGE
-) -> tuple[float, float]:
+) -> VarianceInterval:
     """The chi-square interval of a variance estimated with ``n − 1`` degrees of freedom from
     ``n`` normal values; NaN below two."""
     return _chi2_interval(variance, float(n - 1), coverage) if n >= 2 else NAN
 
 
 @checked
-def excess_kurtosis(residuals: Sequence[float]) -> float:
+def excess_kurtosis(residuals: Sequence[float]) -> Annotated[float, Finite(nan_ok=True)]:
     """The bias-corrected sample excess kurtosis (``G2``; 0 for a normal); NaN below four."""
     z = np.asarray(residuals, dtype=np.float64)
     if z.size < 4 or not np.all(np.isfinite(z)) or float(np.ptp(z)) == 0.0:
@@ -142,7 +164,7 @@ def excess_kurtosis(residuals: Sequence[float]) -> float:
 @checked
 def variance_robust(
     variance: VarianceIn, residuals: Sequence[float], coverage: Coverage = COVERAGE
-) -> tuple[float, float]:
+) -> VarianceInterval:
     """The interval of a per-token variance that holds for heavy-tailed log-ratios (see the
     module docstring); ``residuals``: the sequences' standardised residuals
     ``(S_i − drift·L_i) / √L_i``. NaN below two sequences."""
@@ -175,7 +197,7 @@ def robust_bounds(
 @checked
 def tail_bounds(
     variance: VarianceIn, residuals: Sequence[float], coverage: Coverage = COVERAGE
-) -> tuple[float, float]:
+) -> VarianceInterval:
     """The variance interval the ESS and mask intervals span: ``variance_robust``'s low end and
     the high end of the same interval sized at an excess kurtosis of at least
     ``TAIL_EXCESS_KURTOSIS``. NaN below two sequences."""
@@ -217,7 +239,7 @@ def expected_batch_ess(
     sds: Annotated[Sequence[float], at.MaxLen(MAX_BATCH)],
     *,
     law: Law = "normal",
-) -> float:
+) -> ESS:
     """The expected self-normalised ESS ``(Σ w)² / (N Σ w²)`` of a batch of ``N = len(means)``
     sequences whose log-ratios are ``means[i] + sds[i]·Z``, ``Z`` standard normal (``law``
     ``"normal"``) or a Student t with 3 degrees of freedom scaled to unit variance (``"t3"``)
@@ -245,7 +267,7 @@ def batch_ess(
     drift: float = 0.0,
     *,
     law: Law = "normal",
-) -> float:
+) -> ESS:
     """The expected ESS of ``batch`` sequences of ``length`` tokens each, ``S ~ Normal(drift·L,
     variance·L)`` (a drift common to the batch does not change it; ``law``: the standardised
     sum's law, as for ``expected_batch_ess``)."""
@@ -258,7 +280,7 @@ def batch_ess(
 @checked
 def mixed_batch_ess(
     variance: VarianceIn, drift: float, lengths: Lengths, *, law: Law = "normal"
-) -> float:
+) -> ESS:
     """The expected ESS of a batch of sequences of the given ``lengths``, ``S_i ~
     Normal(drift·L_i, variance·L_i)``: what a sample like the measured one shows on average
     (``law``: the standardised sums' law, as for ``expected_batch_ess``)."""
@@ -276,7 +298,7 @@ def ess_hull(
     high: Annotated[float, at.Ge(0), Ordered("low", ">=")],
     drift: float,
     lengths: Lengths,
-) -> tuple[float, float, float]:
+) -> ESSInterval:
     """An expected ESS with its interval for a batch of sequences of ``lengths`` tokens: the
     random walk's value at ``variance``, and the hull over ``TAIL_LAWS`` of the expected ESS at
     the variance interval's ends (``low``, ``high``: ``tail_bounds``), where it is smallest and
@@ -295,8 +317,10 @@ def ess_hull(
     )
 )
 def ratio_interval(
-    numerators: Sequence[float], denominators: Sequence[float], coverage: Coverage = COVERAGE
-) -> tuple[float, float, float]:
+    numerators: Annotated[Sequence[float], Each(at.Ge(0))],
+    denominators: Annotated[Sequence[float], Each(Finite(), at.Ge(0))],
+    coverage: Coverage = COVERAGE,
+) -> RatioInterval:
     """``Σ a / Σ b`` over clusters (sequences) with its interval: the ratio estimator's
     standard error ``√(n/(n−1) Σ (a_i − r·b_i)²) / Σ b``, normal quantiles, floored at 0; NaN
     below two clusters. For a token mean (the k3 KL) whose tokens are grouped in sequences."""

@@ -24,6 +24,11 @@ def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn")
 
 A wrong argument raises [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError]
 before the function body runs, in one line: ``name(): argument 'p' got ..., expected ...``.
+- **Results** are checked on the way out against what the return annotation declares
+  (``Annotated`` rules only: ``-> Annotated[float, Ge(0), Le(1)]``, a tuple of such items,
+  :class:`~precision_plugin.constraints.Brackets` on an interval); a broken one raises
+  :class:`BrokenResult`, a bug in the plugin, not in the call. Nothing is checked where the
+  return annotation declares no rule.
 On a class, ``@checked`` wraps ``__init__`` and every public method defined in the class body
 (not a method that overrides a framework's, such as a ``TrainerCallback`` event: the framework
 calls those). beartype is imported on the first check, so importing the plugin stays light.
@@ -37,6 +42,7 @@ import inspect
 import math
 import os
 import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -58,7 +64,7 @@ from precision_plugin.boundary.typecheck import (  # noqa: F401 (the checker's p
     register_coercion,
 )
 from precision_plugin.dtypes import normalize_dtype
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.errors import PrecisionConfigError, PrecisionPluginError
 
 #: The checker is the package's own machinery, not public API (docs/api.md does not document
 #: it): adapters import its names explicitly.
@@ -68,6 +74,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Attribute holding the :class:`Boundary` of a checked function (or of a class's ``__init__``).
 SPEC_ATTR = "__precision_boundary__"
+#: Not worked out yet (a result check that is ``None`` is one worked out to be nothing).
+_UNSET: Any = object()
 
 
 def real_number(value: Any) -> float | None:
@@ -83,6 +91,11 @@ def real_number(value: Any) -> float | None:
 
 class Invalid(ValueError):
     """Raised by a validator: the message says what was found wrong and what is allowed."""
+
+
+class BrokenResult(PrecisionPluginError, RuntimeError):
+    """A checked function returned a value its return annotation rules out: a bug in the
+    plugin (the call was accepted), not in the caller's arguments."""
 
 
 # -- validators ------------------------------------------------------------------------------
@@ -581,6 +594,8 @@ class Boundary:
     _plans: dict[str, Any] = field(default_factory=dict, repr=False)
     #: Relations the annotations declare (``Ordered``, ``AtMost``: precision_plugin.constraints).
     _across: tuple[Relation, ...] = field(default=(), repr=False)
+    #: The result's check (``None``: the return annotation declares no rule), worked out once.
+    _result: Any = field(default=_UNSET, repr=False)
 
     @property
     def signature(self) -> inspect.Signature:
@@ -595,16 +610,20 @@ class Boundary:
         params = list(self.signature.parameters.values())
         return params[1:] if self.skip_first else params
 
+    def _namespace(self) -> dict[str, Any]:
+        module = inspect.getmodule(self.owner or self.func)
+        namespace = dict(vars(module)) if module is not None else {}
+        namespace.update(getattr(self.func, "__globals__", {}))
+        if self.owner is not None:
+            namespace.setdefault(self.owner.__name__, self.owner)
+        return namespace
+
     def hints(self) -> dict[str, Any]:
         """Each parameter's resolved annotation (``Any`` where there is none); raises
         ``NameError`` for one that cannot be resolved (the test of the public API asserts
         there is none)."""
         if self._hints is None:
-            module = inspect.getmodule(self.owner or self.func)
-            namespace = dict(vars(module)) if module is not None else {}
-            namespace.update(getattr(self.func, "__globals__", {}))
-            if self.owner is not None:
-                namespace.setdefault(self.owner.__name__, self.owner)
+            namespace = self._namespace()
             hints: dict[str, Any] = {}
             for param in self.parameters:
                 resolved = _resolve(param.annotation, namespace)
@@ -653,6 +672,54 @@ class Boundary:
         for relation in (*self.relations, *self._across):
             self._relate(relation, bound.arguments)
         return (bound.args, bound.kwargs) if changed else (args, kwargs)
+
+    def result_check(self) -> Callable[[Any], None] | None:
+        """The check of the result against the return annotation's declared rules (on the
+        whole value, and on each item of a fixed-length ``tuple[...]``); ``None`` where it
+        declares none (or cannot be resolved), so an undeclared result costs nothing."""
+        if self._result is _UNSET:
+            self._result = self._result_rules()
+        return self._result
+
+    def _result_rules(self) -> Callable[[Any], None] | None:
+        annotation = self.signature.return_annotation
+        if annotation is inspect.Signature.empty or annotation in (None, "None"):
+            return None
+        try:
+            hint = _resolve(annotation, self._namespace())
+        except Exception:  # an annotation only a type checker resolves
+            return None
+        whole = _declared.validator_for(hint)
+        inner = _declared.plain(hint)
+        args = typing.get_args(inner) if typing.get_origin(inner) is tuple else ()
+        items = [_declared.validator_for(a) for a in args if a is not Ellipsis]
+        if Ellipsis in args or not any(items):
+            items = []
+        if whole is None and not items:
+            return None
+
+        def check(result: Any) -> None:
+            try:
+                if items and isinstance(result, tuple) and len(result) == len(items):
+                    for i, (rule, item) in enumerate(zip(items, result, strict=True)):
+                        if rule is not None:
+                            try:
+                                rule(item)
+                            except _declared.Invalid as exc:
+                                raise _declared.Invalid(
+                                    f"holds {_show(item)} at [{i}], which {exc}"
+                                ) from None
+                if whole is not None:
+                    whole(result)
+            except _declared.Invalid as exc:
+                reason = " ".join(str(exc).split()).rstrip(".")
+                raise BrokenResult(
+                    f"{self.name} returned {_show(result)}, which {reason}: a bug in "
+                    f"precision_plugin (its result breaks the rule its return annotation "
+                    f"declares), not in the call; please report it with this line."
+                ) from None
+
+        return check
 
     def _relate(self, relation: Relation, arguments: dict[str, Any]) -> None:
         values = {
@@ -770,7 +837,11 @@ def _wrap(
     @functools.wraps(func)
     def checked_call(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = spec.check(args, kwargs)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        check = spec.result_check()
+        if check is not None:
+            check(result)
+        return result
 
     setattr(checked_call, SPEC_ATTR, spec)
     return checked_call  # type: ignore[return-value]
