@@ -79,7 +79,10 @@ class Pair:
     why: str
 
 
-@checked(style=one_of(*v.STYLES))
+@checked(
+    style=one_of(*v.STYLES),
+    program=non_empty("the program's name, which starts every message, e.g. 'verl'"),
+)
 @dataclass(frozen=True)
 class Dialect:
     """How one program reads its configuration (see the module docstring)."""

@@ -200,3 +200,14 @@ def test_a_blank_source_label_is_refused_naming_source(source):
         "actor_rollout_ref.rollout.dtype",
         "float16",
     )
+
+
+@pytest.mark.parametrize("program", ["", "  "])
+def test_a_dialect_without_a_program_name_is_refused_naming_program(program):
+    """Every message starts with the program's name (": 'x' in the overrides is not ...")."""
+    import dataclasses
+
+    from precision_plugin.configs import VERL
+
+    with pytest.raises(PrecisionConfigError, match=r"'program'.*empty"):
+        dataclasses.replace(VERL, program=program)
