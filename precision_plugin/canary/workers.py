@@ -131,7 +131,7 @@ def _shown(value: Any, lengths: list[int]) -> str:
     return f"{len(lengths)} rows of {', '.join(map(str, lengths[:4]))}{more} tokens"
 
 
-def same_rows(*params: str, fix: str) -> Relation:
+def _same_rows(*params: str, fix: str) -> Relation:
     """``params`` (tables, after ``TABLE``/``OPTIONAL_MASK``) hold as many rows each, each row
     as long as the others' (the same tokens on every side); ``fix`` is shown."""
 
@@ -145,7 +145,7 @@ def same_rows(*params: str, fix: str) -> Relation:
 
 
 @checked(
-    same_rows(
+    _same_rows(
         "learner",
         "rollout",
         "mask",

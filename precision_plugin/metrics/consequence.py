@@ -323,8 +323,10 @@ class GrowthFit:
     variance_high: Annotated[float, Finite(nan_ok=True), at.Ge(0), Ordered("variance_low", ">=")]
     tis_clip: Interval
     drift_from: str = "k1"
-    variance_robust_low: float = math.nan
-    variance_robust_high: float = math.nan
+    variance_robust_low: Spread = math.nan
+    variance_robust_high: Annotated[
+        float, Finite(nan_ok=True), at.Ge(0), Ordered("variance_robust_low", ">=")
+    ] = math.nan
     kurtosis: float = math.nan
     variance_tail_high: float = math.nan
 

@@ -71,7 +71,7 @@ class Built:
         self.instance, self.field, self.value = instance, field, value
 
     def build(self) -> Any:
-        return dataclasses.replace(self.instance, **{self.field: self.value})
+        return dataclasses.replace(copy.deepcopy(self.instance), **{self.field: self.value})
 
 
 def _field_rows(
@@ -83,7 +83,7 @@ def _field_rows(
     hints = typing.get_type_hints(type(instance))
     rows = []
     for field in dataclasses.fields(instance):
-        if not field.init:
+        if not field.init or field.name.startswith("_"):  # a user sets no private field
             continue
         for label, v in fz.adversarial(field.name, hints.get(field.name, Any), tmp / "paths"):
             rows.append((f"{param}.{field.name}", label, {**good}, Built(instance, field.name, v)))

@@ -140,7 +140,7 @@ EXEMPT_OBJECTS: dict[str, str] = {
     **{
         f"precision_plugin.constraints.{name}": "a declaration marker (annotated-types "
         "metadata): built once in an annotation at import, read by the boundary"
-        for name in ("Finite", "Whole", "Each", "Ordered", "AtMost")
+        for name in ("Finite", "Whole", "Each", "Ordered", "AtMost", "Brackets")
     },
     **{
         f"precision_plugin.constraints.{name}": "read by the checker itself, which builds on "
