@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_plugin.boundary import checked
+from precision_plugin.decision import MAX_NUM_PROMPTS  # one limit: the decision quotes it
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.mismatch import MismatchMetrics
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
@@ -40,8 +41,6 @@ EngineFactory = Callable[[str, str, str, int], RolloutEngine]
 
 #: Largest seed every rollout engine accepts (vLLM seeds numpy: 32 bits).
 MAX_SEED = 2**32 - 1
-#: Largest --num-prompts: far beyond where the measurement stops changing.
-MAX_NUM_PROMPTS = 100_000
 #: Largest --target-length: beyond any model's context (a projection there means nothing).
 MAX_TARGET_LENGTH = 10_000_000
 #: Largest --batch-size: beyond any RL batch (the ESS is computed over a batch this long).

@@ -38,7 +38,7 @@ def _position_limit(model_path: str) -> int | None:
     from precision_plugin.scoring.hf import position_limit
 
     try:
-        config = AutoConfig.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     except Exception:  # vLLM reads the folder next and says what is wrong with it
         return None
     return position_limit(types.SimpleNamespace(config=config))  # what it reads of a model
@@ -144,6 +144,12 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
     ) -> None:
         self.preflight(device)
+        if not os.path.isdir(os.path.expanduser(str(model_path))):  # vLLM would try the Hub
+            raise PrecisionConfigError(
+                f"probe --engine vllm: model_path {str(model_path)!r} is not a folder on this "
+                f"machine, and the plugin downloads nothing; pass a local HF checkpoint folder "
+                f"(config.json, weights and tokenizer)."
+            )
         from vllm import LLM
 
         self.dtype = dtype
