@@ -8,12 +8,13 @@ rolled back and the error names the failing adapter.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pluggy
@@ -195,21 +196,43 @@ def coerce_policy(
                 os.environ[ENV_VAR],
             )
         base = base or PrecisionPolicy()
-    given = {"dtype": policy} if isinstance(policy, str) else policy
-    if isinstance(given, Mapping):
-        for key, value in overrides.items():
-            # A keyword that repeats the policy's own key with another meaning silently won.
-            # (A section given both ways is merged by replace(), as documented.)
-            repeated = key in given and not isinstance(value, Mapping)
-            if repeated and base.replace(**{key: value}) != base:
-                raise PrecisionConfigError(
-                    f"enable(): {key} is given twice with different values, {given[key]!r} in "
-                    f"the policy and {key}={value!r} as a keyword; pass it once."
-                )
+    given = _given_fields(policy)
+    for key, value in overrides.items():
+        # A keyword that repeats the policy's own key with another meaning silently won.
+        # (A section given both ways is merged by replace(), as documented.)
+        repeated = key in given and not isinstance(value, Mapping)
+        if repeated and base.replace(**{key: value}) != base:
+            raise PrecisionConfigError(
+                f"enable(): {key} is given twice with different values, {given[key]!r} in "
+                f"the policy and {key}={value!r} as a keyword; pass it once."
+            )
     return base.replace(**overrides) if overrides else base
 
 
-@checked
+def _given_fields(policy: Any) -> Mapping[str, Any]:
+    """The keys ``policy`` sets, as the user wrote them: a dtype name's ``dtype``, a dict's own
+    keys, a policy object's fields that differ from the defaults (a default one is a base the
+    keywords change, ``enable(PrecisionPolicy(), dtype="bfloat16")``)."""
+    if isinstance(policy, str):
+        return {"dtype": policy}
+    if isinstance(policy, Mapping):
+        return policy
+    if isinstance(policy, PrecisionPolicy):
+        default = PrecisionPolicy()
+        return {
+            f.name: getattr(policy, f.name)
+            for f in fields(PrecisionPolicy)
+            if getattr(policy, f.name) != getattr(default, f.name)
+        }
+    return {}
+
+
+def _policy_as_given(value: Any) -> Any:
+    policy_arg(value)  # refused here, as every policy argument is
+    return value  # enable() compares the keywords with what the user wrote, not its policy
+
+
+@checked(policy=dataclasses.replace(policy_arg, check=_policy_as_given))
 def enable(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     *,
