@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin.boundary import checked, dtype_name, policy_field
 
 #: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
 MAX_NUM_PROMPTS = 100_000
@@ -210,7 +210,7 @@ class Decision:
         }
 
 
-@checked
+@checked(dtype=dtype_name, keep_fp32_modules=policy_field("overflow.keep_fp32_modules"))
 def apply_forms(dtype: str, keep_fp32_modules: Sequence[str] = ()) -> dict[str, str]:
     """The policy ``{"dtype": dtype, "overflow": {"keep_fp32_modules": [...]}}`` written for
     Python, the DeepSpeed config entry and the ``PRECISION_PLUGIN`` variable."""

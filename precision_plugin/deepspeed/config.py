@@ -102,8 +102,8 @@ def config_policy(
     """
     explicit = policy if policy is not None else requested_policy()
     base = explicit if explicit is not None else PrecisionPolicy()
+    _check_no_misspelled_section(cfg)
     if SECTION not in cfg:
-        _check_no_misspelled_section(cfg)
         return base
     section = cfg[SECTION]
     if not isinstance(section, Mapping):
@@ -140,7 +140,7 @@ def _check_no_misspelled_section(cfg: Mapping[str, Any]) -> None:
         return "".join(c for c in name.lower() if c.isalnum())
 
     for key in cfg:
-        if not isinstance(key, str):
+        if not isinstance(key, str) or key == SECTION:
             continue
         if squashed(key) == squashed(SECTION) or difflib.get_close_matches(
             key.lower(), [SECTION], n=1, cutoff=0.85
@@ -148,7 +148,12 @@ def _check_no_misspelled_section(cfg: Mapping[str, Any]) -> None:
             raise PrecisionConfigError(
                 f'DeepSpeed config key "{key}" is not "{SECTION}", the section precision_plugin '
                 f"reads (DeepSpeed ignores unknown top-level keys, so its settings would be "
-                f'dropped); rename it to "{SECTION}".'
+                + (
+                    f'dropped); the config holds "{SECTION}" too: move its keys into '
+                    f'"{SECTION}" and remove "{key}".'
+                    if SECTION in cfg
+                    else f'dropped); rename it to "{SECTION}".'
+                )
             )
 
 

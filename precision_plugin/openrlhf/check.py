@@ -26,8 +26,8 @@ from precision_plugin.dtypes import SUPPORTED_DTYPES
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
+from precision_plugin.openrlhf.launch import _carried_env, env_value
 from precision_plugin.openrlhf.launch import args as learner_args
-from precision_plugin.openrlhf.launch import env_value, runtime_env
 from precision_plugin.openrlhf.layout import (
     DEEPSPEED_FP16_SCALER,
     ENGINE_DTYPE,
@@ -87,7 +87,7 @@ def _error(message: str, fix: str, **details: Any) -> Finding:
 
 def _env_fix(policy: PrecisionPolicy) -> str:
     value = shlex.quote(env_value(policy))
-    submit = json.dumps(runtime_env(policy), separators=(",", ":"))
+    submit = json.dumps(_carried_env(policy), separators=(",", ":"))
     return (
         f"export {ENV_VAR}={value} before the run, so that the Ray cluster it starts gives it to "
         f"every actor (on a running cluster: ray job submit --runtime-env-json '{submit}' -- "
@@ -343,7 +343,26 @@ def typed_args(args: Any) -> dict[str, Any]:
         raw = arg(args, key, _MISSING)
         if raw is not _MISSING:
             out[key] = OPENRLHF.value(key, raw, source)
+    for key, least in _LEAST.items():
+        value = out.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            raise PrecisionConfigError(
+                f"{flag(key)} is {value} in {source}, below {least}: no count of "
+                f"{_COUNTED[key]}; pass {least} or more"
+                + (" (0: no vLLM engines)" if least == 0 else "")
+                + "."
+            )
     return out
+
+
+#: The least each count OpenRLHF reads can be (``vllm.num_engines -1`` read as engines that
+#: follow the policy was a check of engines that do not exist).
+_LEAST = {NUM_ENGINES: 0, TENSOR_PARALLEL: 1, "vllm.tensor_parallel_size": 1}
+_COUNTED = {
+    NUM_ENGINES: "vLLM engines",
+    TENSOR_PARALLEL: "DeepSpeed tensor-parallel ranks",
+    "vllm.tensor_parallel_size": "GPUs per vLLM engine",
+}
 
 
 def _parsed_args(args: Any) -> Any:

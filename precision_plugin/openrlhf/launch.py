@@ -33,6 +33,19 @@ def env_value(policy: PrecisionPolicy) -> str:
     return policy.dtype if policy == PrecisionPolicy(dtype=policy.dtype) else policy.to_json()
 
 
+def _learner_param_dtype(policy: PrecisionPolicy) -> str:
+    """OpenRLHF's ``--ds.param_dtype`` for ``policy`` (``fp16``/``bf16``); a float32 policy,
+    which OpenRLHF's learner cannot run, is refused (by ``args()``, ``runtime_env()`` and
+    ``precision-plugin openrlhf-args`` alike)."""
+    spelled = frameworks.openrlhf_param_dtype(policy)
+    if spelled is None:
+        raise PrecisionConfigError(
+            f"OpenRLHF was asked to train in {policy.dtype}, but its learner runs bf16 or fp16 "
+            f"only ({flag(PARAM_DTYPE)} choices). Use dtype='float16' or 'bfloat16'."
+        )
+    return spelled
+
+
 @checked(openrlhf_version=version_text("OpenRLHF", "0.11.2"))
 def args(
     policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
@@ -52,12 +65,7 @@ def args(
     """
     pol = resolve_policy(policy, what="precision_plugin.openrlhf.args()")
     lay = layout(openrlhf_version)
-    spelled = frameworks.openrlhf_param_dtype(pol)
-    if spelled is None:
-        raise PrecisionConfigError(
-            f"OpenRLHF was asked to train in {pol.dtype}, but its learner runs bf16 or fp16 only "
-            f"({flag(PARAM_DTYPE)} choices). Use dtype='float16' or 'bfloat16'."
-        )
+    spelled = _learner_param_dtype(pol)
     found = installed()
     same = found is not None and found.version == lay.version
     if same and found.flags and flag(PARAM_DTYPE) not in found.flags:  # type: ignore[union-attr]
@@ -84,12 +92,20 @@ def runtime_env(
     engine, the plugin's ``vllm.general_plugins`` entry point then replaces OpenRLHF's
     hard-coded ``dtype="bfloat16"`` with the policy dtype. With ``batch_invariant='on'`` it also
     carries ``VLLM_BATCH_INVARIANT=1``, which each vLLM engine actor reads at engine start
-    (not for an installed vLLM older than 0.11.1, which has no such mode).
+    (not for an installed vLLM older than 0.11.1, which has no such mode). A float32 policy
+    is refused, as by ``args()``: OpenRLHF's learner runs bf16 or fp16 only.
     """
+    pol = resolve_policy(policy, what="precision_plugin.openrlhf.runtime_env()")
+    _learner_param_dtype(pol)  # the engines would sample against a learner that cannot run it
+    return _carried_env(pol)
+
+
+def _carried_env(pol: PrecisionPolicy) -> dict[str, Any]:
+    """``runtime_env()`` of a resolved policy, float32 included (a finding's fix quotes it next
+    to the finding that refuses float32)."""
     from precision_plugin.canary.engines import batch_invariant_env
     from precision_plugin.versions import installed_version
 
-    pol = resolve_policy(policy, what="precision_plugin.openrlhf.runtime_env()")
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
     env_vars[ENV_VAR] = env_value(pol)
     vllm = installed_version("vllm")
