@@ -186,8 +186,8 @@ def fix_of(kind: str, audit: dict[str, Any], policy: PrecisionPolicy) -> str:
     not (fp16 asked on a CPU without ``enable()``): there the learner is the side to fix, and
     the rollout's own fix ("follow the policy") is what it already does."""
     rollout = audit.get("rollout") or {}
-    roll = rollout.get("dtype") or rollout.get("asked")
-    ran = (audit.get("learner") or {}).get("forward_dtype")
+    roll = _short(rollout.get("dtype") or rollout.get("asked"))
+    ran = _short((audit.get("learner") or {}).get("forward_dtype"))
     if kind == "rollout" and roll == policy.dtype and ran not in (None, policy.dtype):
         return (
             f"the rollout already runs the policy's {policy.dtype}; the learner does not (its "
@@ -210,7 +210,8 @@ def contradictions(
     [`fp32_master_copy`][precision_plugin.master_copy.fp32_master_copy]).
     """
     found: dict[str, str] = {}
-    ran = learner.get("forward_dtype")
+    # Every dtype through the one parser: "fp16", "float16" and torch.float16 are one dtype.
+    ran = _short(learner.get("forward_dtype"))
     if ran is not None and ran != policy.dtype:
         found["forward"] = (
             f"learner: the training forward ran in {ran}, the policy is {policy.dtype}"
@@ -218,13 +219,14 @@ def contradictions(
     roll, verb = rollout.get("dtype"), "runs"
     if roll is None and rollout.get("asked") is not None:
         roll, verb = rollout["asked"], "is asked to run"
+    roll = _short(roll)
     learner_dtype = ran or policy.dtype
     if roll is not None and (roll != policy.dtype or roll != learner_dtype):
         found["rollout"] = (
             f"rollout: {rollout['engine']} {verb} {roll} while the learner runs {learner_dtype} "
             f"(policy {policy.dtype})"
         )
-    rounded = set(rollout.get("float32_buffers") or {}) - {"float32"}
+    rounded = {_short(d) for d in rollout.get("float32_buffers") or {}} - {"float32"}
     if rounded:
         found["rollout_buffers"] = (
             f"rollout: {rollout['engine']}'s copy holds the buffers vLLM keeps in float32 (RoPE "
@@ -232,7 +234,7 @@ def contradictions(
         )
     trainable = learner.get("trainable_params") or {}
     master = learner.get("fp32_master_weights")
-    half = set(trainable) - {"float32"}
+    half = {_short(d) for d in trainable} - {"float32"}
     if policy.uses_loss_scaler and learner.get("loss_scaler") and half and not master:
         found["trainable"] = (
             f"learner: trainable parameters in {sorted(trainable)} under a loss scaler, which "

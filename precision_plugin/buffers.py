@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_plugin.boundary import checked, dtype_name, torch_device, torch_module
+from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
@@ -103,17 +104,26 @@ def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> 
     ``how`` is ``"saved"`` (the float32 value from ``saved``, taken before the cast: exact),
     ``"recomputed"`` (a RoPE frequency buffer recomputed in float32 by the module's own RoPE
     function: exact, for frequencies that were never float32 here) or ``"upcast"`` (its rounded
-    values widened: the best left). Buffers already float32 are left alone and not listed.
+    values widened: the best left). Buffers already float32 are left alone and not listed. A
+    saved value that is no finite floating-point tensor of the buffer's shape is refused, naming
+    its entry, before any buffer changes.
     """
     import torch
 
     saved = saved or {}
+    named = [
+        (dotted, module, name)
+        for dotted, module, name in _named_float32_buffers(model)
+        if module._buffers[name].dtype != torch.float32
+    ]
+    # Every saved value is checked before any buffer changes: a refusal leaves the model as it was.
+    kept = {
+        dotted: _saved_value(saved, dotted, module._buffers[name]) for dotted, module, name in named
+    }
     done: dict[str, str] = {}
-    for dotted, module, name in _named_float32_buffers(model):
+    for dotted, module, name in named:
         buf = module._buffers[name]
-        if buf.dtype == torch.float32:
-            continue
-        value, how = saved.get(dotted), "saved"
+        value, how = kept[dotted], "saved"
         if value is None and name.endswith("inv_freq"):
             value, how = _recompute_rope(module, name), "recomputed"
         if value is None:
@@ -123,6 +133,30 @@ def keep_float32_buffers(model: Any, saved: Mapping[str, Any] | None = None) -> 
     if any(how != "saved" for how in done.values()):
         log.debug("precision_plugin: float32 buffers restored: %s", done)
     return done
+
+
+def _saved_value(saved: Mapping[str, Any], dotted: str, buf: Any) -> Any:
+    """``saved[dotted]`` when it can stand for buffer ``buf`` (a tensor of its shape, every
+    value finite), else refused naming the entry: restored as "saved" it would put a NaN, or
+    another buffer's values, into every position computed from it."""
+    import torch
+
+    value = saved.get(dotted)
+    if value is None:
+        return None
+    where = f"keep_float32_buffers(): saved[{dotted!r}]"
+    fix = "save the buffers with precision_plugin.buffers.float32_buffers(model) before the cast"
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        raise PrecisionConfigError(
+            f"{where} is {type(value).__name__}, not a floating-point tensor; {fix}."
+        )
+    if tuple(value.shape) != tuple(buf.shape):
+        raise PrecisionConfigError(
+            f"{where} has shape {tuple(value.shape)}, the buffer {tuple(buf.shape)}; {fix}."
+        )
+    if not bool(torch.isfinite(value).all()):
+        raise PrecisionConfigError(f"{where} holds NaN or infinite values; {fix}.")
+    return value
 
 
 @checked(model=torch_module, dtype=dtype_name, device=torch_device)
