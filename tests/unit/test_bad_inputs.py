@@ -32,6 +32,7 @@ from precision_plugin.cli import main
 from precision_plugin.mismatch import SUM_FIELDS
 from tests.unit.catalogue_files import rows as _file_rows
 from tests.unit.catalogue_meaning import rows as _meaning_rows
+from tests.unit.catalogue_public import rows as _public_rows
 from tests.unit.state import assert_unchanged as _assert_unchanged
 from tests.unit.state import snapshot as _snapshot
 
@@ -1152,6 +1153,11 @@ MEANING_SURFACES: list[Case] = [Case(**row) for row in _meaning_rows(sys.modules
 #: tests/unit/catalogue_files.py
 FILE_SURFACES: list[Case] = [Case(**row) for row in _file_rows(sys.modules[__name__])]
 
+#: Issue 52, classes 7-9: each refusal the docs promise through the public calls (enable(), the
+#: callback, the DeepSpeed entry, the CLI), the API refusing what the CLI refuses, one dtype
+#: however spelled: tests/unit/catalogue_public.py
+PUBLIC_SURFACES: list[Case] = [Case(**row) for row in _public_rows(sys.modules[__name__])]
+
 CASES: list[Case] = [
     # 1. numbers that validate but cannot work; wrong types and values of the policy
     Case("dtype fp8", "policy", policy(dtype="fp8"), names=("dtype", "fp8")),
@@ -1936,6 +1942,7 @@ CASES: list[Case] = [
     *AUDIT_SURFACES,
     *MEANING_SURFACES,
     *FILE_SURFACES,
+    *PUBLIC_SURFACES,
 ]
 
 
