@@ -16,9 +16,9 @@ def detect(model: torch.nn.Module, *, every: int = 10, strictness: str = "warn")
   a ``PrecisionPolicy`` (a dict, a dtype name) is built into one by the policy itself.
 - A validator may take values of another type than the annotation says (``accepts``): the
   parameters validated by :data:`dtype_name` take a ``torch.dtype`` as the policy does.
-- **Relations** between parameters (:func:`same_length`, :func:`same_shape`) are checked once
-  each parameter passed its own check: ``lengths`` and ``sums`` of different lengths are one
-  error naming both, not an ``IndexError`` deep inside.
+- **Relations** between parameters (:func:`same_length`, :func:`same_rows`, :func:`same_shape`)
+  are checked once each parameter passed its own check: ``lengths`` and ``sums`` of different
+  lengths are one error naming both, not an ``IndexError`` (or a ``zip()`` error) deep inside.
 - Only arguments the caller passed are checked; a value that *is* the parameter's default (a
   sentinel) passes unchecked, and ``None``, where the annotation allows it, skips the validator.
 
@@ -521,6 +521,39 @@ def same_length(*params: str, fix: str) -> Relation:
             raise Invalid(f"differ in length ({differ}); {fix}")
 
     return Relation(params, f"{' and '.join(params)} of the same length", check)
+
+
+def _row_lengths(value: Any) -> list[int]:
+    """The length of each row of a ``(B, T)`` tensor or array, or of nested sequences."""
+    if hasattr(value, "ndim") and hasattr(value, "shape"):
+        if value.ndim != 2:
+            return [int(n) for n in value.shape]
+        rows, width = (int(n) for n in value.shape)
+        return [width] * rows
+    rows = value.tolist() if hasattr(value, "tolist") else value
+    return [len(row) if hasattr(row, "__len__") else -1 for row in rows]
+
+
+def _rows_shown(value: Any, lengths: list[int]) -> str:
+    if hasattr(value, "ndim") and hasattr(value, "shape"):
+        return f"shape {tuple(int(n) for n in value.shape)}"
+    more = ", ..." if len(lengths) > 4 else ""
+    return f"{len(lengths)} rows of {', '.join(map(str, lengths[:4]))}{more} tokens"
+
+
+def same_rows(*params: str, fix: str) -> Relation:
+    """``params`` (``(B, T)`` tables, or one sequence of values per row) hold as many rows each,
+    each row as long as the others' (the same tokens on every side); ``fix`` is shown."""
+
+    def check(values: dict[str, Any]) -> None:
+        lengths = {name: _row_lengths(value) for name, value in values.items()}
+        if len({tuple(v) for v in lengths.values()}) > 1:
+            differ = "; ".join(
+                f"{name}: {_rows_shown(values[name], v)}" for name, v in lengths.items()
+            )
+            raise Invalid(f"differ in shape ({differ}); {fix}")
+
+    return Relation(params, f"{', '.join(params)} of one shape", check)
 
 
 def same_shape(*params: str, fix: str) -> Relation:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Relation, Validator, checked
+from precision_plugin.boundary import Invalid, Validator, checked, same_rows
 from precision_plugin.canary.band import token_k3
 from precision_plugin.canary.monitor import CanaryCheck, CanaryMonitor
 from precision_plugin.errors import PrecisionConfigError
@@ -115,37 +115,24 @@ def masked_rows(logprobs: Any, mask: Any = None) -> list[list[float]]:
     ]
 
 
-def _row_lengths(value: Any) -> list[int]:
-    """The length of each row of a ``(B, T)`` table (checked by ``TABLE``) or of nested lists."""
-    if hasattr(value, "ndim") and hasattr(value, "shape"):
-        rows, width = (int(n) for n in value.shape)
-        return [width] * rows
-    rows = value.tolist() if hasattr(value, "tolist") else value
-    return [len(row) for row in rows]
-
-
-def _shown(value: Any, lengths: list[int]) -> str:
-    if hasattr(value, "ndim") and hasattr(value, "shape"):
-        return f"shape {tuple(int(n) for n in value.shape)}"
-    more = ", ..." if len(lengths) > 4 else ""
-    return f"{len(lengths)} rows of {', '.join(map(str, lengths[:4]))}{more} tokens"
-
-
-def _same_rows(*params: str, fix: str) -> Relation:
-    """``params`` (tables, after ``TABLE``/``OPTIONAL_MASK``) hold as many rows each, each row
-    as long as the others' (the same tokens on every side); ``fix`` is shown."""
-
-    def check(values: dict[str, Any]) -> None:
-        lengths = {name: _row_lengths(value) for name, value in values.items()}
-        if len({tuple(v) for v in lengths.values()}) > 1:
-            differ = "; ".join(f"{name}: {_shown(values[name], v)}" for name, v in lengths.items())
-            raise Invalid(f"differ in shape ({differ}); {fix}")
-
-    return Relation(params, f"{', '.join(params)} of one shape", check)
+def _refuse_non_finite(where: str, name: str, rows: list[list[float]], mask: Any) -> None:
+    """Refuse a NaN or infinite log-prob among the tokens that count (``rows``: after the
+    ``mask``), as ``CanaryMonitor.check`` does: its k3 would be ``inf`` or NaN without a word."""
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row):
+            if not math.isfinite(value):
+                if mask is not None:  # the column in the (B, T) table: the j-th one kept
+                    j = [t for t, m in enumerate(_nested(mask)[i]) if m][j]
+                raise PrecisionConfigError(
+                    f"{where}: argument {name!r} holds {value} at (row {i}, token {j}), a token "
+                    f"{'the mask counts' if mask is not None else 'that counts'}; pass finite "
+                    f"log-probs of every counted token (a NaN or inf log-prob: that side's "
+                    f"forward overflowed or returned none)."
+                )
 
 
 @checked(
-    _same_rows(
+    same_rows(
         "learner",
         "rollout",
         "mask",
@@ -161,6 +148,8 @@ def batch_metrics(learner: Any, rollout: Any, mask: Any = None) -> dict[str, flo
     verl ``(old_log_probs, rollout_log_probs, response_mask)``, OpenRLHF
     ``(action_log_probs, rollout_log_probs, action_mask)``."""
     a, b = masked_rows(learner, mask), masked_rows(rollout, mask)
+    for name, rows in (("learner", a), ("rollout", b)):
+        _refuse_non_finite("batch_metrics()", name, rows, mask)
     equal = bitwise_equal(a, b)  # first: it refuses two sides of different shapes by name
     k3 = token_k3(a, b)
     return {
