@@ -20,9 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+import annotated_types as at
 
 from precision_plugin.boundary import at_least, checked, duck
+from precision_plugin.constraints import Each, Finite, Invalid, Probability, validator_for
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring import (
     BitwiseEqual,
     TokenSequence,
@@ -34,6 +38,9 @@ from precision_plugin.scoring import (
 #: ``seed + i`` (``HFRolloutEngine.generate``'s contract); returns objects with
 #: ``completion_ids`` and ``logprobs``.
 Generate = Callable[[list[list[int]], int, int], Sequence[Any]]
+#: Log-probs a level is certified on: finite (an infinite or NaN log-prob is no evidence of
+#: agreement: ``inf`` equals ``inf`` bit for bit whatever the engine computed).
+_FINITE_ROWS = validator_for(Annotated[Sequence[Sequence[float]], Each(Finite())])
 
 
 @checked(rescore=duck("equal", "batch_size", what="a BatchRescore (batch_rescore's result)"))
@@ -79,7 +86,7 @@ class Invariance:
 )
 def certify_batch_invariance(
     scorer: Any,
-    sequences: Sequence[TokenSequence],
+    sequences: Annotated[Sequence[TokenSequence], at.MinLen(1)],
     batch_size: int,
     *,
     generate: Generate | None = None,
@@ -89,15 +96,23 @@ def certify_batch_invariance(
     """Level 2's check of a rollout engine: rescore ``sequences`` alone and in shuffled batches of
     ``batch_size``; with ``generate``, sample every prompt alone (seed ``seed + i``) and all
     together in batches of ``batch_size`` (row ``i`` again with ``seed + i``), and compare the
-    tokens and their log-probs bit for bit."""
+    tokens and their log-probs bit for bit. A non-finite log-prob (from the scorer or from
+    ``generate``), or an answer of ``generate`` that does not hold one sample per prompt with
+    one log-prob per token, is refused naming the parameter: no level rests on it."""
     rescore = batch_rescore(scorer, sequences, batch_size, seed=seed)
+    label = getattr(scorer, "name", None) or type(scorer).__name__
+    for what, rows in (("alone", rescore.alone), ("in batches", rescore.batched)):
+        _refuse_non_finite("scorer", f"{label!r}, the sequences scored {what}", rows)
     if generate is None:
         return Invariance(rescore, None, None)
     prompts = [list(s.prompt_ids) for s in sequences]
-    alone = [generate([p], max_new_tokens, seed + i)[0] for i, p in enumerate(prompts)]
+    alone = [
+        _samples(generate([p], max_new_tokens, seed + i), 1, i)[0] for i, p in enumerate(prompts)
+    ]
     together: list[Any] = []
     for first in range(0, len(prompts), batch_size):
-        together.extend(generate(prompts[first : first + batch_size], max_new_tokens, seed + first))
+        batch = prompts[first : first + batch_size]
+        together.extend(_samples(generate(batch, max_new_tokens, seed + first), len(batch), first))
     same = all(
         list(a.completion_ids) == list(b.completion_ids)
         for a, b in zip(alone, together, strict=True)
@@ -115,6 +130,46 @@ def certify_batch_invariance(
     return Invariance(rescore, equal, same)
 
 
+def _refuse_non_finite(param: str, what: str, rows: Sequence[Sequence[float]]) -> None:
+    """Refuse non-finite log-probs that ``param`` answered (``what``: which answer)."""
+    try:
+        _FINITE_ROWS(rows)
+    except Invalid as exc:
+        reason = " ".join(str(exc).split()).removeprefix("holds ")
+        raise PrecisionConfigError(
+            f"certify_batch_invariance(): argument {param!r} ({what}) answered log-probs that "
+            f"hold {reason}; no level is certified on them (an infinite or NaN log-prob: the "
+            f"engine overflowed or returned none): fix {param}, or leave out the tokens it "
+            f"cannot score."
+        ) from None
+
+
+def _samples(answer: Any, prompts: int, first: int) -> list[Any]:
+    """``generate``'s answer for ``prompts`` prompts from prompt ``first`` on: one sample per
+    prompt, each with ``completion_ids`` and as many finite ``logprobs``; refused otherwise."""
+    try:
+        out = list(answer)
+        rows = [(list(s.completion_ids), list(s.logprobs)) for s in out]
+    except (TypeError, AttributeError):
+        out, rows = [], None
+    if rows is None or len(out) != prompts:
+        found = f"{len(out)} sample(s)" if rows is not None else f"{type(answer).__name__}"
+        raise PrecisionConfigError(
+            f"certify_batch_invariance(): argument 'generate' answered {found} for {prompts} "
+            f"prompt(s) (prompts {first} ..); it must return one sample per prompt, in order, "
+            f"each with completion_ids and logprobs."
+        )
+    for i, (ids, logprobs) in enumerate(rows):
+        if len(ids) != len(logprobs):
+            raise PrecisionConfigError(
+                f"certify_batch_invariance(): argument 'generate' answered {len(logprobs)} "
+                f"log-probs for the {len(ids)} completion tokens of prompt {first + i}; each "
+                f"sample holds one log-prob per completion token."
+            )
+    _refuse_non_finite("generate", f"prompts {first} ..", [lp for _, lp in rows])
+    return out
+
+
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -128,8 +183,8 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 def precision_level(
     one_dtype: bool,
     invariance: Invariance | None = None,
-    canary_equal_frac: float | None = None,
-    batch_equal_frac: float | None = None,
+    canary_equal_frac: Probability | None = None,
+    batch_equal_frac: Probability | None = None,
 ) -> int:
     """The highest level the evidence proves (module docstring); a missing piece of evidence
     (``None``, or NaN) proves nothing."""
