@@ -120,7 +120,8 @@ RatioInterval = Annotated[
 Lengths = Annotated[Sequence[int], Each(Whole(), at.Ge(0), at.Le(MAX_COUNT)), at.MaxLen(MAX_BATCH)]
 
 
-def z_value(coverage: float = COVERAGE) -> float:
+@checked
+def z_value(coverage: Coverage = COVERAGE) -> float:
     """The standard normal quantile of a two-sided ``coverage`` interval (1.645 for 90 %)."""
     return float(stats.norm.ppf(0.5 + coverage / 2.0))
 
@@ -138,7 +139,10 @@ def clopper_pearson(
     return float(ci.low), float(ci.high)
 
 
-def chi2_ppf(p: float, dof: float) -> float:
+@checked
+def chi2_ppf(
+    p: Annotated[float, Finite(), at.Ge(0), at.Le(1)], dof: Annotated[float, Finite(), at.Gt(0)]
+) -> float:
     """The ``p`` quantile of the chi-square distribution with ``dof`` degrees of freedom."""
     return float(stats.chi2.ppf(p, dof))
 
