@@ -32,6 +32,7 @@ from precision_plugin.cli import main
 from precision_plugin.mismatch import SUM_FIELDS
 from tests.unit.catalogue_files import rows as _file_rows
 from tests.unit.catalogue_meaning import rows as _meaning_rows
+from tests.unit.catalogue_numbers import rows as _number_rows
 from tests.unit.catalogue_public import rows as _public_rows
 from tests.unit.state import assert_unchanged as _assert_unchanged
 from tests.unit.state import snapshot as _snapshot
@@ -1153,6 +1154,10 @@ MEANING_SURFACES: list[Case] = [Case(**row) for row in _meaning_rows(sys.modules
 #: tests/unit/catalogue_files.py
 FILE_SURFACES: list[Case] = [Case(**row) for row in _file_rows(sys.modules[__name__])]
 
+#: Issue 52, classes 3-5: numbers outside their domain, sequences that do not pair up,
+#: non-finite values certified: tests/unit/catalogue_numbers.py
+NUMBER_SURFACES: list[Case] = [Case(**row) for row in _number_rows(sys.modules[__name__])]
+
 #: Issue 52, classes 7-9: each refusal the docs promise through the public calls (enable(), the
 #: callback, the DeepSpeed entry, the CLI), the API refusing what the CLI refuses, one dtype
 #: however spelled: tests/unit/catalogue_public.py
@@ -1942,6 +1947,7 @@ CASES: list[Case] = [
     *AUDIT_SURFACES,
     *MEANING_SURFACES,
     *FILE_SURFACES,
+    *NUMBER_SURFACES,
     *PUBLIC_SURFACES,
 ]
 
