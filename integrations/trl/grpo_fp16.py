@@ -42,7 +42,7 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
-from precision_plugin.cli.argtypes import non_negative_int, positive_float, positive_int
+from precision_plugin.cli.argtypes import non_negative_float, non_negative_int, positive_int
 from precision_plugin.probe.inputs import check_model_dir
 
 ALPHABET = string.ascii_lowercase + " "
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="enable(): the one line; callback: PrecisionCallback(dtype) alone, flags by hand",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
+    parser.add_argument("--learning-rate", type=non_negative_float, default=1e-3)
     parser.add_argument(
         "--canary-every",
         type=non_negative_int,

@@ -58,6 +58,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a learning rate of 0 freezes the policy, as the canary's drills
+    do)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0; pass e.g. 1e-4")
+    return value
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """A comma list of distinct integers >= 0."""
     parts = [part.strip() for part in text.split(",") if part.strip()]
