@@ -32,9 +32,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+import annotated_types as at
 
 from precision_plugin.boundary import checked, dtype_name, policy_field
+from precision_plugin.constraints import Whole
 
 #: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
 MAX_NUM_PROMPTS = 100_000
@@ -270,7 +273,9 @@ def _kept(e: Evidence) -> str:
 
 @checked
 def prompts_to_decide(
-    a: tuple[float, float, float], b: tuple[float, float, float], n: int
+    a: tuple[float, float, float],
+    b: tuple[float, float, float],
+    n: Annotated[int, Whole(), at.Ge(1), at.Le(MAX_NUM_PROMPTS)],
 ) -> int | None:
     """About how many sequences make two overlapping intervals apart (their half-widths on the
     facing sides shrink as ``1/√n``); ``None`` when the central values are equal or the number

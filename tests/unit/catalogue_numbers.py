@@ -127,6 +127,13 @@ def rows(h: Any) -> list[dict[str, Any]]:
     num = "numbers"
     bad("clopper_pearson k -1", num, intervals("clopper_pearson", -1, 10), "'k'", ">= 0")
     bad(
+        "prompts_to_decide n -16",
+        num,
+        call("decision", "prompts_to_decide", (1.0, 0.5, 1.5), (0.8, 0.3, 1.2), -16),
+        "'n'",
+        ">= 1",
+    )
+    bad(
         "clopper_pearson k above n",
         num,
         intervals("clopper_pearson", 11, 10),
