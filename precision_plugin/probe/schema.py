@@ -90,6 +90,12 @@ class ProbeConfig:
             )
         ordered = [SELF_CHECK_DTYPE] + [d for d in dict.fromkeys(names) if d != SELF_CHECK_DTYPE]
         object.__setattr__(self, "dtypes", tuple(ordered))
+        if self.layerwise and len(ordered) == 1:
+            raise PrecisionConfigError(
+                "layerwise: replays each low-precision dtype against float32, and dtypes holds "
+                "float32 alone, so there is nothing to replay; add float16 or bfloat16 to "
+                "--dtypes, or leave out --layerwise."
+            )
         for name in ("num_prompts", "max_new_tokens", "target_length", "batch_size"):
             value = getattr(self, name)
             if value < 1:

@@ -19,6 +19,8 @@ with ``raises=None`` holds the correct outcome, computed independently, in ``che
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,37 @@ def audit(learner: dict[str, Any], rollout: dict[str, Any], **policy: Any) -> Ca
         return contradictions(PrecisionPolicy(**policy), learner, {"engine": "vLLM", **rollout})
 
     return run
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(path: str, *args: str) -> Callable[[Path], Any]:
+    """``python RECIPE args`` as a user runs it: ``(exit code, its stderr)``."""
+
+    def run(tmp: Path) -> Any:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / path), *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return done.returncode, done.stderr
+
+    return run
+
+
+def refused_in_one_line(*words: str) -> Callable[[Any, Any], None]:
+    """A recipe's refusal: no traceback, the last line argparse's ``error:`` (exit 2) or the
+    recipe's ``stopped:`` (exit 1), naming each of ``words``."""
+
+    def check(result: Any, caplog: Any) -> None:
+        code, err = result
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err, err
+        assert ("error:" in last and code == 2) or ("stopped:" in last and code == 1), err
+        for word in words:
+            assert word in last, last
+
+    return check
 
 
 def rows(h: Any) -> list[dict[str, Any]]:
@@ -409,5 +442,34 @@ def rows(h: Any) -> list[dict[str, Any]]:
             "float16",
         ),
         "--vllm.tensor_parallel_size is -1",
+    )
+    # -- 10. the recipes' own flags, as a user runs them --------------------------------------
+    grpo = "integrations/trl/grpo_fp16.py"
+    for flag, value, words in (
+        ("--canary-every", "-1", ("--canary-every", "'-1'", ">= 0")),
+        ("--rollout-batch", "0", ("--rollout-batch", "'0'", ">= 1")),
+        ("--learning-rate", "nan", ("--learning-rate", "'nan'", "finite")),
+        ("--drill", "stale-weights@²", ("--drill", "stale-weights@STEP", "integer >= 1")),
+        ("--model", "HuggingFaceTB/SmolLM2-135M", ("--model", "downloads nothing")),
+    ):
+        good(f"recipe grpo {flag} {value}", "cli", recipe(grpo, flag, value),
+             refused_in_one_line(*words))  # fmt: skip
+    good(
+        "recipe accelerate --growth-interval -1",
+        "cli",
+        recipe("integrations/accelerate/train_fp16.py", "--growth-interval", "-1"),
+        refused_in_one_line("--growth-interval", "'-1'"),
+    )
+    good(
+        "recipe deepspeed --deepspeed a folder",
+        "cli",
+        recipe("integrations/deepspeed/train.py", "--deepspeed", "integrations"),
+        refused_in_one_line("--deepspeed", "integrations"),
+    )
+    on_cli(
+        "public cli probe layerwise float32 alone",
+        h.cli("probe", "--layerwise", "--dtypes", "fp32"),
+        "layerwise",
+        "nothing to replay",
     )
     return out
