@@ -14,6 +14,7 @@ from typing import Any
 
 from precision_plugin import userfiles
 from precision_plugin.boundary import checked
+from precision_plugin.dtypes import canonical_dtype_name
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
@@ -230,7 +231,7 @@ def check_engine_model(
     started; overflow-prone families are logged as warnings. Nothing happens for another dtype
     or a model whose config is not here.
     """
-    if dtype != "float16":
+    if canonical_dtype_name(dtype) != "float16":  # fp16, half, torch.float16: one dtype
         return
     path = config_json_for(model, revision)
     if path is None:

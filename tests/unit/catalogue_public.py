@@ -466,6 +466,17 @@ def rows(h: Any) -> list[dict[str, Any]]:
         recipe("integrations/deepspeed/train.py", "--deepspeed", "integrations"),
         refused_in_one_line("--deepspeed", "integrations"),
     )
+    # -- 9. the vLLM checkpoint check reads every spelling of float16 --------------------------
+    for spelling in ("fp16", "half"):
+        bad(
+            f"public check_engine_model gemma2 {spelling}",
+            "conflict",
+            lambda tmp, s=spelling: pp.model_risks.check_engine_model(
+                h.gemma2(tmp), PrecisionPolicy(strictness="error"), dtype=s
+            ),
+            "gemma2",
+            "bfloat16",
+        )
     on_cli(
         "public cli probe layerwise float32 alone",
         h.cli("probe", "--layerwise", "--dtypes", "fp32"),
