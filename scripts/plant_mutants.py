@@ -58,8 +58,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ladder-seed-dropped",
         "precision_plugin/canary/ladder.py",
-        "max_new_tokens, seed + first))",
-        "max_new_tokens, seed))",
+        "max_new_tokens, seed + first),",
+        "max_new_tokens, seed),",
         (f"{TESTS}::test_a_batch_invariant_engine_with_more_prompts_than_one_batch_is_certified",),
         "a batch-invariant engine with more prompts than one batch refused level 2",
     ),

@@ -57,6 +57,9 @@ def _cap_memory() -> None:
 
 def _child(run: Callable[[Path], Any], tmp: Path, cli: bool, out: int) -> None:
     signal.alarm(SECONDS + 5)  # the default action ends the child if the parent cannot
+    torch = sys.modules.get("torch")
+    if torch is not None:  # OpenMP's pool does not survive fork: torch's loops run inline
+        torch.set_num_threads(1)
     _cap_memory()
     err = io.StringIO()
     try:

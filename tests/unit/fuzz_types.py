@@ -334,6 +334,15 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _Hang()
 
 
+def _one_thread() -> None:
+    """torch on one thread in the child: OpenMP's pool does not survive ``fork``, and a parallel
+    region in a child forked from a process that had used it waits forever (canary_band's 20,000
+    resamples did, after the CI process's earlier tests); one thread runs ATen's loops inline."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def _cap_memory() -> None:
     try:
         with open("/proc/self/status") as status:
@@ -421,6 +430,7 @@ def run_isolated(
     if pid == 0:  # the child
         os.close(read_end)
         try:
+            _one_thread()
             _cap_memory()
             _no_network()
             signal.signal(signal.SIGALRM, _on_alarm)
