@@ -31,7 +31,6 @@ import math
 import os
 import pickle
 import re
-import resource
 import select
 import signal
 import sys
@@ -45,11 +44,11 @@ from typing import Any
 
 from precision_plugin.boundary import _arms
 from precision_plugin.errors import PrecisionPluginError
+from tests.unit.catalogue_files import _cap_memory as cap_memory
+from tests.unit.catalogue_files import deep_dict
 
 #: Seconds one call may take in the child before it is a hang.
 CALL_SECONDS = 10
-#: Memory a child may add to what the test process maps.
-HEADROOM = 2 * 2**30
 #: Entry points fuzzed up to their boundary check only: past it they start a model run, a
 #: server, a subprocess or a network call (each must refuse bad values before any work).
 BOUNDARY_ONLY = frozenset(
@@ -83,20 +82,11 @@ def _self_reference() -> dict[str, Any]:
     return loop
 
 
-def _deep(levels: int = 10_000) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    node = root
-    for _ in range(levels):
-        node["a"] = {}
-        node = node["a"]
-    return root
-
-
 def mappings() -> tuple[tuple[str, Any], ...]:
     return (
         ("{}", {}),
         ("self-reference", _self_reference()),
-        ("10,000 deep", _deep()),
+        ("10,000 deep", deep_dict()),
         ("tuple key", {("a", "b"): 1}),
     )
 
@@ -343,17 +333,6 @@ def _one_thread() -> None:
         torch.set_num_threads(1)
 
 
-def _cap_memory() -> None:
-    try:
-        with open("/proc/self/status") as status:
-            mapped = next(
-                int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize")
-            )
-        resource.setrlimit(resource.RLIMIT_AS, (mapped + HEADROOM, resource.RLIM_INFINITY))
-    except (OSError, ValueError, StopIteration):
-        pass
-
-
 class NetworkCall(BaseException):
     """Raised in the child when a call opens a network connection (none may: the plugin runs
     offline, and an entry point that reaches for the Hub must refuse first)."""
@@ -431,7 +410,7 @@ def run_isolated(
         os.close(read_end)
         try:
             _one_thread()
-            _cap_memory()
+            cap_memory()
             _no_network()
             signal.signal(signal.SIGALRM, _on_alarm)
             sys.stdout = sys.stderr = io.StringIO()  # what a function prints is not a finding
