@@ -408,10 +408,53 @@ def _attribution_seeds(data: dict[str, Any]) -> str:
 @view("attribution-time")
 def _attribution_time(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_attribution_time.py``: probe wall time, plain and attributed."""
-    rows = ["| run | wall time | relative to the plain probe |", "|---|---|---|"]
+    counted = "subset_passes" in data["runs"]["plain"][0]
+    rows = ["| run | wall time | relative to the plain probe |"
+            + (" subset passes per dtype |" if counted else ""),
+            "|---|---|---|" + ("---|" if counted else "")]  # fmt: skip
     for name, seconds in data["median_wall_s"].items():
-        rows.append(f"| `{name}` | {seconds:,.0f} s | {data['ratio_to_plain'][name]:.2f}x |")
+        row = f"| `{name}` | {seconds:,.0f} s | {data['ratio_to_plain'][name]:.2f}x |"
+        if counted:
+            passes = data["runs"][name][0]["subset_passes"]
+            row += " " + (", ".join(f"{d} {n}" for d, n in passes.items() if n) or "-") + " |"
+        rows.append(row)
     return "\n".join(rows)
+
+
+@view("dose-response")
+def _dose_response(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_dose_response.py``: GRPO reward and the learned policy's
+    accuracy against the log-ratio variance injected into the rollout, paired with the control."""
+    from precision_plugin.probe.advice import ESS_GOOD, ESS_WARNING, NEGLIGIBLE
+
+    def band(ess: float | None) -> str:
+        if ess is None:
+            return "-"
+        for floor, name in ((1 - NEGLIGIBLE, "negligible"), (ESS_GOOD, "noticeable"),
+                            (ESS_WARNING, "costly")):  # fmt: skip
+            if ess >= floor:
+                return f"{ess:.2f} ({name})"
+        return f"{ess:.2f} (severe)"
+
+    def cell(row: dict[str, Any], name: str) -> str:
+        diff = row[name + "_difference"]
+        if row["target_variance"] == 0 or diff is None:
+            return f"{row[name]:.2f}"
+        mark = " **changed**" if row[name + "_changed"] else ""
+        return f"{row[name]:.2f} ({diff:+.2f}){mark}"
+
+    header = ["dose v", "injected v", "batch ESS (verdict)", "training reward", "learned accuracy"]
+    rows = [
+        [
+            "control" if row["target_variance"] == 0 else f"{row['target_variance']:g}",
+            f"{row['injected_variance']:.2g}",
+            band(row["mean_ess"]),
+            cell(row, "final_reward"),
+            cell(row, "eval_accuracy"),
+        ]
+        for row in data["doses"]
+    ]
+    return aligned_table(header, rows)
 
 
 @view("probe-speed")

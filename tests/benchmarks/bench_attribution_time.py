@@ -8,8 +8,9 @@ plain, with ``--attribute`` (the probe's own samples are attributed) and with ``
 --rollout top_p=0.9,logprobs_mode=processed_logprobs,kv_cache_dtype=fp8_e4m3`` (the rollout
 samples again with the settings), in turn, ``--repeats`` times; the probe's own ``seconds`` and
 the attribution's are read from each run's JSON. Prints the medians and the ratio to the plain
-probe (the issue's target: ``--attribute`` at most 3x); ``--json FILE`` writes them with their
-provenance. A script, not a test: speed is measured, never asserted.
+probe (the issue's target: ``--attribute`` at most 3x), with the rescoring passes of the
+causes switched together that each dtype's shares took (counted in the times); ``--json FILE``
+writes them with their provenance. A script, not a test: speed is measured, never asserted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def run_once(extra: list[str], probe_args: list[str]) -> dict[str, Any]:
         "wall_s": run.wall_s,
         "probe_s": run.data["seconds"],
         "attribution_s": attribution.get("seconds"),
+        # the rescoring passes of the causes switched together (Shapley: 2^k - k - 1 beyond
+        # the k single-cause rows), counted in the times above
+        "subset_passes": {
+            dtype: (entry.get("together") or {}).get("passes")
+            for dtype, entry in (attribution.get("dtypes") or {}).items()
+        },
     }
 
 
