@@ -2,8 +2,8 @@
 (vLLM) and the learner (TRL / Accelerate / DeepSpeed), with a dynamic loss scaler, checks of what
 actually runs, and train/rollout mismatch metrics.
 
-Importing this package changes nothing; only [`enable`][precision_plugin.manager.enable] does, and
-[`disable`][precision_plugin.manager.disable] undoes it. Framework integrations are imported lazily,
+Importing this package changes nothing; only [`enable`][precision_plugin._core.manager.enable] does, and
+[`disable`][precision_plugin._core.manager.disable] undoes it. Framework integrations are imported lazily,
 on first use.
 """
 
@@ -20,12 +20,12 @@ from precision_plugin.errors import (
     PrecisionMismatchError,
     PrecisionPluginError,
 )
-from precision_plugin.manager import current_policy, disable, enable, resolve_policy
+from precision_plugin._core.manager import current_policy, disable, enable, resolve_policy
 from precision_plugin.policy import PrecisionPolicy
 
 if TYPE_CHECKING:
     from precision_plugin.callback import PrecisionCallback
-    from precision_plugin.master_weights import prepare_model
+    from precision_plugin._core.master_weights import prepare_model
 
 __version__ = "0.1.0"
 
@@ -48,7 +48,7 @@ __all__ = [
 
 _LAZY = {
     "PrecisionCallback": "precision_plugin.callback",
-    "prepare_model": "precision_plugin.master_weights",
+    "prepare_model": "precision_plugin._core.master_weights",
 }
 
 

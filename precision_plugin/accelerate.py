@@ -9,12 +9,12 @@ After ``enable()``, every ``Accelerator`` (yours, the HF Trainer's, TRL's):
   ``strictness="error"``;
 - builds its GradScaler from ``policy.loss_scaler`` through Accelerate's own
   ``GradScalerKwargs`` handler, and that scaler reports
-  [`ScalerStats`][precision_plugin.scaler.ScalerStats] (saved and restored with
+  [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] (saved and restored with
   ``save_state``/``load_state``);
 - on CPU, where Accelerate silently runs fp32 without a scaler when asked for fp16, runs real
   fp16 autocast with a CPU GradScaler;
 - casts the model's parameters to the dtypes the policy needs when it is prepared
-  ([`precision_plugin.prepare_model`][precision_plugin.master_weights.prepare_model]).
+  ([`precision_plugin.prepare_model`][precision_plugin._core.master_weights.prepare_model]).
 
 DeepSpeed runs keep DeepSpeed's own loss scaler (see ``precision_plugin.deepspeed``). Without
 ``enable()``, ``apply_policy`` does the same to one accelerator you built.
@@ -30,13 +30,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from precision_plugin.conflicts import settle_conflict
-from precision_plugin.frameworks import grad_scaler, mixed_precision
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._core.frameworks import grad_scaler, mixed_precision
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
-from precision_plugin.versions import accelerator as device_info
-from precision_plugin.versions import installed_version
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import accelerator as device_info
+from precision_plugin._base.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
 
@@ -90,8 +90,8 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
     with a CPU GradScaler (Accelerate builds neither there). Does nothing under DeepSpeed or
     Megatron, whose engines scale the loss themselves.
     """
-    from precision_plugin.manager import resolve_policy
-    from precision_plugin.scaler import attach_telemetry, make_grad_scaler
+    from precision_plugin._core.manager import resolve_policy
+    from precision_plugin._core.scaler import attach_telemetry, make_grad_scaler
 
     policy = resolve_policy(policy, what="apply_policy()")
     if not hasattr(accelerator, "scaler") or not hasattr(accelerator, "state"):
@@ -121,9 +121,9 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
 
 
 def accelerator_stats(accelerator: Any) -> Any:
-    """The [`ScalerStats`][precision_plugin.scaler.ScalerStats] of an accelerator's scaler, or
+    """The [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] of an accelerator's scaler, or
     ``None``."""
-    from precision_plugin.scaler import scaler_stats
+    from precision_plugin._core.scaler import scaler_stats
 
     return scaler_stats(getattr(accelerator, "scaler", None))
 
@@ -179,7 +179,7 @@ def _prepare_model(
 ) -> Any:
     """``Accelerator.prepare_model`` after the model got the policy's master-weight dtypes."""
     if not kwargs.get("evaluation_mode", False):
-        from precision_plugin.master_weights import prepare_model_once
+        from precision_plugin._core.master_weights import prepare_model_once
 
         prepare_model_once(model, policy)
     return original(self, model, *args, **kwargs)
@@ -212,7 +212,7 @@ def precision_collect_metrics(trainer: Any, optimizer: Any) -> dict[str, float] 
     """Loss-scaler metrics of the trainer's accelerator (none under DeepSpeed), else of the
     optimizer's scaler (Accelerate's optimizer wrapper holds it; the callback may not know the
     trainer)."""
-    from precision_plugin.scaler import scaler_stats
+    from precision_plugin._core.scaler import scaler_stats
 
     stats = accelerator_stats(getattr(trainer, "accelerator", None))
     if stats is None:

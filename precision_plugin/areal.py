@@ -25,13 +25,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked
-from precision_plugin.config_lookup import lookup
-from precision_plugin.dtypes import dtype_label
-from precision_plugin.manager import resolve_policy
+from precision_plugin._base.boundary import Invalid, Validator, checked
+from precision_plugin._base.config_lookup import lookup
+from precision_plugin._base.dtypes import dtype_label
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
-from precision_plugin.serving import settle_findings
+from precision_plugin._base.report import Finding
+from precision_plugin._core.serving import settle_findings
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 
@@ -80,7 +80,7 @@ def check_areal_config(
     backend is SGLang, the ``sglang`` section as the launch
     [`check_server_args`][precision_plugin.sglang.check_server_args] checks. ``error`` findings
     raise together under ``strictness="error"``; the findings are returned."""
-    from precision_plugin.configs import AREAL
+    from precision_plugin._core.configs import AREAL
 
     pol = resolve_policy(policy)
     AREAL.read_mapping(cfg, "the AReaL config")  # typos of known keys, values OmegaConf refuses

@@ -17,8 +17,8 @@ import logging
 from collections import Counter
 from typing import Any
 
-from precision_plugin.boundary import checked, dtype_like, torch_module
-from precision_plugin.master_copy import fp32_master_copy
+from precision_plugin._base.boundary import checked, dtype_like, torch_module
+from precision_plugin._core.master_copy import fp32_master_copy
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -102,7 +102,7 @@ def _copy_side(engine_name: str, asked: str, model: Any) -> dict[str, Any]:
     side: dict[str, Any] = {"engine": engine_name, "asked": _short(asked)}
     if model is None:
         return {**side, "dtype": None, "state": "not built yet (built at the first rollout)"}
-    from precision_plugin.buffers import buffer_dtypes
+    from precision_plugin._core.buffers import buffer_dtypes
 
     params: Counter[str] = Counter()
     for param in model.parameters():
@@ -173,7 +173,7 @@ FIXES: dict[str, str] = {
     "rollout": "run the rollout engine in the learner's dtype: HFRollout(dtype=...) or no dtype "
     "(it follows the policy), enable() before building the trainer for a colocated vLLM, "
     "PRECISION_PLUGIN=<dtype> (or --dtype) for a vLLM server",
-    "rollout_buffers": "build the rollout copy with precision_plugin.buffers.cast_model (what "
+    "rollout_buffers": "build the rollout copy with precision_plugin._core.buffers.cast_model (what "
     "HFRollout does), not a plain .to(dtype)",
     "trainable": "call precision_plugin.enable() before building the trainer, or load the "
     "model in float32 (fp32 master weights, autocast computes in the policy dtype)",
@@ -207,7 +207,7 @@ def contradictions(
     ``rollout_buffers`` (a rollout copy that rounded the buffers vLLM keeps in float32) and
     ``trainable`` (non-fp32 trainable weights under a scaler, where no engine keeps a float32
     master copy of them: DeepSpeed's fp16/bf16 optimizers and FSDP mixed precision do, see
-    [`fp32_master_copy`][precision_plugin.master_copy.fp32_master_copy]).
+    [`fp32_master_copy`][precision_plugin._core.master_copy.fp32_master_copy]).
     """
     found: dict[str, str] = {}
     # Every dtype through the one parser: "fp16", "float16" and torch.float16 are one dtype.

@@ -17,12 +17,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from precision_plugin.boundary import checked, duck
-from precision_plugin.conflicts import settle_conflict
-from precision_plugin.manager import call_each_reported, resolve_policy
-from precision_plugin.patching import track, untrack
+from precision_plugin._base.boundary import checked, duck
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._core.manager import call_each_reported, resolve_policy
+from precision_plugin._base.patching import track, untrack
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.shield import shielded
+from precision_plugin._base.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 
@@ -88,7 +88,7 @@ class PrecisionCallback(TrainerCallback):
     against the policy, a vLLM server's dtype, ...); on the first training step it checks the dtype
     the forward really ran in; on every log it adds the adapters' ``precision_collect_metrics``
     (loss scale, skipped steps, ...) as ``precision/<name>``. ``policy`` (a policy, a dict or a
-    dtype name) defaults to [`resolve_policy()`][precision_plugin.manager.resolve_policy]'s answer.
+    dtype name) defaults to [`resolve_policy()`][precision_plugin._core.manager.resolve_policy]'s answer.
     The trainer is known when ``enable()`` is on (the plugin binds it) or after
     [`bind`][precision_plugin.callback.PrecisionCallback.bind].
 
@@ -132,7 +132,7 @@ class PrecisionCallback(TrainerCallback):
 
     @property
     def overflow_detector(self) -> Any:
-        """The :class:`~precision_plugin.overflow.OverflowDetector` of the current (or last) run,
+        """The :class:`~precision_plugin._core.overflow.OverflowDetector` of the current (or last) run,
         or ``None`` when the policy asks for no detection; closed after train end."""
         return self._overflow.detector
 
@@ -173,7 +173,7 @@ class PrecisionCallback(TrainerCallback):
 
     def _bind_calling_trainer(self) -> None:
         """Bind the trainer calling this callback (without ``enable()`` nothing else does), then
-        guard its ``train()`` (see [`guard_train`][precision_plugin.train_guard.guard_train])."""
+        guard its ``train()`` (see [`guard_train`][precision_plugin._core.train_guard.guard_train])."""
         with self._shield("finding the trainer"):
             calling = _calling_trainer(self)
             if calling is not None and calling is not self.trainer:
@@ -186,7 +186,7 @@ class PrecisionCallback(TrainerCallback):
             trainer = self.trainer
             guarded, patcher = self._train_guard or (_no_trainer, None)
             if trainer is not None and guarded() is not trainer:
-                from precision_plugin.train_guard import guard_train
+                from precision_plugin._core.train_guard import guard_train
 
                 if patcher is not None:  # the callback moved to another trainer
                     patcher.restore()
@@ -309,7 +309,7 @@ class PrecisionCallback(TrainerCallback):
         """The loss scaler's current run of skipped steps (0 when there is no scaler)."""
         if not self._overflow.diagnoses:
             return 0
-        from precision_plugin.scaler import consecutive_skips
+        from precision_plugin._core.scaler import consecutive_skips
 
         accelerator = getattr(self.trainer, "accelerator", None)
         for scaler in (getattr(optimizer, "scaler", None), getattr(accelerator, "scaler", None)):
@@ -369,12 +369,12 @@ class _OverflowWatch:
         settings = policy.overflow
         _audit_model_type(model, policy)
         if settings.keep_fp32_modules:
-            from precision_plugin.overflow import keep_fp32_modules
+            from precision_plugin._core.overflow import keep_fp32_modules
 
             self.fallback = keep_fp32_modules(model, settings.keep_fp32_modules)
         self.diagnoses = policy.uses_loss_scaler and settings.diagnose_after_skips > 0
         if settings.detect != "off" or self.diagnoses:
-            from precision_plugin.overflow import OverflowDetector
+            from precision_plugin._core.overflow import OverflowDetector
 
             self.detector = OverflowDetector.from_policy(model, policy)
 
@@ -436,7 +436,7 @@ def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
     config = getattr(model, "config", None)
     if not policy.is_fp16 or not hasattr(config, "to_dict"):
         return
-    from precision_plugin.model_risks import check_model_config
+    from precision_plugin._core.model_risks import check_model_config
 
     findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
     if policy.overflow.detect == "off":

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy, normalize_dtype
-from precision_plugin.report import Finding
-from precision_plugin.versions import FRAMEWORKS, AcceleratorInfo, accelerator, package_info
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import FRAMEWORKS, AcceleratorInfo, accelerator, package_info
 
 log = logging.getLogger("precision_plugin")
 
@@ -73,7 +73,7 @@ class DoctorReport:
 
 def doctor_policy(dtype: str | None = None) -> PrecisionPolicy:
     """The policy to check: ``dtype`` when given, on top of
-    [`resolve_policy()`][precision_plugin.manager.resolve_policy]."""
+    [`resolve_policy()`][precision_plugin._core.manager.resolve_policy]."""
     base = resolve_policy()
     return base.replace(dtype=normalize_dtype(dtype)) if dtype else base
 
@@ -130,7 +130,7 @@ def adapter_findings(policy: PrecisionPolicy) -> list[Finding]:
     An adapter whose check crashes is reported as a warning (its check could not run), so one
     broken plugin neither hides the others nor blocks the command.
     """
-    from precision_plugin.manager import call_each
+    from precision_plugin._core.manager import call_each
 
     findings: list[Finding] = []
     for name, found in call_each("precision_doctor", policy=policy):
@@ -161,7 +161,7 @@ _RUNS_ALSO: dict[str, tuple[str, ...]] = {
 def known_frameworks(findings: Iterable[Finding] = ()) -> list[str]:
     """The names ``--frameworks`` accepts: the frameworks the plugin knows, every registered
     adapter's name, and every framework a finding names."""
-    from precision_plugin.manager import get_plugin_manager
+    from precision_plugin._core.manager import get_plugin_manager
 
     names = {name for name, _ in get_plugin_manager().list_name_plugin() if name}
     names |= set(FRAMEWORKS) | {f.framework for f in findings}
@@ -200,7 +200,7 @@ def run_doctor(
     comma-separated string; an error of any other installed framework becomes a warning saying
     it does not block. Default: all of them.
     """
-    from precision_plugin.boundary import policy_arg
+    from precision_plugin._base.boundary import policy_arg
     from precision_plugin.errors import PrecisionConfigError
 
     policy = doctor_policy() if policy is None else policy_arg(policy)
@@ -219,8 +219,8 @@ def run_doctor(
     scope = frameworks_in_use(frameworks, found) if frameworks is not None else None
     report = DoctorReport(policy, installed_versions(), acc, frameworks=scope)
     report.findings.extend(core_findings(policy, acc))
-    from precision_plugin.manager import get_plugin_manager
-    from precision_plugin.plugin_check import plugin_findings
+    from precision_plugin._core.manager import get_plugin_manager
+    from precision_plugin._core.plugin_check import plugin_findings
 
     report.findings.extend(plugin_findings(get_plugin_manager()))
     for finding in found:

@@ -18,23 +18,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from precision_plugin.boundary import Coercion, register_coercion, self_checked
-from precision_plugin.boundary.fields import (  # noqa: F401 (INT64_MAX: kept importable here)
+from precision_plugin._base.boundary import Coercion, register_coercion, self_checked
+from precision_plugin._base.boundary.fields import (  # noqa: F401 (INT64_MAX: kept importable here)
     INT64_MAX,
     check_field,
     require_field,
 )
-from precision_plugin.dtypes import (  # noqa: F401 (re-exported: the policy's public names)
+from precision_plugin._base.dtypes import (  # noqa: F401 (re-exported: the policy's public names)
     DTYPE_ALIASES as _DTYPE_ALIASES,
 )
-from precision_plugin.dtypes import (
+from precision_plugin._base.dtypes import (
     DTypeName,
     normalize_dtype,
     torch_dtype,
 )
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.userfiles import MAX_DEPTH as MAX_JSON_DEPTH  # noqa: F401
-from precision_plugin.userfiles import (  # noqa: F401 (the JSON reader's names, kept here)
+from precision_plugin._base.userfiles import MAX_DEPTH as MAX_JSON_DEPTH  # noqa: F401
+from precision_plugin._base.userfiles import (  # noqa: F401 (the JSON reader's names, kept here)
     DuplicateKeyError,
     TooDeepError,
     UserJSONError,

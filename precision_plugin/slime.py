@@ -22,12 +22,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
-from precision_plugin.serving import settle_findings
+from precision_plugin._base.report import Finding
+from precision_plugin._core.serving import settle_findings
 from precision_plugin.sglang.args import FIELDS, field_parser, read_yaml
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 
@@ -102,7 +102,7 @@ def slime_engine_args(argv: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
         },
     )
     given = vars(parser.parse_known_args(list(argv))[0])
-    from precision_plugin.configs import SLIME
+    from precision_plugin._core.configs import SLIME
 
     SLIME.read_argv(argv)  # --fp16 with --bf16 (Megatron refuses the pair), typos of known flags
     base = dict(FIELDS)

@@ -25,12 +25,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.conflicts import settle_conflict
-from precision_plugin.frameworks import TrainerFlags, flags_of, settle_once, trainer_flags
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._core.frameworks import TrainerFlags, flags_of, settle_once, trainer_flags
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
-from precision_plugin.versions import installed_version
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
 
@@ -130,7 +130,7 @@ def precision_train_begin(
     policy: PrecisionPolicy, args: Any, state: Any, model: Any, trainer: Any
 ) -> None:
     """Check the flags and what the accelerator runs; cast the model to the policy's dtypes."""
-    from precision_plugin.master_weights import prepare_model_once
+    from precision_plugin._core.master_weights import prepare_model_once
 
     wanted, ran = trainer_flags(policy), flags_of(args)
     if ran != wanted:

@@ -2,7 +2,7 @@
 
 ``python scripts/import_graph.py`` prints the module count, the largest module, every import
 cycle (strongly connected components of the module graph, and of the top-level package graph) and
-every import that breaks the layer table in ``precision_plugin/_layers.py``. The layer test
+every import that breaks the layer table in ``precision_plugin/_base/layers.py``. The layer test
 (tests/unit/test_layers.py) runs the same functions.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from precision_plugin._layers import (  # noqa: E402
+from precision_plugin._base.layers import (  # noqa: E402
     cross_layer_imports,
     import_cycles,
     import_graph,

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file: the repository's package, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-from precision_plugin.provenance import KEY, provenance, write_results  # noqa: E402
+from precision_plugin._base.provenance import KEY, provenance, write_results  # noqa: E402
 from tests.kernels import SETTINGS, THRESHOLDS  # noqa: E402
 
 #: The probe configurations the tests run (their names are the tests' files).
@@ -105,7 +105,7 @@ def merged(
 
 def kernels_here() -> dict[str, Any]:
     """The kernel capability a fresh process sees under this environment."""
-    from precision_plugin.provenance import cpu_kernels
+    from precision_plugin._base.provenance import cpu_kernels
 
     return cpu_kernels()
 

@@ -41,7 +41,7 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "band-quantile",
-        "precision_plugin/canary/band.py",
+        "precision_plugin/_core/canary/band.py",
         "q = float(torch.quantile(means, 1.0 - alpha))",
         "q = float(torch.quantile(means, 1.0 - alpha / 2))",
         (f"{TESTS}::test_the_band_is_the_one_sided_1_minus_alpha_bound_it_states",),
@@ -49,7 +49,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "stale-since-last",
-        "precision_plugin/canary/monitor.py",
+        "precision_plugin/_core/canary/monitor.py",
         "since = same[0].step",
         "since = same[-1].step",
         (f"{TESTS}::test_a_rollout_frozen_at_step_5_is_stale_since_5_at_every_later_check",),
@@ -57,7 +57,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "ladder-seed-dropped",
-        "precision_plugin/canary/ladder.py",
+        "precision_plugin/_core/canary/ladder.py",
         "max_new_tokens, seed + first),",
         "max_new_tokens, seed),",
         (f"{TESTS}::test_a_batch_invariant_engine_with_more_prompts_than_one_batch_is_certified",),
@@ -65,7 +65,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "misfit-half",
-        "precision_plugin/misfit.py",
+        "precision_plugin/_core/misfit.py",
         "k = max(2, n // 3)",
         "k = max(2, n // 2)",
         (f"{TESTS}::test_the_misfit_check_takes_the_longest_third",),
@@ -81,7 +81,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "master-copy-any",
-        "precision_plugin/master_copy.py",
+        "precision_plugin/_core/master_copy.py",
         'if tensors and all(str(t.dtype) == "torch.float32" for t in tensors):',
         'if tensors and any(str(t.dtype) == "torch.float32" for t in tensors):',
         (f"{TESTS}::test_a_master_copy_partly_in_half_precision_is_no_float32_master_copy",),
@@ -89,7 +89,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "areal-switch-minus-one",
-        "precision_plugin/configs/values.py",
+        "precision_plugin/_core/configs/values.py",
         "return value != 0",
         "return value > 0",
         (f"{TESTS}::test_an_areal_switch_reads_any_nonzero_integer_as_on",),

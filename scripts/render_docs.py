@@ -8,7 +8,7 @@ A results block is an HTML comment pair around the rendered text, on one line or
     <!-- results: NAME VIEW -->...<!-- /results -->
 
 ``NAME`` is ``docs/results/NAME.json``, a file written by the command its ``provenance``
-section names (``precision_plugin.provenance``); ``VIEW`` says what to show of it:
+section names (``precision_plugin._base.provenance``); ``VIEW`` says what to show of it:
 
 - ``value:PATH`` or ``value:PATH:FORMAT``: one number or string, ``PATH`` a dotted path into
   the JSON (list items by index), ``FORMAT`` a Python format spec (``.2e``, ``.0f``, ``,``),

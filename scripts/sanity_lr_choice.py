@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from precision_plugin.provenance import write_results
+from precision_plugin._base.provenance import write_results
 from precision_plugin.sanity import preset_config, run_sanity
 
 GRID: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)

@@ -7,7 +7,7 @@ The command's output passes through unchanged. The results file (``docs/results/
 for the published figures, rendered by ``scripts/render_docs.py``) holds the exit code, the wall
 time, the CPU time and the peak RSS of the command and its children, the last output line that
 matches ``--summary`` (a regular expression, e.g. pytest's ``N passed`` line) and the provenance
-(``precision_plugin.provenance``) naming the command as given. A failing command is still
+(``precision_plugin._base.provenance``) naming the command as given. A failing command is still
 recorded, with its exit code; this script exits with the command's code.
 """
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from precision_plugin.provenance import write_results
+from precision_plugin._base.provenance import write_results
 
 
 def run(command: list[str], summary: str | None) -> dict[str, object]:

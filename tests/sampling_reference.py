@@ -2,7 +2,7 @@
 sampling and log-probs to exact values.
 
 Written from vLLM 0.33.0's source, one row and one step at a time with plain Python sets, not
-from ``precision_plugin.sampling``: penalties (``model_executor/layers/utils.py``
+from ``precision_plugin._core.sampling``: penalties (``model_executor/layers/utils.py``
 ``apply_penalties``, ``_custom_ops.apply_repetition_penalties_torch``), temperature
 (``v1/sample/sampler.py`` ``apply_temperature``), min-p (``v1/sample/logits_processor/builtin.py``
 ``MinPLogitsProcessor.apply``), top-k/top-p (``v1/sample/ops/topk_topp_sampler.py``

@@ -32,7 +32,7 @@ def overflowing_llama(target: float = 1e6, layers: int = 2) -> Any:
     (float32) on :func:`sample_ids`: gate/up projections scaled by 300, then down_proj scaled to
     hit the target (so no weight itself leaves float16's range). With the default target, an
     fp16 forward of :data:`OVERFLOW_MODULE` overflows."""
-    from precision_plugin.overflow import headroom
+    from precision_plugin._core.overflow import headroom
 
     model = tiny_llama(num_hidden_layers=layers)
     mlp = model.get_submodule("model.layers.1.mlp")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import precision_plugin as pp
-from precision_plugin import userfiles
+from precision_plugin._base import userfiles
 from precision_plugin.cli.argtypes import positive_int
 from precision_plugin.deepspeed import config_policy, engine_dtype, engine_scaler_stats
 

@@ -267,7 +267,7 @@ BULKY = ("canary_checks", "step_times", "canary_seconds")
 
 def canary_line(row: dict[str, float]) -> str:
     """One printed line per canary check."""
-    from precision_plugin.canary import VERDICT_CODES
+    from precision_plugin._core.canary import VERDICT_CODES
 
     names = {code: name for name, code in VERDICT_CODES.items()}
     ratio = "inf" if row["canary_ratio"] is None else f"{row['canary_ratio']:.3g}"
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from precision_plugin.audit import render
     from precision_plugin.cli.argtypes import RenamedOption
-    from precision_plugin.provenance import write_results
+    from precision_plugin._base.provenance import write_results
     from precision_plugin.trl import HFRollout
 
     # TRL 1.16 on transformers 5.x: their deprecation notices about each other's names, and

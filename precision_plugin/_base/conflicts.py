@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from precision_plugin import errors
-from precision_plugin.boundary import checked, policy_field
+from precision_plugin._base.boundary import checked, policy_field
 from precision_plugin.errors import PrecisionMismatchError
 
 

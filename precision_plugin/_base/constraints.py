@@ -3,7 +3,7 @@
 A public parameter (or a field of a dataclass users build) says what its value must mean next
 to its type, with [annotated-types](https://github.com/annotated-types/annotated-types)
 (``Gt``, ``Ge``, ``Lt``, ``Le``, ``Interval``, ``MinLen``, ``MaxLen``) and the markers below;
-the one boundary check (``precision_plugin.boundary.checked``) reads the declaration and
+the one boundary check (``precision_plugin._base.boundary.checked``) reads the declaration and
 enforces it, naming the parameter, the value and the rule, and the property tests draw their
 bad values from the same declaration (this module imports nothing of the package: the checker
 builds on it):

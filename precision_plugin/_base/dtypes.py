@@ -111,7 +111,7 @@ def spellings(
     for name in names:
         canonical = canonical_dtype_name(name)
         if canonical is None:
-            raise ValueError(f"{name!r} is not in precision_plugin.dtypes.DTYPE_ALIASES")
+            raise ValueError(f"{name!r} is not in precision_plugin._base.dtypes.DTYPE_ALIASES")
         table[name] = canonical
     table.update(extra or {})
     return table

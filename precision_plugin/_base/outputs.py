@@ -3,7 +3,7 @@ were checked before any work, and the loss of an output the user asked for is no
 
 - :func:`check_output_path` refuses, before the run, a path the OS cannot take (a NUL byte, a
   name over ``NAME_MAX`` bytes, a path over ``PATH_MAX``:
-  :func:`precision_plugin.userfiles.check_path`), a folder, a folder that does not exist or
+  :func:`precision_plugin._base.userfiles.check_path`), a folder, a folder that does not exist or
   cannot be written, and an image extension matplotlib cannot write; one line each, naming
   the option.
 - :func:`write_atomic` (text) and :func:`write_with` (anything a function writes to a path, such
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.userfiles import check_path
+from precision_plugin._base.userfiles import check_path
 
 #: The path that means standard output (``--json -``).
 STDOUT = "-"

@@ -1,7 +1,7 @@
 """The one reversible-patch helper every adapter uses.
 
-A [`Patcher`][precision_plugin.patching.Patcher] records each attribute (or environment variable) it
-replaces, exactly as it was, and [`Patcher.restore`][precision_plugin.patching.Patcher.restore] puts
+A [`Patcher`][precision_plugin._base.patching.Patcher] records each attribute (or environment variable) it
+replaces, exactly as it was, and [`Patcher.restore`][precision_plugin._base.patching.Patcher.restore] puts
 every original back in reverse order. For classes and modules the raw entry of ``__dict__`` is
 saved, so a ``classmethod``/``staticmethod``/property descriptor comes back as the identical object,
 and an attribute that was only inherited is deleted again rather than shadowed.
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 
 log = logging.getLogger("precision_plugin")
 
 _MISSING: Any = object()
 
-#: Attribute set on every wrapper [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]
+#: Attribute set on every wrapper [`Patcher.wrap`][precision_plugin._base.patching.Patcher.wrap]
 #: builds, pointing at the original.
 ORIGINAL_ATTR = "__precision_plugin_original__"
 
@@ -56,7 +56,7 @@ def _own_entry(target: Any, name: str) -> Any:
 @checked
 class Patcher:
     """Applies reversible patches and undoes all of them on
-    [`restore`][precision_plugin.patching.Patcher.restore]."""
+    [`restore`][precision_plugin._base.patching.Patcher.restore]."""
 
     def __init__(
         self, owner: str = "precision_plugin", *, strict: bool = False, tracked: bool = False
@@ -65,7 +65,7 @@ class Patcher:
         #: When true, a patch that fails on a later import raises into that import
         #: (``strictness="error"``: the promise of ``enable()`` is broken) instead of logging.
         self.strict = strict
-        #: When true, the patches are [`track`][precision_plugin.patching.track]ed while they
+        #: When true, the patches are [`track`][precision_plugin._base.patching.track]ed while they
         #: last, so ``disable()`` undoes them (patches on user objects made outside ``enable()``).
         self.tracked = tracked
         self._records: list[_Record] = []
@@ -121,7 +121,7 @@ class Patcher:
         ``advice`` is a flat function that receives the original first, then the call's own
         arguments (``self``/``cls`` included for methods), and decides whether, when and with
         what to call the original. Descriptors and metadata are handled as by
-        [`wrap`][precision_plugin.patching.Patcher.wrap]. Returns the installed wrapper.
+        [`wrap`][precision_plugin._base.patching.Patcher.wrap]. Returns the installed wrapper.
         """
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,11 +141,11 @@ class Patcher:
         reason: str,
         missing: str | None = None,
     ) -> None:
-        """[`around`][precision_plugin.patching.Patcher.around] on ``path`` inside ``module``.
+        """[`around`][precision_plugin._base.patching.Patcher.around] on ``path`` inside ``module``.
 
         ``path`` is ``"Class.method"`` or ``"function"``. Patches now if ``module`` is loaded,
         else right after its first import (see
-        [`when_imported`][precision_plugin.patching.Patcher.when_imported]).
+        [`when_imported`][precision_plugin._base.patching.Patcher.when_imported]).
 
         ``missing`` is logged (info) and nothing is patched when the installed version has no
         such attribute; without it a missing attribute is an error.
@@ -168,7 +168,7 @@ class Patcher:
         self.when_imported(module, patch, reason=f"enable() imports no framework ({path})")
 
     def setenv(self, name: str, value: str, *, reason: str) -> None:
-        """Set environment variable ``name``; [`restore`][precision_plugin.patching.Patcher.restore]
+        """Set environment variable ``name``; [`restore`][precision_plugin._base.patching.Patcher.restore]
         puts the old value (or none) back, unless the variable was changed again since (that later
         value stays)."""
         self._add(
@@ -183,8 +183,8 @@ class Patcher:
 
         Lets ``enable()`` patch a framework without importing it (importing DeepSpeed, TRL or vLLM
         is slow and has side effects). Patches the callback makes should go through this same
-        patcher, so [`restore`][precision_plugin.patching.Patcher.restore] undoes them; a hook still
-        waiting is removed by [`restore`][precision_plugin.patching.Patcher.restore]. An exception
+        patcher, so [`restore`][precision_plugin._base.patching.Patcher.restore] undoes them; a hook still
+        waiting is removed by [`restore`][precision_plugin._base.patching.Patcher.restore]. An exception
         in the callback on a later import is logged, or, for a ``strict`` patcher, raised into that
         import as [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError].
         """
@@ -239,7 +239,7 @@ def track(undo: Callable[[], Any], what: str) -> None:
     made on a user's object outside ``enable()`` (a model's fp32 wrappers, a detector's forward
     hooks, a trainer's telemetry wrappers). ``disable()`` runs every undo still registered, so
     an interrupted ``train()`` leaves nothing behind; ``undo`` itself should call
-    [`untrack`][precision_plugin.patching.untrack]. One undo per object."""
+    [`untrack`][precision_plugin._base.patching.untrack]. One undo per object."""
     with _tracked_lock:
         _tracked[id(undo.__self__)] = (what, weakref.WeakMethod(undo))  # type: ignore[attr-defined]
 
@@ -390,6 +390,6 @@ def _qualname(obj: Any) -> str:
 @checked
 def is_patched(func: Any) -> bool:
     """True when ``func`` is a wrapper installed by
-    [`Patcher.wrap`][precision_plugin.patching.Patcher.wrap]."""
+    [`Patcher.wrap`][precision_plugin._base.patching.Patcher.wrap]."""
     func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
     return hasattr(func, ORIGINAL_ATTR)

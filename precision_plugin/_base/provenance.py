@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from precision_plugin.versions import FRAMEWORKS, installed_version
+from precision_plugin._base.versions import FRAMEWORKS, installed_version
 
 #: The key results files keep their provenance under.
 KEY = "provenance"
@@ -116,7 +116,7 @@ def write_results(
 ) -> Path:
     """Write ``data`` with its provenance as indented JSON to ``path`` (atomically: a temporary
     file and a rename); returns the path."""
-    from precision_plugin.outputs import write_atomic
+    from precision_plugin._base.outputs import write_atomic
 
     text = json.dumps(with_provenance(data, command), indent=2, allow_nan=False) + "\n"
     return write_atomic(path, text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 
 Status = Literal["ok", "info", "change", "warning", "error"]
 STATUSES: tuple[str, ...] = ("ok", "info", "change", "warning", "error")

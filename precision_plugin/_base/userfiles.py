@@ -18,7 +18,7 @@ path:
 - every structure read is walked once without recursion for depth, cycles and size
   (:func:`check_tree`), so nothing that walks it later can recurse for ever.
 
-The checked writer is :mod:`precision_plugin.outputs`; it checks its paths with
+The checked writer is :mod:`precision_plugin._base.outputs`; it checks its paths with
 :func:`check_path` too.
 """
 

@@ -21,10 +21,10 @@ float32 (vLLM 0.33.0, paths under ``vllm/model_executor/``):
   parameter in ``models/deepseek_v2.py`` (lines 327-330) and ``models/glm4_moe.py``
   (lines 148-150).
 
-[`cast_model`][precision_plugin.buffers.cast_model] is the one cast of a rollout copy;
-[`keep_float32_buffers`][precision_plugin.buffers.keep_float32_buffers] restores the table's
+[`cast_model`][precision_plugin._core.buffers.cast_model] is the one cast of a rollout copy;
+[`keep_float32_buffers`][precision_plugin._core.buffers.keep_float32_buffers] restores the table's
 buffers after someone else's cast (DeepSpeed's), from float32 values saved before it
-([`float32_buffers`][precision_plugin.buffers.float32_buffers]) or, for RoPE frequencies that
+([`float32_buffers`][precision_plugin._core.buffers.float32_buffers]) or, for RoPE frequencies that
 never existed in float32 (``zero.Init``), recomputed by the module's own RoPE function.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.boundary import checked, dtype_name, torch_device, torch_module
+from precision_plugin._base.boundary import checked, dtype_name, torch_device, torch_module
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
@@ -145,7 +145,7 @@ def _saved_value(saved: Mapping[str, Any], dotted: str, buf: Any) -> Any:
     if value is None:
         return None
     where = f"keep_float32_buffers(): saved[{dotted!r}]"
-    fix = "save the buffers with precision_plugin.buffers.float32_buffers(model) before the cast"
+    fix = "save the buffers with precision_plugin._core.buffers.float32_buffers(model) before the cast"
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         raise PrecisionConfigError(
             f"{where} is {type(value).__name__}, not a floating-point tensor; {fix}."

@@ -36,8 +36,8 @@ from typing import Annotated, Any
 
 import annotated_types as at
 
-from precision_plugin.boundary import checked, dtype_name, policy_field
-from precision_plugin.constraints import Whole
+from precision_plugin._base.boundary import checked, dtype_name, policy_field
+from precision_plugin._base.constraints import Whole
 
 #: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
 MAX_NUM_PROMPTS = 100_000
@@ -70,7 +70,7 @@ class Evidence:
 @dataclass(frozen=True)
 class Headroom:
     """The float16 headroom's recommendation: ``action`` as
-    [`Recommendation`][precision_plugin.overflow.headroom.Recommendation] (``none``,
+    [`Recommendation`][precision_plugin._core.overflow.headroom.Recommendation] (``none``,
     ``keep_fp32_modules``, ``bfloat16``, ``fix_model``), its ``modules``, ``flagged`` (how many
     modules are within the margin) and the margin in bits."""
 

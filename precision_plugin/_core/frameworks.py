@@ -8,7 +8,7 @@ SGLang's ``dtype``.
 Where a framework cannot represent a setting exactly, the table says so once: refused under
 ``strictness="error"``, else a warning with the exact value that runs.
 
-Each decision is made once per object: [`settle_once`][precision_plugin.frameworks.settle_once]
+Each decision is made once per object: [`settle_once`][precision_plugin._core.frameworks.settle_once]
 marks an object (a ``TrainingArguments``, a model) as settled for a policy, so the several
 places that see the same object (a TRL config's two ``__post_init__`` levels, the ``Trainer``,
 ``Accelerator.prepare_model``, the callback) do the work once.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from precision_plugin.boundary import checked, non_empty, policy_field
-from precision_plugin.conflicts import settle_conflict
-from precision_plugin.dtypes import dtype_label, spellings
+from precision_plugin._base.boundary import checked, non_empty, policy_field
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._base.dtypes import dtype_label, spellings
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 

@@ -17,19 +17,19 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import at_least, checked, dtype_name, duck, usable_device
-from precision_plugin.constraints import AtMost
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import at_least, checked, dtype_name, duck, usable_device
+from precision_plugin._base.constraints import AtMost
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.rollout import RolloutEngine, RolloutSample
-from precision_plugin.sampling import LogitsProcessor, SamplingSettings
-from precision_plugin.scoring import float16_cpu, packed_cpu
-from precision_plugin.scoring.float16_cpu import widen_float16
-from precision_plugin.scoring.fused_cpu import fuse_shared_inputs
-from precision_plugin.scoring.hf import position_limit
-from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
-from precision_plugin.scoring.multinomial_cpu import Multinomial
-from precision_plugin.scoring.packed_cpu import pack_linears
+from precision_plugin._core.rollout import RolloutEngine, RolloutSample
+from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
+from precision_plugin._core.scoring import float16_cpu, packed_cpu
+from precision_plugin._core.scoring.float16_cpu import widen_float16
+from precision_plugin._core.scoring.fused_cpu import fuse_shared_inputs
+from precision_plugin._core.scoring.hf import position_limit
+from precision_plugin._core.scoring.kvcache import decode_buffers, drop_rows
+from precision_plugin._core.scoring.multinomial_cpu import Multinomial
+from precision_plugin._core.scoring.packed_cpu import pack_linears
 
 __all__ = [
     "HFRolloutEngine",
@@ -194,16 +194,16 @@ class HFRolloutEngine:
     ``torch.inference_mode()``. ``copy=False`` converts ``model`` itself, in place, for a caller
     that made the model for the engine (``from_pretrained``, TRL's ``HFRollout``): no second copy
     of the weights in memory.
-    The copy is [`cast_model`][precision_plugin.buffers.cast_model]'s: the weights in ``dtype``,
+    The copy is [`cast_model`][precision_plugin._core.buffers.cast_model]'s: the weights in ``dtype``,
     the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
     model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
     A float16 copy on CPU multiplies as a GPU does
-    ([`widen_float16`][precision_plugin.scoring.float16_cpu.widen_float16]), and every copy on
+    ([`widen_float16`][precision_plugin._core.scoring.float16_cpu.widen_float16]), and every copy on
     CPU multiplies with weights prepacked for oneDNN
-    ([`pack_linears`][precision_plugin.scoring.packed_cpu.pack_linears]), layers that read one
+    ([`pack_linears`][precision_plugin._core.scoring.packed_cpu.pack_linears]), layers that read one
     input (query, key and value; gate and up) as one product
-    ([`fuse_shared_inputs`][precision_plugin.scoring.fused_cpu.fuse_shared_inputs]).
-    Samples token by token with [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]
+    ([`fuse_shared_inputs`][precision_plugin._core.scoring.fused_cpu.fuse_shared_inputs]).
+    Samples token by token with [`SamplingSettings`][precision_plugin._core.sampling.SamplingSettings]
     applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
     checkpoint's generation defaults play no part) and records, as each token is sampled, the
     log-prob its ``logprobs_mode`` names: ``raw_logprobs`` (the default) is ``log_softmax`` in
@@ -228,7 +228,7 @@ class HFRolloutEngine:
     ) -> None:
         import torch
 
-        from precision_plugin.buffers import cast_model
+        from precision_plugin._core.buffers import cast_model
 
         if copy or _holds_inference_tensors(model):
             # An inference tensor has no version counter, which the packed layers read to see
@@ -287,7 +287,7 @@ class HFRolloutEngine:
         which other prompts share the batch (the global RNG is left alone).
 
         ``sampling``: temperature, top-k/top-p/min-p, penalties and the log-prob mode
-        ([`SamplingSettings`][precision_plugin.sampling.SamplingSettings]; default: full
+        ([`SamplingSettings`][precision_plugin._core.sampling.SamplingSettings]; default: full
         distribution at temperature 1, raw log-probs). ``min_new_tokens``: no EOS is sampled
         before that many tokens (vLLM's ``min_tokens``: EOS set to ``-inf`` first); a raw
         log-prob is still that of the unmasked distribution, which is what the trainer scores.

@@ -52,8 +52,8 @@ import annotated_types as at
 import numpy as np
 from scipy import special, stats
 
-from precision_plugin.boundary import checked, same_length
-from precision_plugin.constraints import (
+from precision_plugin._base.boundary import checked, same_length
+from precision_plugin._base.constraints import (
     AtMost,
     Brackets,
     Each,

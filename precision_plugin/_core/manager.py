@@ -2,7 +2,7 @@
 
 Built-in adapters are registered exactly like third-party ones (entry-point group
 ``precision_plugin``). ``enable()`` is atomic: each adapter installs through its own
-[`Patcher`][precision_plugin.patching.Patcher]; if one fails, every adapter already installed is
+[`Patcher`][precision_plugin._base.patching.Patcher]; if one fails, every adapter already installed is
 rolled back and the error names the failing adapter.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import pluggy
 
 from precision_plugin import hookspecs
-from precision_plugin.boundary import checked, one_of, policy_arg
+from precision_plugin._base.boundary import checked, one_of, policy_arg
 from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
-from precision_plugin.patching import Patcher
+from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -84,7 +84,7 @@ def hook_impls(hook_name: str) -> list[tuple[str, Callable[..., Any]]]:
 
     ``call(**kwargs)`` passes the implementation the subset of ``kwargs`` it declares, as pluggy
     does. For the core's calls one implementation at a time (to roll back, or to isolate a
-    broken plugin); [`call_each`][precision_plugin.manager.call_each] is the common case.
+    broken plugin); [`call_each`][precision_plugin._core.manager.call_each] is the common case.
     """
     impls = getattr(get_plugin_manager().hook, hook_name).get_hookimpls()
 
@@ -113,7 +113,7 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
 def call_each_reported(
     hook_name: str, *, refusals: bool = True, strictness: str | None = None, **kwargs: Any
 ) -> list[Any]:
-    """[`call_each`][precision_plugin.manager.call_each], with failures settled: the non-``None``
+    """[`call_each`][precision_plugin._core.manager.call_each], with failures settled: the non-``None``
     results, in call order.
 
     A plugin that crashes (any exception that is not a
@@ -122,9 +122,9 @@ def call_each_reported(
     deliberate refusal (``PrecisionPluginError``: strictness, bad config) is raised when
     ``refusals`` is true, and logged like a crash otherwise (``disable()`` must always finish).
     Inside ``train()`` (``strictness`` given) only a refusal that stops training is raised
-    (see ``precision_plugin.shield``); a crash is warned about once per plugin and hook.
+    (see ``precision_plugin._base.shield``); a crash is warned about once per plugin and hook.
     """
-    from precision_plugin.shield import stops_training, warn_once
+    from precision_plugin._base.shield import stops_training, warn_once
 
     results: list[Any] = []
     for name, outcome in call_each(hook_name, **kwargs):
@@ -256,7 +256,7 @@ def enable(
             f"enable(skip_adapters=...): unknown adapter(s) {sorted(unknown)}; registered "
             f"adapters: {adapter_names()}."
         )
-    from precision_plugin.plugin_check import check_plugins
+    from precision_plugin._core.plugin_check import check_plugins
 
     check_plugins(get_plugin_manager(), strict=new.strictness == "error")
     with _lock:
@@ -333,8 +333,8 @@ def disable() -> bool:
     Returns ``True`` when something was enabled or undone, ``False`` when there was nothing.
     """
     global _active
-    from precision_plugin.patching import undo_tracked
-    from precision_plugin.shield import forget_warnings
+    from precision_plugin._base.patching import undo_tracked
+    from precision_plugin._base.shield import forget_warnings
 
     forget_warnings()  # a new run warns anew
     undone = undo_tracked()

@@ -13,7 +13,7 @@ module's parameters in half precision on purpose; their half-precision parameter
 - FSDP with ``MixedPrecision(param_dtype=...)`` (FSDP1) or ``MixedPrecisionPolicy`` (FSDP2),
   whose sharded parameters, which the optimizer steps, stay in their own dtype.
 
-[`fp32_master_copy`][precision_plugin.master_copy.fp32_master_copy] reads the trainer's engine
+[`fp32_master_copy`][precision_plugin._core.master_copy.fp32_master_copy] reads the trainer's engine
 and optimizer and names the float32 copy it finds (checked by the tensors' dtype, so DeepSpeed's
 ``fp16_master_weights_and_gradients``, a half-precision "master" copy, is not one). Reads only.
 """

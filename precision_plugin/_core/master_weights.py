@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked
-from precision_plugin.buffers import buffer_dtypes, keep_float32_buffers
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.buffers import buffer_dtypes, keep_float32_buffers
 from precision_plugin.errors import PrecisionMismatchError
-from precision_plugin.frameworks import settle_once
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.frameworks import settle_once
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
+from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 
@@ -146,7 +146,7 @@ def check_model(
                 ),
                 fix=(
                     "prepare_model() (enable() and PrecisionCallback run it) recomputes them in "
-                    "float32; cast with precision_plugin.buffers.cast_model instead of "
+                    "float32; cast with precision_plugin._core.buffers.cast_model instead of "
                     "model.half()"
                 ),
                 details={"buffers": rounded},
@@ -190,7 +190,7 @@ def prepare_model(
     Parameters are cast in place (``param.data``), so an optimizer built already keeps working.
     With ``policy.float32_buffers`` the buffers vLLM keeps in float32 (RoPE frequencies) that a
     ``model.half()`` rounded are recomputed in float32
-    ([`keep_float32_buffers`][precision_plugin.buffers.keep_float32_buffers]).
+    ([`keep_float32_buffers`][precision_plugin._core.buffers.keep_float32_buffers]).
     With ``policy.strictness == "error"`` nothing is changed and a
     [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] says what to change
     instead. ``policy`` defaults to the active policy, else the default (float16) one. Anything
@@ -237,7 +237,7 @@ def _rounded_buffers(model: torch.nn.Module, policy: PrecisionPolicy) -> dict[st
 
 
 def prepare_model_once(model: Any, policy: PrecisionPolicy) -> Any:
-    """[`prepare_model`][precision_plugin.master_weights.prepare_model], once per model and
+    """[`prepare_model`][precision_plugin._core.master_weights.prepare_model], once per model and
     policy: the ``Trainer``, ``Accelerator.prepare_model`` and the callback all see the same
     model, and the first one settles it."""
     if not isinstance(model, torch.nn.Module):

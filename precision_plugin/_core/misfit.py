@@ -21,9 +21,9 @@ from typing import Annotated, Any
 import annotated_types as at
 from scipy import stats
 
-from precision_plugin.boundary import checked, same_length
-from precision_plugin.constraints import Each, Finite, Whole
-from precision_plugin.intervals import COVERAGE, MAX_COUNT, variance_robust
+from precision_plugin._base.boundary import checked, same_length
+from precision_plugin._base.constraints import Each, Finite, Whole
+from precision_plugin._core.intervals import COVERAGE, MAX_COUNT, variance_robust
 
 #: One-sided level of the misfit test.
 ALPHA = 0.05

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 
 
 @checked

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from precision_plugin.boundary import (
+from precision_plugin._base.boundary import (
     Invalid,
     Validator,
     at_least,
@@ -114,9 +114,9 @@ class SamplingSettings:
 class LogitsProcessor:
     """One batch's sampling state: the prompt mask and output counts the penalties need.
 
-    [`process`][precision_plugin.sampling.LogitsProcessor.process] turns one step's logits into
+    [`process`][precision_plugin._core.sampling.LogitsProcessor.process] turns one step's logits into
     the processed float32 logits (vLLM's order);
-    [`add`][precision_plugin.sampling.LogitsProcessor.add] records the tokens just sampled.
+    [`add`][precision_plugin._core.sampling.LogitsProcessor.add] records the tokens just sampled.
     """
 
     def __init__(self, settings: SamplingSettings, prompts: list[list[int]], vocab: int,

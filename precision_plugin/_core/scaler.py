@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked, non_empty, torch_device
+from precision_plugin._base.boundary import checked, non_empty, torch_device
 from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
-from precision_plugin.frameworks import grad_scaler
+from precision_plugin._core.frameworks import grad_scaler
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -131,7 +131,7 @@ class _Telemetry:
             self._pp_consecutive = 0
 
     def precision_stats(self) -> ScalerStats:
-        """The current [`ScalerStats`][precision_plugin.scaler.ScalerStats] (reads the scale: one
+        """The current [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] (reads the scale: one
         device sync)."""
         scale = float(self.get_scale()) if self._enabled else 1.0  # type: ignore[attr-defined]
         return ScalerStats(
@@ -240,7 +240,7 @@ def _check_torch_state(state_dict: Mapping[str, Any]) -> None:
 
 
 class TelemetryGradScaler(_Telemetry, torch.amp.GradScaler):
-    """``torch.amp.GradScaler`` with [`ScalerStats`][precision_plugin.scaler.ScalerStats] telemetry
+    """``torch.amp.GradScaler`` with [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] telemetry
     and the policy's floor."""
 
 
@@ -308,7 +308,7 @@ def make_grad_scaler(
     with ``loss_scaler.enabled``. Every returned scaler reports ``scaler_stats``.
     ``policy`` may be a policy, a dict or a dtype name (``None``: the resolved policy).
     """
-    from precision_plugin.manager import resolve_policy
+    from precision_plugin._core.manager import resolve_policy
 
     policy = resolve_policy(policy)
     device_type = torch.device(device).type
@@ -332,7 +332,7 @@ def make_grad_scaler(
 @checked
 def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
     """Give a scaler someone else built (Accelerate's) the telemetry of
-    [`make_grad_scaler`][precision_plugin.scaler.make_grad_scaler].
+    [`make_grad_scaler`][precision_plugin._core.scaler.make_grad_scaler].
 
     Works for instances of exactly ``torch.amp.GradScaler`` or ``ShardedGradScaler``: the
     instance's class becomes the telemetry subclass (same state, same behaviour, plus counters),
@@ -363,7 +363,7 @@ def attach_telemetry(scaler: Any, settings: LossScalerSettings) -> bool:
 
 @checked
 def scaler_stats(scaler: Any) -> ScalerStats | None:
-    """[`ScalerStats`][precision_plugin.scaler.ScalerStats] of a scaler with telemetry; a bare
+    """[`ScalerStats`][precision_plugin._core.scaler.ScalerStats] of a scaler with telemetry; a bare
     snapshot for a plain torch scaler; ``None`` when ``scaler`` is ``None`` or disabled."""
     if scaler is None or not getattr(scaler, "_enabled", False):
         return None

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator
+from precision_plugin._base.boundary import Invalid, Validator
 from precision_plugin.errors import (
     PrecisionConfigError,
     PrecisionMismatchError,
@@ -25,7 +25,7 @@ from precision_plugin.errors import (
     ServerUnreachableError,
 )
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
+from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from precision_plugin.cli.argtypes import UsageError
 from precision_plugin.cli.process import PROG, OutputLost, stdout_usable, writing_stdout
-from precision_plugin.outputs import check_output_path
-from precision_plugin.progress import ProgressFn
-from precision_plugin.userfiles import check_path
+from precision_plugin._base.outputs import check_output_path
+from precision_plugin._base.progress import ProgressFn
+from precision_plugin._base.userfiles import check_path
 
 
 def _check_not_in_model(args: argparse.Namespace, outputs: dict[str, str | None]) -> None:
@@ -46,7 +46,7 @@ def _check_prompts_path(path: str) -> None:
     """Before the run, the ``--prompts`` file: a path the OS can take and, when something is
     there, a regular file within the data limit (a named pipe would block the reader,
     ``/dev/zero`` never ends); a missing file is left to the prompts reader's own message."""
-    from precision_plugin import userfiles
+    from precision_plugin._base import userfiles
 
     if os.path.lexists(check_path(path, "prompts:")):
         userfiles.regular_file(path, "prompts:", userfiles.MAX_DATA_BYTES)
@@ -54,10 +54,10 @@ def _check_prompts_path(path: str) -> None:
 
 def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
     """Have ``write_to`` write ``path`` through the one checked writer
-    ([`write_with`][precision_plugin.outputs.write_with]: a temporary file and a rename); an OS
+    ([`write_with`][precision_plugin._base.outputs.write_with]: a temporary file and a rename); an OS
     error (permissions, full disk) becomes one line, exit 2. The path was checked before the
     run (``check_outputs``)."""
-    from precision_plugin.outputs import write_with
+    from precision_plugin._base.outputs import write_with
 
     write_with(path, option, write_to, check=False)
 
@@ -79,7 +79,7 @@ def check_outputs(args: argparse.Namespace) -> None:
             "pass --json FILE, or run with stdout open"
         )
     _check_not_in_model(args, {"--json": args.json, **figures})
-    from precision_plugin.outputs import distinct_paths
+    from precision_plugin._base.outputs import distinct_paths
 
     prompts = getattr(args, "prompts", None)
     if isinstance(prompts, str) and prompts.strip():
@@ -96,7 +96,7 @@ def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -
     machine."""
     if not args.json or (args.json == "-") == to_file:
         return
-    from precision_plugin.provenance import cli_command, with_provenance
+    from precision_plugin._base.provenance import cli_command, with_provenance
 
     data = with_provenance(json.loads(text), cli_command(args.argv))
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
@@ -104,7 +104,7 @@ def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -
         with writing_stdout():
             sys.stdout.write(text)
         return
-    from precision_plugin.outputs import write_atomic
+    from precision_plugin._base.outputs import write_atomic
 
     write_atomic(args.json, text, "--json")
     err.print(f"wrote {args.json}")
@@ -112,7 +112,7 @@ def emit_json(args: argparse.Namespace, text: str, err: Any, *, to_file: bool) -
 
 def console(stderr: bool = False) -> Any:
     """A rich console; 100 columns when writing to a file or pipe (rich would assume 80)."""
-    from precision_plugin.outputs import console as plain_console
+    from precision_plugin._base.outputs import console as plain_console
 
     out = plain_console(stderr=stderr)  # a broken pipe is an OSError: exit 74, one line
     return out if out.is_terminal else plain_console(stderr=stderr, width=100)
@@ -120,7 +120,7 @@ def console(stderr: bool = False) -> Any:
 
 def with_progress(err: Any, work: Callable[[ProgressFn], Any]) -> Any:
     """Run ``work(progress)`` with a bar in a terminal, plain progress lines elsewhere."""
-    from precision_plugin.progress import progress_reporter
+    from precision_plugin._base.progress import progress_reporter
 
     with progress_reporter(err, prefix=f"{PROG}: ") as progress:
         return work(progress)

@@ -56,7 +56,7 @@ def add_parser(sub: Any, engines: Sequence[str] = ()) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the overrides, one per line."""
-    from precision_plugin.manager import resolve_policy
+    from precision_plugin._core.manager import resolve_policy
     from precision_plugin.verl import overrides
 
     policy = resolve_policy()

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from precision_plugin.conflicts import settle_conflict
+from precision_plugin._base.conflicts import settle_conflict
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")

@@ -13,8 +13,8 @@ from precision_plugin.deepspeed.device import (
 )
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
-from precision_plugin.versions import installed_version
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
 
 
 def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:

@@ -18,13 +18,13 @@ from typing import Any
 
 from packaging.version import Version
 
-from precision_plugin import frameworks
-from precision_plugin.boundary import Invalid, Validator, checked, version_text
-from precision_plugin.config_lookup import lookup
-from precision_plugin.conflicts import settle_conflict
-from precision_plugin.dtypes import SUPPORTED_DTYPES
+from precision_plugin._core import frameworks
+from precision_plugin._base.boundary import Invalid, Validator, checked, version_text
+from precision_plugin._base.config_lookup import lookup
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._base.dtypes import SUPPORTED_DTYPES
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import _carried_env, env_value
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -42,7 +42,7 @@ from precision_plugin.openrlhf.layout import (
     layout,
 )
 from precision_plugin.policy import ENV_VAR, LossScalerSettings, PrecisionPolicy
-from precision_plugin.report import Finding
+from precision_plugin._base.report import Finding
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()
@@ -320,7 +320,7 @@ def _engines(
 
 
 def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
-    from precision_plugin.model_risks import check_model_config, config_json_for
+    from precision_plugin._core.model_risks import check_model_config, config_json_for
 
     path = config_json_for(arg(args, MODEL))
     if path is None or not arg(args, NUM_ENGINES):
@@ -330,10 +330,10 @@ def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
 
 def typed_args(args: Any) -> dict[str, Any]:
     """The arguments the check reads, each as OpenRLHF's parser gives it
-    ([`OPENRLHF`][precision_plugin.configs.OPENRLHF]): ``vllm.num_engines "0"`` is 0 engines,
+    ([`OPENRLHF`][precision_plugin._core.configs.OPENRLHF]): ``vllm.num_engines "0"`` is 0 engines,
     ``is_correction_level "false"`` is refused (off, token or seq), a string for a switch is
     refused, a typo of a known key names the key it is close to."""
-    from precision_plugin.configs import OPENRLHF
+    from precision_plugin._core.configs import OPENRLHF
 
     source = "the parsed arguments"
     if isinstance(args, Mapping) or type(args).__module__ == "argparse":
@@ -454,7 +454,7 @@ def check_args(
     one warning; each fix says exactly what to add. Returns every finding (``error`` ones are
     the contradictions; ``warning``/``info``/``ok`` ones, such as "no mismatch metric without
     the IS correction", are advice). ``policy`` goes through
-    [`resolve_policy`][precision_plugin.manager.resolve_policy]; ``openrlhf_version`` defaults
+    [`resolve_policy`][precision_plugin._core.manager.resolve_policy]; ``openrlhf_version`` defaults
     to the installed OpenRLHF.
     """
     pol = resolve_policy(policy)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from precision_plugin import versions
-from precision_plugin.boundary import checked
-from precision_plugin.dtypes import spellings
+from precision_plugin._base import versions
+from precision_plugin._base.boundary import checked
+from precision_plugin._base.dtypes import spellings
 
 PARSER_FILE = "cli/train_ppo_ray.py"
 ENGINE_FILE = "trainer/ray/vllm_engine.py"

@@ -12,10 +12,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from precision_plugin import frameworks
-from precision_plugin.boundary import checked, version_text
+from precision_plugin._core import frameworks
+from precision_plugin._base.boundary import checked, version_text
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.openrlhf.installed import installed
 from precision_plugin.openrlhf.layout import (
     PARAM_DTYPE,
@@ -54,7 +54,7 @@ def args(
 ) -> list[str]:
     """The ``train_ppo_ray`` arguments that make OpenRLHF's learner run ``policy``.
 
-    ``policy`` is resolved by [`resolve_policy`][precision_plugin.manager.resolve_policy]
+    ``policy`` is resolved by [`resolve_policy`][precision_plugin._core.manager.resolve_policy]
     (argument, active ``enable()`` policy, ``PRECISION_PLUGIN``, defaults);
     ``openrlhf_version`` defaults to the installed OpenRLHF (else 0.11.2). Today that is
     ``--ds.param_dtype fp16`` (or ``bf16``) on every supported version (>= 0.10.2): OpenRLHF has
@@ -103,8 +103,8 @@ def runtime_env(
 def _carried_env(pol: PrecisionPolicy) -> dict[str, Any]:
     """``runtime_env()`` of a resolved policy, float32 included (a finding's fix quotes it next
     to the finding that refuses float32)."""
-    from precision_plugin.canary.engines import batch_invariant_env
-    from precision_plugin.versions import installed_version
+    from precision_plugin._core.canary.engines import batch_invariant_env
+    from precision_plugin._base.versions import installed_version
 
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
     env_vars[ENV_VAR] = env_value(pol)

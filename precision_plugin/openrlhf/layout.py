@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from precision_plugin import versions
-from precision_plugin.boundary import checked, version_text
-from precision_plugin.builders import built_by_openrlhf  # noqa: F401 (its public path here)
+from precision_plugin._base import versions
+from precision_plugin._base.boundary import checked, version_text
+from precision_plugin._core.builders import built_by_openrlhf  # noqa: F401 (its public path here)
 from precision_plugin.errors import PrecisionConfigError
 
 #: First release with the hierarchical command line (``--ds.param_dtype``).

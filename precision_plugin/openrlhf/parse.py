@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.boundary import checked, non_empty
+from precision_plugin._base.boundary import checked, non_empty
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.patching import Patcher
+from precision_plugin._base.patching import Patcher
 
 MODULE = "openrlhf.cli.train_ppo_ray"
 
@@ -40,7 +40,7 @@ def _called_from_main() -> bool:
     return frame is not None and frame.f_globals.get("__name__") == "__main__"
 
 
-_OWN = (__name__, "precision_plugin.patching")
+_OWN = (__name__, "precision_plugin._base.patching")
 
 
 def _stop_after_parse(original: Any, self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:

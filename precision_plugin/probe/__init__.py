@@ -10,7 +10,7 @@ vLLM's engine lives in ``precision_plugin.vllm.probe_engine`` and is offered thr
 ``precision_probe_engines`` hook.
 """
 
-from precision_plugin.probe.engine import (
+from precision_plugin._core.hf_engine import (
     HFRolloutEngine,
     RolloutEngine,
     RolloutSample,

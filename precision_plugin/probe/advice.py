@@ -1,7 +1,7 @@
 """What the measured mismatch does to RL at the user's length, and what to do about it.
 
 For each dtype the probe's sampled tokens give the consequence metrics
-([`precision_plugin.consequence`][precision_plugin.metrics.consequence]: the effective sample
+([`precision_plugin._core.metrics.consequence`][precision_plugin._core.metrics.consequence]: the effective sample
 size, the share of sequences TRL's and verl's default sequence masks drop, the share of tokens a TIS
 clip at 2.0 clips), over all sequences and per length bucket. A random walk with drift fitted
 to the sequence log-ratios carries them to ``target_length`` with a 90 % interval, and a
@@ -16,13 +16,13 @@ verdict per dtype and one what-to-do line follow from documented thresholds:
   probe's own, not a framework's.
 
 Every figure carries its 90 % interval and the number of sequences behind it
-([`precision_plugin.intervals`][precision_plugin.intervals] names the method per figure). The
+([`precision_plugin._core.intervals`][precision_plugin._core.intervals] names the method per figure). The
 masks' shares do not depend on the batch size; the self-normalised ESS does, so it is given for
 a batch of ``batch_size`` sequences (``--batch-size``; the infinite-batch value ``exp(−σ²L)``
 only labelled as such), and the share of the batch that still counts uses the batch's ESS. A
-misfit check ([`precision_plugin.misfit`][precision_plugin.misfit]) widens the projection when
+misfit check ([`precision_plugin._core.misfit`][precision_plugin._core.misfit]) widens the projection when
 the longest sequences spread more than the fit predicts. The what-to-do line is one
-[`decision`][precision_plugin.decision.decide] over overflow, headroom, consequence, mismatch
+[`decision`][precision_plugin._core.decision.decide] over overflow, headroom, consequence, mismatch
 and, with ``--attribute``, the setting to change first.
 """
 
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, in_range
-from precision_plugin.consequence import (
+from precision_plugin._base.boundary import at_least, checked, in_range
+from precision_plugin._core.metrics.consequence import (
     COUNT_FIELDS,
     COVERAGE,
     SEQUENCE_MASKS,
@@ -52,7 +52,7 @@ from precision_plugin.consequence import (
     fit_growth,
     project,
 )
-from precision_plugin.decision import (
+from precision_plugin._core.decision import (
     Attribution,
     Configured,
     Decision,
@@ -61,9 +61,9 @@ from precision_plugin.decision import (
     decide,
     percent,
 )
-from precision_plugin.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
-from precision_plugin.misfit import GrowthCheck, check_growth
-from precision_plugin.overflow import HeadroomReport
+from precision_plugin._core.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
+from precision_plugin._core.misfit import GrowthCheck, check_growth
+from precision_plugin._core.overflow import HeadroomReport
 from precision_plugin.probe.length import bucket_slices
 from precision_plugin.probe.overflow import OverflowCheck
 from precision_plugin.probe.schema import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, DtypeResult
@@ -284,7 +284,7 @@ def _measured_intervals(
     """The measured figures with their intervals: each share Clopper-Pearson; the ESS the
     measured value with the interval of the expected ESS of a batch like the measured one (same
     lengths) that holds for heavy tails
-    ([`ess_interval`][precision_plugin.metrics.consequence.ess_interval])."""
+    ([`ess_interval`][precision_plugin._core.metrics.consequence.ess_interval])."""
     expected = ess_interval(fit, lengths)
     out = {"ess": Interval(measured.ess, expected.low, expected.high)}
     for name, iv in _share_intervals(measured).items():
@@ -294,7 +294,7 @@ def _measured_intervals(
 
 def _batch_ess(fit: GrowthFit, length: int, batches: list[int]) -> dict[int, Interval]:
     """The projected ESS of a batch of each size at ``length`` tokens, with its interval that
-    holds for heavy tails ([`ess_interval`][precision_plugin.metrics.consequence.ess_interval]
+    holds for heavy tails ([`ess_interval`][precision_plugin._core.metrics.consequence.ess_interval]
     of ``[length] * n``)."""
     return {n: ess_interval(fit, [length] * n) for n in batches}
 
@@ -471,7 +471,7 @@ def assess(
     ``float16_refused``: why a rollout engine refuses this model in float16; ``overflow``: the
     probe's headroom check (``OverflowCheck``); ``attribution``: ``probe --attribute``'s
     change-first (``AttributionReport.evidence()``); all feed the one decision
-    ([`decide`][precision_plugin.decision.decide]) whose line is ``advice``. ``batch_size``:
+    ([`decide`][precision_plugin._core.decision.decide]) whose line is ``advice``. ``batch_size``:
     the sequences per batch the ESS is given for. ``configured``: the rollout as configured
     (``probe --rollout``: ``DtypeResult`` by name, measured on the attribution's samples) and
     ``configured_settings`` its settings in words; ``deepspeed_runs``: the dtypes DeepSpeed's

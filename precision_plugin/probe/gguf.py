@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import checked
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import annotated_types as at
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import (
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import (
     Invalid,
     Validator,
     at_least,
@@ -23,11 +23,11 @@ from precision_plugin.boundary import (
     duck,
     non_empty,
 )
-from precision_plugin.constraints import Whole
-from precision_plugin.decision import MAX_NUM_PROMPTS
+from precision_plugin._base.constraints import Whole
+from precision_plugin._core.decision import MAX_NUM_PROMPTS
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import UserJSONError, parse_json
-from precision_plugin.probe.engine import (  # noqa: F401 - the two named here as before
+from precision_plugin._core.hf_engine import (  # noqa: F401 - the two named here as before
     TOKENIZER_FILES,
     checkpoint_folder,
     looks_like_hub_id,

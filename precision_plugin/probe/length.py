@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked
+from precision_plugin._base.boundary import at_least, checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.metrics.k3 import k3_term
-from precision_plugin.mismatch import drift_per_1k
+from precision_plugin._core.metrics.k3 import k3_term
+from precision_plugin._core.metrics.mismatch import drift_per_1k
 
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
 MIN_PER_BUCKET = 4
@@ -49,7 +49,7 @@ class LengthEffect:
 
     ``drift_per_1k`` is 1000 × the token mean of log π − log μ (−1000·k1; E_μ[Σ(log π − log μ)]
     = −L·KL(μ‖π)), ``drift_per_1k_se`` its standard error with sequences as the units (see
-    [`drift_per_1k`][precision_plugin.metrics.mismatch.drift_per_1k]). ``slope_per_1k`` and
+    [`drift_per_1k`][precision_plugin._core.metrics.mismatch.drift_per_1k]). ``slope_per_1k`` and
     ``slope_stderr_per_1k`` fit the sequence log-ratio against length by least squares: the
     same drift where the per-token mismatch does not change with position, estimated far less
     precisely (NaN below 3 sequences or 2 distinct lengths).

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.overflow import HeadroomReport, headroom
+from precision_plugin._core.overflow import HeadroomReport, headroom
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
+from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 
@@ -35,11 +35,11 @@ class OverflowCheck:
 def check_overflow(
     model: Any, prompts: list[list[int]], path: str, margin_bits: float
 ) -> OverflowCheck:
-    """Run :func:`~precision_plugin.overflow.headroom` on ``prompts`` (one batch each) and the
+    """Run :func:`~precision_plugin._core.overflow.headroom` on ``prompts`` (one batch each) and the
     ``model_type`` check of the checkpoint at ``path`` for a float16 policy."""
     import torch
 
-    from precision_plugin.model_risks import check_model_config
+    from precision_plugin._core.model_risks import check_model_config
 
     device = next(model.parameters()).device
     batches = [torch.tensor([ids], device=device) for ids in prompts]

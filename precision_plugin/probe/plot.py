@@ -173,7 +173,7 @@ def _length_fit(ax: Any, r: Any, name: str, color: str) -> None:
 def _consequence_panel(ax: Any, c: Any, name: str, color: str) -> None:
     """Share of the batch that counts against length: measured per bucket (markers), projected
     to the target length with the 90 % band (lines)."""
-    from precision_plugin.consequence import SEQUENCE_MASKS, project
+    from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS, project
     from precision_plugin.probe.advice import ess_text, percent
 
     p = c.projection

@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.advice import assess
-from precision_plugin.probe.engine import (
+from precision_plugin._core.hf_engine import (
     HFRolloutEngine,
     RolloutSample,
     hf_engine_factory,
@@ -57,8 +57,8 @@ from precision_plugin.probe.schema import (
     ProbeResult,
 )
 from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs
-from precision_plugin.progress import ProgressFn
-from precision_plugin.scoring.hf import position_limit
+from precision_plugin._base.progress import ProgressFn
+from precision_plugin._core.scoring.hf import position_limit
 
 log = logging.getLogger("precision_plugin")
 
@@ -66,7 +66,7 @@ log = logging.getLogger("precision_plugin")
 @checked
 def available_engines() -> dict[str, EngineFactory]:
     """The built-in ``hf`` engine plus every engine the ``precision_probe_engines`` hooks return."""
-    from precision_plugin.manager import call_each
+    from precision_plugin._core.manager import call_each
 
     engines: dict[str, EngineFactory] = {"hf": hf_engine_factory}
     # One hook at a time: a broken plugin must not take the built-in engine down with it.

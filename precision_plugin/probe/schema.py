@@ -11,13 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import checked
-from precision_plugin.decision import MAX_NUM_PROMPTS  # one limit: the decision quotes it
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.decision import MAX_NUM_PROMPTS  # one limit: the decision quotes it
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import MismatchMetrics
+from precision_plugin._core.metrics.mismatch import MismatchMetrics
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
 from precision_plugin.probe.attribution.settings import AttributionSettings
-from precision_plugin.probe.engine import RolloutEngine
+from precision_plugin._core.hf_engine import RolloutEngine
 from precision_plugin.probe.inputs import Prompt
 from precision_plugin.probe.length import LengthEffect, length_effect
 
@@ -187,7 +187,7 @@ class DtypeResult:
 def sequence_k3(train: list[list[float]], rollout: list[list[float]]) -> list[float]:
     """Each sequence's sum of k3 terms (``e^d - 1 - d``, ``d`` = train - rollout log-prob) over
     its finite tokens: the per-sequence parts of ``k3_kl``, for intervals over sequences."""
-    from precision_plugin.metrics.k3 import k3_term
+    from precision_plugin._core.metrics.k3 import k3_term
 
     out = []
     for t_row, r_row in zip(train, rollout, strict=True):
@@ -206,7 +206,7 @@ def k3_interval(seq_k3: list[float], lengths: list[int]) -> tuple[float, float] 
     with tokens or a non-finite part."""
     import random
 
-    from precision_plugin.intervals import COVERAGE
+    from precision_plugin._core.intervals import COVERAGE
 
     kept = [(k, n) for k, n in zip(seq_k3, lengths, strict=True) if n > 0]
     if len(kept) < 2 or not all(math.isfinite(k) for k, _ in kept):

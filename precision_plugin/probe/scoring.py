@@ -8,14 +8,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.boundary import at_least, checked, dtype_name, torch_device, torch_module
+from precision_plugin._base.boundary import at_least, checked, dtype_name, torch_device, torch_module
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.mismatch import MismatchMetrics, compute_mismatch
+from precision_plugin._core.metrics.mismatch import MismatchMetrics, compute_mismatch
 from precision_plugin.policy import MetricSettings
-from precision_plugin.probe.engine import RolloutSample
+from precision_plugin._core.hf_engine import RolloutSample
 from precision_plugin.probe.schema import SelfCheck
-from precision_plugin.scoring import HFScorer, sequences_of
-from precision_plugin.scoring.hf import CHUNK_LOGITS, LMHead, lm_head_of, trainer_precision
+from precision_plugin._core.scoring import HFScorer, sequences_of
+from precision_plugin._core.scoring.hf import CHUNK_LOGITS, LMHead, lm_head_of, trainer_precision
 
 __all__ = [
     "CHUNK_LOGITS",
@@ -50,7 +50,7 @@ def trainer_logprobs(
     """Score each sample's completion with a full-sequence forward, as a trainer does.
 
     One forward per ``batch_size`` sequences (default one: no padding at all), under
-    ``torch.autocast(dtype)``: the core [`HFScorer`][precision_plugin.scoring.HFScorer]'s
+    ``torch.autocast(dtype)``: the core [`HFScorer`][precision_plugin._core.scoring.HFScorer]'s
     prefill (left padding, position ids from each row's first real token, the LM head and a
     float32 ``log_softmax`` a few positions at a time, so no ``[T, vocab]`` tensor is built).
     """

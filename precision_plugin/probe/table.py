@@ -216,7 +216,7 @@ def _caption(data: Mapping[str, Any], explain: bool = False) -> str:
         + "that still counts at the target length (the least of the batch's ESS and each "
         "mask's kept share), projected with S(L) ~ Normal(drift·L, variance·L); 90 % intervals "
         "in the lines above: shares Clopper-Pearson, variances and ESS a chi-square interval "
-        "sized for heavy tails (precision_plugin.intervals).",
+        "sized for heavy tails (precision_plugin._core.intervals).",
         "consequence: negligible < 1 % lost; noticeable: kept ≥ 0.5; costly: ≥ 0.3; severe "
         "below (0.5 and 0.3: verl's rollout-correction ESS guidance).",
     ]

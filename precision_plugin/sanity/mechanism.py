@@ -88,7 +88,7 @@ class GradCosineReadout:
     """The readout on one ``GRPOTrainer``: ``attach`` it after building the trainer (nothing
     changes on other trainers, or without it).
 
-    Two wrappers on the trainer instance (``precision_plugin.patching``, undone by ``detach``)
+    Two wrappers on the trainer instance (``precision_plugin._base.patching``, undone by ``detach``)
     keep the policy's
     per-token log-probs with their graph while TRL computes its loss, and add the one extra
     backward; a ``TrainerCallback`` computes the cosine just before each optimizer step.
@@ -103,7 +103,7 @@ class GradCosineReadout:
     def attach(self, trainer: Any) -> GradCosineReadout:
         """Record the readout on ``trainer`` (its loss type must be one of ``LOSS_TYPES``)."""
         from precision_plugin.errors import PrecisionConfigError
-        from precision_plugin.patching import Patcher
+        from precision_plugin._base.patching import Patcher
 
         if getattr(trainer, "loss_type", None) not in LOSS_TYPES:
             raise PrecisionConfigError(

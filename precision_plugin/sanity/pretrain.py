@@ -45,7 +45,7 @@ def sampled_accuracy(
     model: Any, task: Task, tokenizer: Any, problems: Sequence[Problem], seed: int
 ) -> float:
     """Share of ``problems`` answered exactly by one float32 sample each, at temperature 1."""
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     engine = HFRolloutEngine(model, "float32", "cpu")
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]

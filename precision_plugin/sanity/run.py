@@ -22,9 +22,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.progress import ProgressFn
+from precision_plugin._base.progress import ProgressFn
 from precision_plugin.sanity.model import build_model, parameter_count
 from precision_plugin.sanity.pretrain import PretrainSettings, pretrain
 from precision_plugin.sanity.schema import (
@@ -165,7 +165,7 @@ def _pretrained(
 
 
 def _version(name: str) -> str | None:
-    from precision_plugin.versions import installed_version
+    from precision_plugin._base.versions import installed_version
 
     found = installed_version(name)
     return str(found) if found is not None else None

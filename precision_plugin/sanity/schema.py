@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from precision_plugin.boundary import checked, non_empty, positive
+from precision_plugin._base.boundary import checked, non_empty, positive
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import normalize_dtype
 from precision_plugin.sanity.fields import (  # noqa: F401 (the schema's public names)

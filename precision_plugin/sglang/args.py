@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.frameworks import sglang_dtype
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.frameworks import sglang_dtype
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 #: The ``ServerArgs`` fields the checks read, with SGLang 0.5.23's defaults
@@ -77,7 +77,7 @@ def server_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None)
     The dtype is spelled SGLang's way (``float16``, ``bfloat16``, ``float32``; SGLang's parser
     refuses ``fp16``) and the KV cache is left at ``auto`` (the model dtype: SGLang has no
     ``float16`` KV choice). ``policy`` goes through
-    [`resolve_policy`][precision_plugin.manager.resolve_policy] (argument, active ``enable()``
+    [`resolve_policy`][precision_plugin._core.manager.resolve_policy] (argument, active ``enable()``
     policy, ``PRECISION_PLUGIN``, defaults).
     """
     pol = resolve_policy(policy, what="precision_plugin.sglang.server_args()")
@@ -129,10 +129,10 @@ def field_parser(
 
 def read_yaml(path: str, flag: str) -> Any:
     """The parsed YAML file ``flag`` names, read as PyYAML's ``safe_load`` does through the one
-    reader (:mod:`precision_plugin.userfiles`: a regular file within the size limit, UTF-8,
+    reader (:mod:`precision_plugin._base.userfiles`: a regular file within the size limit, UTF-8,
     aliases within the node budget, depth, cycles and keys checked); every failure a
     ``PrecisionConfigError`` naming the flag and the file."""
-    from precision_plugin import userfiles
+    from precision_plugin._base import userfiles
 
     return userfiles.read_yaml(path, flag)
 
@@ -161,7 +161,7 @@ def _config_args(path: str) -> list[str]:
 def _from_argv(argv: Sequence[str]) -> dict[str, Any]:
     """What SGLang's parser makes of ``argv`` for :data:`FIELDS`: command line over ``--config``
     over defaults (``prepare_server_args`` puts the file's arguments first)."""
-    from precision_plugin.configs import SGLANG
+    from precision_plugin._core.configs import SGLANG
 
     argv = list(argv)
     configs = [i for i, a in enumerate(argv) if a == "--config"]
@@ -218,7 +218,7 @@ def read_server_args(args: Any) -> dict[str, Any]:
     FILE`` included).
     """
     if isinstance(args, Mapping):
-        from precision_plugin.configs import SGLANG
+        from precision_plugin._core.configs import SGLANG
 
         # a cycle or endless nesting is refused naming the argument, before it is flattened
         userfiles.check_argument(args, "SGLang: the keyword arguments (args)")

@@ -9,19 +9,19 @@ step; the first check, at the first log with a full set, is the floor):
    ``_sync``; TRL's ``vllm_generation.sync_weights()`` when the step moved, which TRL then does
    not repeat) and scores the canary through its own scoring path:
    - ``HFRollout``: a prefill of its inference copy
-     ([`HFScorer`][precision_plugin.scoring.HFScorer]);
+     ([`HFScorer`][precision_plugin._core.scoring.HFScorer]);
    - colocated vLLM: ``LLM.generate(..., SamplingParams(max_tokens=1, prompt_logprobs=1,
-     temperature=1.0))`` ([`VLLMScorer`][precision_plugin.scoring.vllm.VLLMScorer]);
+     temperature=1.0))`` ([`VLLMScorer`][precision_plugin._core.scoring.vllm.VLLMScorer]);
    - vLLM server mode: TRL's ``VLLMClient.get_sequence_logprobs`` (feature-detected; TRL builds
      without it log once that the canary is off);
 2. the learner scores it at its current weights, in the dtype its forward runs in, and (float32
    master weights under autocast) in float32 too: the precision reference the band divides by,
    so the rounding growing or shrinking as training moves the weights is not an alarm;
-3. [`CanaryMonitor`][precision_plugin.canary.CanaryMonitor] records both and decides.
+3. [`CanaryMonitor`][precision_plugin._core.canary.CanaryMonitor] records both and decides.
 
 Logged: ``precision/canary_k3``, ``canary_bitwise_equal_frac``, ``canary_ratio``,
 ``canary_in_band``, ``canary_verdict`` and ``precision/level``
-([`precision_plugin.canary.ladder`][precision_plugin.canary.ladder]): level 2 is certified once,
+([`precision_plugin._core.canary.ladder`][precision_plugin._core.canary.ladder]): level 2 is certified once,
 at the floor check, by rescoring and regenerating the canary at batch 1 and N.
 
 verl and OpenRLHF workers call the same three pieces: build a ``CanaryMonitor`` once; at a due
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.scoring import HFScorer, Scorer, TokenSequence
+from precision_plugin._core.scoring import HFScorer, Scorer, TokenSequence
 
 log = logging.getLogger("precision_plugin")
 
@@ -50,7 +50,7 @@ class TRLCanary:
     """A GRPO trainer's canary: its sequences, monitor, schedule and the level evidence."""
 
     def __init__(self, policy: PrecisionPolicy) -> None:
-        from precision_plugin.canary import CanaryMonitor
+        from precision_plugin._core.canary import CanaryMonitor
 
         self.policy = policy
         self.every = policy.metrics.canary_every
@@ -121,7 +121,7 @@ class TRLCanary:
             self.certify_seconds = time.perf_counter() - start
         batch_equal = batch_metrics.get("bitwise_equal_frac", self.last_batch_equal)
         self.last_batch_equal = batch_equal
-        from precision_plugin.canary.ladder import precision_level
+        from precision_plugin._core.canary.ladder import precision_level
 
         level = precision_level(
             bool(self.one_dtype), self.invariance, result.bitwise_equal_frac, batch_equal
@@ -131,7 +131,7 @@ class TRLCanary:
     def _certify(self, trainer: Any, rollout: Scorer) -> None:
         """Level 1 from the audit, level 2's batch-invariance evidence (once, at the floor)."""
         from precision_plugin.audit import audit_run
-        from precision_plugin.canary.ladder import certify_batch_invariance
+        from precision_plugin._core.canary.ladder import certify_batch_invariance
 
         audit = audit_run(self.policy, trainer.args, trainer, trainer.model)
         self.one_dtype = not audit["contradictions"]
@@ -218,7 +218,7 @@ def rollout_scorer(trainer: Any, batch_size: int) -> Scorer | None:
             trainer._last_loaded_step = trainer.state.global_step
         llm = getattr(generation, "llm", None)
         if llm is not None:
-            from precision_plugin.scoring.vllm import VLLMScorer
+            from precision_plugin._core.scoring.vllm import VLLMScorer
 
             return VLLMScorer(llm)
         client = getattr(generation, "vllm_client", None)
@@ -241,7 +241,7 @@ def _off_once(trainer: Any, why: str) -> None:
 
 
 class ClientScorer:
-    """[`Scorer`][precision_plugin.scoring.Scorer] over TRL's ``VLLMClient`` (server mode):
+    """[`Scorer`][precision_plugin._core.scoring.Scorer] over TRL's ``VLLMClient`` (server mode):
     ``get_sequence_logprobs`` at temperature 1, the actual token's log-prob per position."""
 
     name = "vllm-server"

@@ -1,7 +1,7 @@
 """``HFRollout``: a GRPO rollout engine in the policy dtype, without vLLM.
 
 ``GRPOTrainer(..., rollout_func=HFRollout())`` samples with the probe's HF engine
-([`HFRolloutEngine`][precision_plugin.probe.engine.HFRolloutEngine]) over an inference copy of
+([`HFRolloutEngine`][precision_plugin._core.hf_engine.HFRolloutEngine]) over an inference copy of
 the policy, so the rollout → trainer mismatch path (and its telemetry) is real on CPU, in CI
 and on GPUs too small for vLLM.
 """
@@ -14,9 +14,9 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, at_least, checked, dtype_name, duck
+from precision_plugin._base.boundary import Invalid, Validator, at_least, checked, dtype_name, duck
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.sampling import SamplingSettings
+from precision_plugin._core.sampling import SamplingSettings
 
 log = logging.getLogger("precision_plugin")
 
@@ -71,8 +71,8 @@ class HFRollout:
     the learner whenever the optimizer has stepped since (TRL's own rule for syncing vLLM), by a
     ``.to(dtype)`` of the learner's (fp32 master) weights, the same rounding vLLM applies when it
     loads them, with the buffers vLLM keeps in float32 kept in float32
-    ([`precision_plugin.buffers`][precision_plugin.buffers]). ``dtype`` defaults to the active
-    policy's ([`resolve_policy()`][precision_plugin.manager.resolve_policy]). ``max_batch``:
+    ([`precision_plugin._core.buffers`][precision_plugin._core.buffers]). ``dtype`` defaults to the active
+    policy's ([`resolve_policy()`][precision_plugin._core.manager.resolve_policy]). ``max_batch``:
     at most this many sequences per forward (``1``: every sequence sampled and scored alone, a
     batch-invariant engine by construction, precision level 2; default: the whole batch at once,
     left padded).
@@ -86,7 +86,7 @@ class HFRollout:
         seed: int | None = None,
         max_batch: int | None = None,
     ) -> None:
-        from precision_plugin.manager import resolve_policy
+        from precision_plugin._core.manager import resolve_policy
 
         self.max_batch = max_batch
 
@@ -150,7 +150,7 @@ class HFRollout:
         """Build or refresh the inference copy when the learner's weights moved."""
         import torch
 
-        from precision_plugin.buffers import keeps_float32
+        from precision_plugin._core.buffers import keeps_float32
         from precision_plugin.policy import torch_dtype
 
         step = trainer.state.global_step
@@ -160,7 +160,7 @@ class HFRollout:
         device = str(trainer.accelerator.device)
         if self.engine is None:
             from precision_plugin.errors import PrecisionConfigError
-            from precision_plugin.probe.engine import HFRolloutEngine
+            from precision_plugin._core.hf_engine import HFRolloutEngine
 
             quantization = getattr(getattr(learner, "config", None), "quantization_config", None)
             if quantization is not None:
@@ -215,7 +215,7 @@ def sampling_settings(trainer: Any) -> tuple[SamplingSettings, int]:
     values: dict[str, Any] = {
         name: getattr(trainer, name, getattr(args, name, None)) for name in TRAINER_SETTINGS
     }
-    from precision_plugin.configs import TRL
+    from precision_plugin._core.configs import TRL
 
     source = type(args).__name__
     length = TRL.value(

@@ -1,5 +1,5 @@
 """TRL's colocated vLLM engine: weights kept syncable on vLLM's CPU build, and every weight sync
-checked (``precision_plugin.canary.sync_check``).
+checked (``precision_plugin._core.canary.sync_check``).
 
 Two wrappers on ``trl.generation.vllm_generation.VLLMGeneration`` (installed by ``enable()``):
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from precision_plugin.canary.sync_check import SyncCheck, check_sync, sync_sequences
+from precision_plugin._core.canary.sync_check import SyncCheck, check_sync, sync_sequences
 from precision_plugin.errors import CanaryAlarmError
-from precision_plugin.patching import Patcher
+from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.shield import shielded
+from precision_plugin._base.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 
@@ -82,8 +82,8 @@ def _vocab(generation: Any, model: Any) -> int:
 def run_check(generation: Any, policy: PrecisionPolicy) -> SyncCheck | None:
     """Score the fixed sequences on both sides after a sync and judge it (``None`` when this
     learner cannot be checked: no float32 master weights, or a PEFT adapter)."""
-    from precision_plugin.scoring import HFScorer
-    from precision_plugin.scoring.vllm import VLLMScorer
+    from precision_plugin._core.scoring import HFScorer
+    from precision_plugin._core.scoring.vllm import VLLMScorer
     from precision_plugin.trl.canary import _class_forward, _scored_in_eval
 
     state = getattr(generation, ATTR)

@@ -13,8 +13,8 @@ trainer for the length of ``train()`` (``attach``). The mask is TRL's ``completi
 (times ``tool_mask``). Each rollout slice is counted once even when TRL reuses it
 (``num_iterations > 1``); evaluation batches are not counted.
 
-Per process the wrappers add [`mismatch_sums`][precision_plugin.metrics.mismatch.mismatch_sums] and
-[`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums] (the effective
+Per process the wrappers add [`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums] and
+[`consequence_sums`][precision_plugin._core.metrics.consequence.consequence_sums] (the effective
 sample size, the shares TRL's and verl's sequence masks drop, the share of tokens a TIS clip
 at 2.0 clips); at a due log every process gathers them, so the figures are token-weighted over
 the whole batch and two processes report what one process reports on the same data.
@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.shield import shielded
+from precision_plugin._base.shield import shielded
 from precision_plugin.trl import canary as trl_canary
 
 log = logging.getLogger("precision_plugin")
@@ -48,8 +48,8 @@ class MismatchAccumulator:
     def __init__(self) -> None:
         import torch
 
-        from precision_plugin.consequence import COUNT_FIELDS
-        from precision_plugin.mismatch import SUM_FIELDS
+        from precision_plugin._core.metrics.consequence import COUNT_FIELDS
+        from precision_plugin._core.metrics.mismatch import SUM_FIELDS
 
         self._torch = torch
         # Created on the first micro-batch's device: no host copy (a device sync) per batch.
@@ -78,8 +78,8 @@ class MismatchAccumulator:
 
     def add(self, train_logps: Any, rollout_logps: Any, mask: Any) -> None:
         """Add one micro-batch: ``[batch, seq]`` log-probs of both sides and TRL's mask."""
-        from precision_plugin.consequence import consequence_sums_of
-        from precision_plugin.mismatch import sums_of
+        from precision_plugin._core.metrics.consequence import consequence_sums_of
+        from precision_plugin._core.metrics.mismatch import sums_of
 
         train, rollout = train_logps.detach(), rollout_logps.detach()
         sums, top = sums_of(train, rollout, mask)  # both first: a failure adds nothing
@@ -115,8 +115,8 @@ class MismatchAccumulator:
         ``gather`` concatenates a tensor across processes (``accelerator.gather``); every
         process must call ``flush`` at the same log.
         """
-        from precision_plugin.consequence import CONSEQUENCE_METRICS, consequence_from_sums
-        from precision_plugin.mismatch import metrics_from_sums
+        from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS, consequence_from_sums
+        from precision_plugin._core.metrics.mismatch import metrics_from_sums
 
         sums, maxima, counts, moments = self.sums, self.maxima, self.counts, self.log_moments
         bitwise = self.bitwise
@@ -243,7 +243,7 @@ def attach(trainer: Any, policy: PrecisionPolicy) -> bool:
     this trainer instance instead of on ``GRPOTrainer``. Returns ``False`` (and does nothing)
     when ``trainer`` is not a GRPO trainer, or when ``enable()`` already measures every one.
     """
-    from precision_plugin.patching import Patcher, is_patched
+    from precision_plugin._base.patching import Patcher, is_patched
 
     cls = type(trainer)
     compute = getattr(cls, "_compute_loss", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 
 
 @checked

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from precision_plugin import versions
-from precision_plugin.boundary import checked, one_of, version_text
-from precision_plugin.dtypes import SHORT_NAMES, SUPPORTED_DTYPES, dtype_label, spellings
+from precision_plugin._base import versions
+from precision_plugin._base.boundary import checked, one_of, version_text
+from precision_plugin._base.dtypes import SHORT_NAMES, SUPPORTED_DTYPES, dtype_label, spellings
 from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 #: verl's spellings: ``dtype`` fields take torch names, ``mixed_precision`` short ones.
 LONG_NAME = {name: name for name in SUPPORTED_DTYPES}
 SHORT_NAME = dict(SHORT_NAMES)
-#: Every spelling verl reads, mapped through the one vocabulary (``precision_plugin.dtypes``).
+#: Every spelling verl reads, mapped through the one vocabulary (``precision_plugin._base.dtypes``).
 _CANONICAL = spellings(("float16", "fp16", "half", "16", "bfloat16", "bf16", "float32", "fp32",
                         "float", "32"))  # fmt: skip
 

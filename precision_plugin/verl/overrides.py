@@ -8,10 +8,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from precision_plugin.boundary import checked, gpu_capability, one_of, version_text
+from precision_plugin._base.boundary import checked, gpu_capability, one_of, version_text
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.frameworks import vllm_dtype
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.frameworks import vllm_dtype
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.verl.layout import (
     LONG_NAME,
@@ -121,10 +121,10 @@ def ray_invariance_overrides(policy: PrecisionPolicy, *, vllm_version: Any = _AU
     """``VLLM_BATCH_INVARIANT=1`` in the Ray workers' environment with ``batch_invariant='on'``
     (verl starts its vLLM engines in Ray actors, which read it at engine start): nothing for a
     vLLM older than 0.11.1 (no such mode); a vLLM not installed here is assumed to have it."""
-    from precision_plugin.canary.engines import batch_invariant_env
+    from precision_plugin._core.canary.engines import batch_invariant_env
 
     if vllm_version is _AUTO:
-        from precision_plugin.versions import installed_version
+        from precision_plugin._base.versions import installed_version
 
         vllm_version = installed_version("vllm")
     env = batch_invariant_env(policy, None if vllm_version is None else str(vllm_version))
@@ -150,7 +150,7 @@ def overrides(
 ) -> list[str]:
     """The Hydra overrides that make a verl PPO/GRPO run follow ``policy``.
 
-    ``policy`` is resolved by :func:`precision_plugin.manager.resolve_policy` (argument, active
+    ``policy`` is resolved by :func:`precision_plugin._core.manager.resolve_policy` (argument, active
     ``enable()`` policy, ``PRECISION_PLUGIN``, defaults). ``verl_version`` defaults to the
     installed verl (else the current layout, >= 0.8); ``strategy`` is the learner: ``fsdp``
     (also for fsdp2), ``fsdp_turbo`` (bfloat16 only: verl 0.9.1's FSDP-Turbo engine ignores a

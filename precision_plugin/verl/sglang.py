@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from precision_plugin.config_lookup import lookup
-from precision_plugin.frameworks import sglang_dtype
+from precision_plugin._base.config_lookup import lookup
+from precision_plugin._core.frameworks import sglang_dtype
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import trap_findings

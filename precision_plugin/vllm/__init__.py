@@ -22,7 +22,7 @@ vLLM processes and the general plugin), ``server`` (what a running engine or ser
 vLLM itself is imported lazily, inside functions.
 """
 
-from precision_plugin.model_risks import check_model_config
+from precision_plugin._core.model_risks import check_model_config
 from precision_plugin.vllm.cascade import CascadeDecision, cascade_decision
 from precision_plugin.vllm.enforce import (
     enforce_on_engine_args,

@@ -26,7 +26,7 @@ from typing import Literal
 
 from packaging.version import Version
 
-from precision_plugin.boundary import checked, gpu_capability, version_text
+from precision_plugin._base.boundary import checked, gpu_capability, version_text
 
 CascadeMode = Literal["auto", "force", "off"]
 Action = Literal["pass_flag", "patch_runner", "leave", "drop_flag"]

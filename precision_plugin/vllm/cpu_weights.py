@@ -25,9 +25,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from precision_plugin import versions
-from precision_plugin.boundary import checked
-from precision_plugin.patching import Patcher, is_patched
+from precision_plugin._base import versions
+from precision_plugin._base.boundary import checked
+from precision_plugin._base.patching import Patcher, is_patched
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin import versions
-from precision_plugin.boundary import (
+from precision_plugin._base import versions
+from precision_plugin._base.boundary import (
     Invalid,
     Validator,
     checked,
@@ -18,10 +18,10 @@ from precision_plugin.boundary import (
     gpu_capability,
     version_text,
 )
-from precision_plugin.conflicts import settle_conflict
+from precision_plugin._base.conflicts import settle_conflict
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.frameworks import vllm_dtype
-from precision_plugin.manager import resolve_policy
+from precision_plugin._core.frameworks import vllm_dtype
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decision
 
@@ -254,7 +254,7 @@ def engine_kwargs(
     raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``.
     """
-    from precision_plugin.model_risks import check_engine_model
+    from precision_plugin._core.model_risks import check_engine_model
 
     policy = resolve_policy(policy)
     decision = cascade_guard(policy, version=version, capability=capability)

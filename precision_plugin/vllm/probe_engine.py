@@ -16,10 +16,10 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from precision_plugin import versions
+from precision_plugin._base import versions
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.rollout import RolloutSample
+from precision_plugin._core.rollout import RolloutSample
 from precision_plugin.vllm.cpu_weights import is_cpu_build
 from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
 
@@ -35,7 +35,7 @@ def _position_limit(model_path: str) -> int | None:
     """The checkpoint's (text) ``max_position_embeddings``, or ``None`` where it names none."""
     from transformers import AutoConfig
 
-    from precision_plugin.scoring.hf import position_limit
+    from precision_plugin._core.scoring.hf import position_limit
 
     try:
         config = AutoConfig.from_pretrained(model_path, local_files_only=True)

@@ -85,7 +85,7 @@ def stream_rate() -> float:
 
 def measure(model_path: str, dtype: str, rows: list[int], steps: int) -> dict[str, Any]:
     """One dtype's figures for each row count."""
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     engine = HFRolloutEngine.from_pretrained(model_path, dtype, "cpu")
     vocab = engine.model.config.vocab_size

@@ -125,8 +125,8 @@ def add_noise(engine: Any, rollout: Any) -> None:
 def log_ratio_variance(model: Any, samples: Sequence[Any]) -> float:
     """The variance over ``samples`` of ``sum_t log p_model(y_t) - logprob_t`` (the samples'
     recorded log-probs), ``model`` scoring each completion in float32 with a full forward."""
-    from precision_plugin.scoring.hf import HFScorer
-    from precision_plugin.scoring.interface import sequences_of
+    from precision_plugin._core.scoring.hf import HFScorer
+    from precision_plugin._core.scoring.interface import sequences_of
 
     clean = HFScorer(model, batch_size=len(samples)).score(sequences_of(samples))
     sums = [math.fsum(c) - math.fsum(s.logprobs) for c, s in zip(clean, samples, strict=True)]
@@ -139,7 +139,7 @@ def calibrate(model: Any, tokenizer: Any, problems: Sequence[Any], task: Any, ta
     ``target`` (bisection on ``log sigma``, 10 halvings between 1e-4 and 30)."""
     if target <= 0:
         return 0.0
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     rollout = NoisyRollout(1.0, noise_seed=seed, dtype="float32")
     rollout.engine = HFRolloutEngine(model, "float32", "cpu")

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from precision_plugin.consequence import SEQUENCE_MASKS
-from precision_plugin.intervals import (
+from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS
+from precision_plugin._core.intervals import (
     COVERAGE,
     TAIL_EXCESS_KURTOSIS,
     TAIL_LAWS,

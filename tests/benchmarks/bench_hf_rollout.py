@@ -66,7 +66,7 @@ def _generate(model: Any, ids: torch.Tensor, new: int, scores: bool) -> None:
 
 def main() -> dict[str, Any]:
     """Measure, print a table (``--json FILE``: also write them) and return the figures."""
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)

@@ -23,8 +23,8 @@ import time
 import torch
 
 from precision_plugin import PrecisionPolicy
-from precision_plugin.overflow import OverflowDetector
-from precision_plugin.scaler import make_grad_scaler
+from precision_plugin._core.overflow import OverflowDetector
+from precision_plugin._core.scaler import make_grad_scaler
 from tests.benchmarks.report import add_json_option, write_json
 
 

@@ -5,7 +5,7 @@
 
 For each length the default probe (embedded model, CPU, float32/float16/bfloat16) runs twice on
 the same prompts and seeds: once as the probe runs (the HF engine's copy keeps the buffers vLLM
-keeps in float32, ``precision_plugin.buffers``) and once with a plain ``.to(dtype)`` that rounds
+keeps in float32, ``precision_plugin._core.buffers``) and once with a plain ``.to(dtype)`` that rounds
 them too (what the rollout copy did before). The trainer side is the same in both. Prints one
 line per run; ``--json FILE`` writes the results with their provenance (the bf16/fp16 k3 ratio
 against the rounding theory's ~64x, and each dtype's k3 and drift per 1K tokens). A script, not
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     data = {"theory_ratio": THEORY_RATIO, "lengths": lengths, "runs": runs}
     if args.json:
-        from precision_plugin.provenance import write_results
+        from precision_plugin._base.provenance import write_results
 
         given = sys.argv[1:] if argv is None else argv
         command = ["python", "tests/benchmarks/bench_rope_buffers.py", *given]

@@ -20,7 +20,7 @@ import time
 import torch
 
 from precision_plugin import PrecisionPolicy
-from precision_plugin.scaler import make_grad_scaler
+from precision_plugin._core.scaler import make_grad_scaler
 from tests.benchmarks.report import (
     Spread,
     add_json_option,

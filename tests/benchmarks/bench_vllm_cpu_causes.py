@@ -80,7 +80,7 @@ def learner_logprobs(model_dir: str, result: dict[str, Any], dtype: str) -> list
     import torch
     from transformers import AutoModelForCausalLM
 
-    from precision_plugin.scoring import HFScorer, TokenSequence
+    from precision_plugin._core.scoring import HFScorer, TokenSequence
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sequences = [

@@ -102,7 +102,7 @@ def write_json(
 ) -> None:
     """Write ``data`` with its provenance to ``path`` (when given) and say so."""
     if path:
-        from precision_plugin.provenance import write_results
+        from precision_plugin._base.provenance import write_results
 
         write_results(path, data, benchmark_command(module, argv, venv=venv))
         print(f"wrote {path}")

@@ -15,9 +15,9 @@ import pytest
 from packaging.version import Version
 
 import precision_plugin as pp
-from precision_plugin.canary.engines import ENV, VLLM_MIN
-from precision_plugin.scoring import TokenSequence
-from precision_plugin.scoring.vllm import completion_logprobs, sampling_params
+from precision_plugin._core.canary.engines import ENV, VLLM_MIN
+from precision_plugin._core.scoring import TokenSequence
+from precision_plugin._core.scoring.vllm import completion_logprobs, sampling_params
 
 INSTALLED = Version(importlib.metadata.version("vllm"))
 #: The suite runs in each vLLM environment (0.33 and 0.10.1): each checks its own side of 0.11.1.

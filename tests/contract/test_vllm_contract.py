@@ -18,7 +18,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 import precision_plugin as pp
 from precision_plugin import vllm as adapter
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
-from precision_plugin.patching import is_patched
+from precision_plugin._base.patching import is_patched
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from tests.rope_variants import SCALED, rope_parameters
 
@@ -317,7 +317,7 @@ ROPE = ["default", *SCALED]
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("rope_type", sorted(ROPE))
 def test_rollout_copy_cos_sin_equal_vllms_cache(llama_dir, rope_type, dtype):
-    """cos/sin of the rollout copy (precision_plugin.buffers.cast_model) at positions 0..511
+    """cos/sin of the rollout copy (precision_plugin._core.buffers.cast_model) at positions 0..511
     equal vLLM's cos_sin_cache bit for bit; a plain .to(dtype) copy does not."""
     import copy
 
@@ -325,7 +325,7 @@ def test_rollout_copy_cos_sin_equal_vllms_cache(llama_dir, rope_type, dtype):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    from precision_plugin.buffers import cast_model
+    from precision_plugin._core.buffers import cast_model
 
     params = rope_parameters(rope_type)
     config = transformers.LlamaConfig(
@@ -417,11 +417,11 @@ def _vllm_logprobs(logits, prompts, outputs, settings):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("settings", SAMPLING, ids=lambda s: ",".join(s))
 def test_sampling_log_probs_equal_vllms_sampler(llama_dir, settings, dtype, mode):
-    """The HF engine's processing (precision_plugin.sampling) gives the log-probs vLLM's V1
+    """The HF engine's processing (precision_plugin._core.sampling) gives the log-probs vLLM's V1
     Sampler reports, bit for bit, in both logprobs modes."""
     from vllm.config import set_current_vllm_config
 
-    from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+    from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
 
     ours = SamplingSettings(**settings, logprobs_mode=mode)
     prompts, outputs = [[1, 5, 9, 9], [2, 7], [3, 30, 31, 5, 40]], [[5, 5, 6], [8, 8, 2], [9, 9, 1]]

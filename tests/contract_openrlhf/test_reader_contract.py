@@ -1,7 +1,7 @@
 """The OpenRLHF dialect of the strict config reader against OpenRLHF's own parser.
 
 Each command line is parsed twice, by ``train_ppo_ray``'s real parser
-(``precision_plugin.openrlhf.parse_args``) and by ``precision_plugin.configs.OPENRLHF``: the
+(``precision_plugin.openrlhf.parse_args``) and by ``precision_plugin._core.configs.OPENRLHF``: the
 keys the plugin reads get the same values, what the parser refuses the reader refuses, and no
 flag of the real parser is taken for a typo of a key the reader knows.
 """
@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 from conftest import base_argv
 
-from precision_plugin.configs import OPENRLHF
+from precision_plugin._core.configs import OPENRLHF
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.openrlhf import parse_args
 from precision_plugin.openrlhf.check import arg

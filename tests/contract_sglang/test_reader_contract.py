@@ -11,7 +11,7 @@ import argparse
 
 import pytest
 
-from precision_plugin.configs import SGLANG
+from precision_plugin._core.configs import SGLANG
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.sglang import check_server_args
 

@@ -26,7 +26,7 @@ from sglang.version import __version__ as SGLANG_VERSION
 
 from precision_plugin import PrecisionPolicy
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
-from precision_plugin.frameworks import SGLANG_DTYPE_CHOICES
+from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from precision_plugin.sglang import (
     auto_dtype,
@@ -570,7 +570,7 @@ def slime_parser() -> argparse.ArgumentParser:
 
 
 def test_slime_flags_are_the_sglang_flags_slime_defines():
-    from precision_plugin.sglang.slime import SKIPPED
+    from precision_plugin.slime import SKIPPED
 
     ours = {
         opt: a.dest for a in field_parser("sglang-", SKIPPED)._actions for opt in a.option_strings

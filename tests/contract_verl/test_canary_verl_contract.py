@@ -17,8 +17,8 @@ from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 from verl.utils.debug.metrics import calculate_debug_metrics
 
 from precision_plugin import PrecisionPolicy
-from precision_plugin.canary import CanaryMonitor
-from precision_plugin.canary.workers import batch_metrics, check_canary
+from precision_plugin._core.canary import CanaryMonitor
+from precision_plugin._core.canary.workers import batch_metrics, check_canary
 from precision_plugin.verl import overrides
 
 OLD = torch.tensor([[-1.0, -2.0, -0.25], [-0.5, -3.0, -1.0]])

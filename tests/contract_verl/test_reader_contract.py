@@ -11,8 +11,8 @@ import pytest
 from conftest import compose_verl
 from omegaconf import OmegaConf
 
-from precision_plugin.configs import VERL, parse_override
-from precision_plugin.configs.reader import flatten
+from precision_plugin._core.configs import VERL, parse_override
+from precision_plugin._core.configs.reader import flatten
 from precision_plugin.errors import PrecisionConfigError
 
 
@@ -61,7 +61,7 @@ def test_the_loader_without_omegaconf_reads_yaml_as_omegaconf_does(text):
     import yaml
     from omegaconf._utils import get_yaml_loader
 
-    from precision_plugin.configs.files import replica_loader
+    from precision_plugin._core.configs.files import replica_loader
 
     assert yaml.load(text, Loader=replica_loader()) == yaml.load(text, Loader=get_yaml_loader())
     with pytest.raises(yaml.YAMLError):

@@ -231,7 +231,7 @@ eps = [ep.value for ep in md.entry_points(group="verl.plugins") if ep.name == "p
 print("EP", eps)
 import verl
 from verl.utils import config
-from precision_plugin.patching import is_patched
+from precision_plugin._base.patching import is_patched
 print("LOADED", "precision_plugin.verl.plugin" in sys.modules)
 print("WRAPPED", is_patched(config.omega_conf_to_dataclass))
 from hydra import compose, initialize_config_dir

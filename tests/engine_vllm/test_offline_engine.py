@@ -125,7 +125,7 @@ def _k3(tied_model: str, engine: dict, dtype: str) -> tuple[float, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from precision_plugin.scoring import HFScorer, TokenSequence
+    from precision_plugin._core.scoring import HFScorer, TokenSequence
 
     model = AutoModelForCausalLM.from_pretrained(tied_model, dtype=getattr(torch, dtype)).eval()
     sequences = [TokenSequence(tuple(s["prompt"]), tuple(s["tokens"])) for s in engine["samples"]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from precision_plugin.canary.sync_check import FACTOR
+from precision_plugin._core.canary.sync_check import FACTOR
 from tests.engine_vllm.conftest import run_program
 
 

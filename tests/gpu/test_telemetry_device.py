@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from precision_plugin.mismatch import compute_mismatch  # noqa: E402
+from precision_plugin._core.metrics.mismatch import compute_mismatch  # noqa: E402
 from precision_plugin.trl.telemetry import MismatchAccumulator  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -65,7 +65,7 @@ def test_clean_runs_raise_nothing(tmp_path: Path, learning_rate: str) -> None:
     assert report["canary_alarm"] is None
     # fp16 on both sides (level 1); level 2 once the HF engine is certified batch-invariant,
     # which its float16 path is where the float32 GEMM gives a row the same value in any batch
-    # (precision_plugin.scoring.float16_cpu pads products to 16 rows for it), a CPU property.
+    # (precision_plugin._core.scoring.float16_cpu pads products to 16 rows for it), a CPU property.
     assert report["level"] in (1.0, 2.0)
 
 

@@ -16,7 +16,7 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin.deepspeed import apply_config, engine_dtype, engine_scaler_stats, track_engine
-from precision_plugin.manager import get_plugin_manager
+from precision_plugin._core.manager import get_plugin_manager
 from tests.integration import ds_cpu
 
 STAGES = [0, 1, 2, 3]
@@ -354,7 +354,7 @@ def test_enable_does_not_import_deepspeed_but_patches_it_on_import():
 
     code = textwrap.dedent("""
         import sys, precision_plugin as pp
-        from precision_plugin.patching import is_patched
+        from precision_plugin._base.patching import is_patched
         pp.enable()
         before = "deepspeed" in sys.modules
         import deepspeed
@@ -376,7 +376,7 @@ def test_enable_imports_neither_accelerate_nor_transformers():
 
     code = textwrap.dedent("""
         import sys, precision_plugin as pp
-        from precision_plugin.patching import is_patched
+        from precision_plugin._base.patching import is_patched
         pp.enable()
         heavy = [m for m in ("accelerate", "transformers", "deepspeed") if m in sys.modules]
         from accelerate.utils import dataclasses as acc, deepspeed as acc_ds

@@ -21,7 +21,7 @@ dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from precision_plugin.audit import contradictions
-from precision_plugin.master_copy import fp32_master_copy
+from precision_plugin._core.master_copy import fp32_master_copy
 from precision_plugin.policy import PrecisionPolicy
 
 mesh = init_device_mesh("cpu", (1,))

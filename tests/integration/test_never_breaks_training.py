@@ -14,8 +14,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
-from precision_plugin.overflow.fallback import is_fp32
-from precision_plugin.patching import tracked
+from precision_plugin._core.overflow.fallback import is_fp32
+from precision_plugin._base.patching import tracked
 from tests.integration.test_overflow_trainer import _data
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama
 
@@ -128,7 +128,7 @@ class _Seen(TrainerCallback):
 
 
 def test_a_failing_detector_warns_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    from precision_plugin.overflow import detect
+    from precision_plugin._core.overflow import detect
 
     def broken(value):
         raise RuntimeError("a tensor the detector did not expect")

@@ -16,7 +16,7 @@ from precision_plugin.probe import (
     completion_budgets,
     run_probe,
 )
-from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
+from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.tiny_model import build_tokenizer
 from tests.kernels import THRESHOLDS
 

@@ -9,7 +9,7 @@ import torch
 
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe import ProbeConfig, run_probe
-from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory
+from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.scoring import trainer_logprobs
 from tests.kernels import THRESHOLDS
 
@@ -66,7 +66,7 @@ def test_a_row_stops_at_its_budget_and_leaves_the_batch(dtype: str) -> None:
     the finished rows leave the batch; what each row sampled is what the full run sampled up
     to its cap (4 prompts x caps 3..24: the same tokens, log-probs within the kernels' row-count
     noise), and the decode scorer, dropping rows at the same steps, reproduces it bit for bit."""
-    from precision_plugin.scoring import HFScorer, sequences_of
+    from precision_plugin._core.scoring import HFScorer, sequences_of
 
     engine = HFRolloutEngine(_model(), dtype, "cpu")
     caps = [3, 24, 9, 17]

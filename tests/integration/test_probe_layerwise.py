@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from precision_plugin.probe import ProbeConfig, run_probe
-from precision_plugin.probe.engine import HFRolloutEngine
+from precision_plugin._core.hf_engine import HFRolloutEngine
 from precision_plugin.probe.table import render_layerwise_table
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def test_nothing_planted_nothing_stands_out():
 
 
 def test_an_engine_that_cannot_be_hooked_is_stood_in_for_by_the_hf_engine():
-    from precision_plugin.probe.engine import hf_engine_factory
+    from precision_plugin._core.hf_engine import hf_engine_factory
 
     config = ProbeConfig(
         engine="elsewhere", dtypes=("bfloat16",), num_prompts=2, max_new_tokens=24, layerwise=True

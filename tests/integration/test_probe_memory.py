@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from precision_plugin.probe.engine import HFRolloutEngine
+from precision_plugin._core.hf_engine import HFRolloutEngine
 
 
 class LiveTensorBytes(TorchDispatchMode):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from precision_plugin.probe.engine import RolloutSample
+from precision_plugin._core.hf_engine import RolloutSample
 from precision_plugin.probe.scoring import lm_head_of, trainer_logprobs, trainer_precision
 
 SHAPE = {

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("trl")
 
-from precision_plugin.consequence import CONSEQUENCE_METRICS, compute_consequence
-from precision_plugin.mismatch import compute_mismatch
+from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS, compute_consequence
+from precision_plugin._core.metrics.mismatch import compute_mismatch
 from tests.integration import ds_cpu
 from tests.integration.trl_two_rank_worker import fixed_batch
 

@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback, PrecisionMismatchError
-from precision_plugin.patching import is_patched
+from precision_plugin._base.patching import is_patched
 from precision_plugin.trl import HFRollout
 
 RECIPE = Path(__file__).resolve().parents[2] / "integrations/trl/grpo_fp16.py"

@@ -28,7 +28,7 @@ from typing import Any
 
 from precision_plugin import PrecisionConfigError
 from precision_plugin.errors import PrecisionPluginError
-from precision_plugin.userfiles import MAX_CONFIG_BYTES, MAX_DATA_BYTES
+from precision_plugin._base.userfiles import MAX_CONFIG_BYTES, MAX_DATA_BYTES
 
 #: Seconds a case may take in its child (the refusals take milliseconds; a hang takes for ever).
 SECONDS = 60
@@ -218,8 +218,8 @@ def load(program: str, make: Callable[[Path], str]) -> Callable[[Path], Any]:
     """``configs.load(path, DIALECTS[program])``: the verl/AReaL/slime/SGLang config reader."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.configs import DIALECTS
-        from precision_plugin.configs import load as load_config
+        from precision_plugin._core.configs import DIALECTS
+        from precision_plugin._core.configs import load as load_config
 
         return load_config(make(tmp), DIALECTS[program])
 
@@ -228,7 +228,7 @@ def load(program: str, make: Callable[[Path], str]) -> Callable[[Path], Any]:
 
 def read_mapping(program: str, data: Callable[[], Any]) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.configs import DIALECTS
+        from precision_plugin._core.configs import DIALECTS
 
         return DIALECTS[program].read_mapping(data(), "cfg.yaml")
 

@@ -42,7 +42,7 @@ def dialect(program: str, how: str, data: Any, source: str = "cfg.yaml") -> Call
     """``DIALECTS[program].read_mapping(data, source)`` / ``read_argv(data)``."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.configs import DIALECTS
+        from precision_plugin._core.configs import DIALECTS
 
         d = DIALECTS[program]
         return d.read_argv(data) if how == "argv" else d.read_mapping(data, source)
@@ -54,7 +54,7 @@ def load(name: str, text: str | bytes, program: str = "verl") -> Callable[[Path]
     """``configs.load`` of a file ``name`` holding ``text``."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.configs import DIALECTS, load
+        from precision_plugin._core.configs import DIALECTS, load
 
         path = tmp / name
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -65,7 +65,7 @@ def load(name: str, text: str | bytes, program: str = "verl") -> Callable[[Path]
 
 def override(text: str) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.configs import VERL, parse_override
+        from precision_plugin._core.configs import VERL, parse_override
 
         return parse_override(text, VERL)
 
@@ -111,7 +111,7 @@ def growth(**changes: Any) -> Callable[[Path], Any]:
     """A ``GrowthFit`` built by hand with ``changes`` to a valid one."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.consequence import GrowthFit, Interval
+        from precision_plugin._core.metrics.consequence import GrowthFit, Interval
 
         fields = {"sequences": 2, "tokens": 12, "drift": -0.01, "drift_stderr": 0.005,
                   "variance": 0.02, "variance_low": 0.01, "variance_high": 0.05,
@@ -127,7 +127,7 @@ def no_sequence(result: Any, caplog: Any) -> None:
 
 def project_length(length: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.consequence import fit_growth, project
+        from precision_plugin._core.metrics.consequence import fit_growth, project
 
         return project(fit_growth([0.1, 0.2], [4, 8]), length)
 
@@ -227,7 +227,7 @@ def nothing_listens(engine: str) -> Callable[[Path], Any]:
 
 def get(status: int, body: bytes = b"{}", **kw: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.serving import get_json
+        from precision_plugin._core.serving import get_json
 
         with serve(status, body, **kw) as url:
             return get_json(url, "/server_info", engine="vLLM", timeout=0.5)
@@ -243,7 +243,7 @@ class _Broken(io.StringIO):
 
 def plain(*calls: tuple[Any, Any, Any], stream: Any = None) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.progress import PlainProgress
+        from precision_plugin._base.progress import PlainProgress
 
         out = io.StringIO() if stream is None else stream
         with PlainProgress(out, interval=3600) as progress:
@@ -256,7 +256,7 @@ def plain(*calls: tuple[Any, Any, Any], stream: Any = None) -> Callable[[Path], 
 
 def reporter(console: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.progress import progress_reporter
+        from precision_plugin._base.progress import progress_reporter
 
         with progress_reporter(console) as progress:
             progress("x", 1, 2)
@@ -689,8 +689,8 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "load missing file",
         cfg,
-        lambda t: __import__("precision_plugin.configs", fromlist=["x"]).load(
-            str(t / "no.yaml"), __import__("precision_plugin.configs", fromlist=["x"]).VERL
+        lambda t: __import__("precision_plugin._core.configs", fromlist=["x"]).load(
+            str(t / "no.yaml"), __import__("precision_plugin._core.configs", fromlist=["x"]).VERL
         ),
         "no.yaml",
         "does not exist",
@@ -1041,7 +1041,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     )
     good("trl max_tokens from the length", "generation", sampling(), max_tokens_is(8))
 
-    # -- numbers: meaning declared with the type (precision_plugin.constraints) --------------------
+    # -- numbers: meaning declared with the type (precision_plugin._base.constraints) --------------------
     num = "numbers"
     inf, nan = math.inf, math.nan
     bad(

@@ -1,7 +1,7 @@
 """Bad inputs of issue 52, classes 3 to 5: numbers outside their domain that reached scipy, math
 or torch; sequences that do not pair up; non-finite values that were certified. Each ends in the
 plugin's own error naming the parameter (a rule declared with its type where it can be:
-``precision_plugin.constraints``, ``boundary.same_length``/``same_rows``), or in the exact
+``precision_plugin._base.constraints``, ``boundary.same_length``/``same_rows``), or in the exact
 outcome, computed here independently.
 
 Rows for the catalogue of ``tests/unit/test_bad_inputs.py`` (each a ``Case``'s keyword
@@ -87,8 +87,8 @@ def certify(scorer: Any, *, sequences: Any = None, **kw: Any) -> Callable[[Path]
     """``certify_batch_invariance(scorer, two canary sequences, 2, **kw)``."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.canary import certify_batch_invariance
-        from precision_plugin.scoring import TokenSequence
+        from precision_plugin._core.canary import certify_batch_invariance
+        from precision_plugin._core.scoring import TokenSequence
 
         canary = [TokenSequence((1, 2), (3, 4)), TokenSequence((1,), (5, 6, 7))]
         return certify_batch_invariance(scorer, canary if sequences is None else sequences, 2, **kw)
@@ -98,7 +98,7 @@ def certify(scorer: Any, *, sequences: Any = None, **kw: Any) -> Callable[[Path]
 
 def monitor_check(learner: Any, rollout: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.canary import CanaryMonitor
+        from precision_plugin._core.canary import CanaryMonitor
 
         return CanaryMonitor().check(0, learner, rollout)
 

@@ -68,7 +68,7 @@ def restore_saved(value: Callable[[], Any]) -> Callable[[Path], Any]:
     model as the cast left it."""
 
     def run(tmp: Path) -> Any:
-        from precision_plugin.buffers import keep_float32_buffers
+        from precision_plugin._core.buffers import keep_float32_buffers
 
         model = torch.nn.Module()
         model.rotary = _Rotary()
@@ -283,7 +283,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     good(
         "public apply_forms fp16 is enable()",
         "conflict",
-        lambda t: __import__("precision_plugin.decision", fromlist=["x"]).apply_forms("fp16"),
+        lambda t: __import__("precision_plugin._core.decision", fromlist=["x"]).apply_forms("fp16"),
         equals(
             {
                 "python": "precision_plugin.enable()",
@@ -295,7 +295,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     good(
         "public apply_forms bf16 is bfloat16",
         "conflict",
-        lambda t: __import__("precision_plugin.decision", fromlist=["x"]).apply_forms("bf16")[
+        lambda t: __import__("precision_plugin._core.decision", fromlist=["x"]).apply_forms("bf16")[
             "python"
         ],
         equals("precision_plugin.enable(dtype='bfloat16')"),

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from precision_plugin.manager import active_patches, current_policy
+from precision_plugin._core.manager import active_patches, current_policy
 
 _WATCHED = [
     ("transformers.training_args", "TrainingArguments", "__post_init__"),
@@ -22,7 +22,7 @@ _WATCHED = [
 
 def snapshot() -> dict[str, Any]:
     """What a bad input must not change."""
-    from precision_plugin.patching import tracked
+    from precision_plugin._base.patching import tracked
 
     watched = {}
     for module, owner, name in _WATCHED:

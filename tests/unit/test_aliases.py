@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from precision_plugin.consequence import CONSEQUENCE_METRICS, compute_consequence
-from precision_plugin.mismatch import ALIASES, Alias, aliases_for, compute_mismatch
+from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS, compute_consequence
+from precision_plugin._core.metrics.mismatch import ALIASES, Alias, aliases_for, compute_mismatch
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # log π, log μ, mask: [rows, T] float64
 

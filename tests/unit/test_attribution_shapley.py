@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from precision_plugin.decision import Attribution
-from precision_plugin.intervals import COVERAGE
+from precision_plugin._core.decision import Attribution
+from precision_plugin._core.intervals import COVERAGE
 from precision_plugin.probe.attribution.decompose import (
     BOOTSTRAP,
     BOOTSTRAP_SEED,

@@ -83,7 +83,7 @@ def _tiny_llama() -> torch.nn.Module:
 
 
 def _hfrollout(dtype: str, built: bool = True):
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
     from precision_plugin.trl import HFRollout
 
     rollout = HFRollout(dtype=dtype)

@@ -29,7 +29,7 @@ import torch
 import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.cli import main
-from precision_plugin.mismatch import SUM_FIELDS
+from precision_plugin._core.metrics.mismatch import SUM_FIELDS
 from tests.unit.catalogue_files import rows as _file_rows
 from tests.unit.catalogue_meaning import rows as _meaning_rows
 from tests.unit.catalogue_numbers import rows as _number_rows
@@ -143,7 +143,7 @@ _DROP = object()
 
 def load_scaler(state: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin.scaler import make_grad_scaler
+        from precision_plugin._core.scaler import make_grad_scaler
 
         s = make_grad_scaler(PrecisionPolicy(), "cpu")
         s.scale(torch.ones(()))  # materialise the scale tensor, as a first step does
@@ -299,7 +299,7 @@ IDS = torch.zeros(1, 2)
 
 def overflow_api(name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin import overflow
+        from precision_plugin._core import overflow
 
         return getattr(overflow, name)(*[a() if callable(a) else a for a in args], **kw)
 
@@ -398,7 +398,7 @@ def sanity_config(**kw: Any) -> Callable[[Path], Any]:
 
 def mismatch_api(name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
-        from precision_plugin import mismatch
+        from precision_plugin._core.metrics import mismatch
 
         return getattr(mismatch, name)(*args, **kw)
 
@@ -415,7 +415,7 @@ def probe_api(name: str, *args: Any, **kw: Any) -> Callable[[Path], Any]:
 
 
 def zero_probability_is_a_problem(result: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from precision_plugin.mismatch import verdict
+    from precision_plugin._core.metrics.mismatch import verdict
 
     assert result.tokens == 2 and result.k3_kl == INF
     assert verdict(result)[0] == "problem"
@@ -726,8 +726,8 @@ NEW_SURFACES: list[Case] = [
     Case(
         "verdict bad settings",
         "metrics",
-        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).verdict(
-            __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).verdict(
+            __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).compute_mismatch(
                 [-0.1], [-0.1]
             ),
             {"prob_diff_ok": -1},
@@ -880,7 +880,7 @@ NEW_SURFACES: list[Case] = [
         "Patcher setenv value",
         "types",
         lambda t: (
-            __import__("precision_plugin.patching", fromlist=["x"])
+            __import__("precision_plugin._base.patching", fromlist=["x"])
             .Patcher()
             .setenv("PP_X", 5, reason="test")
         ),
@@ -1567,7 +1567,7 @@ CASES: list[Case] = [
     Case(
         "check_model None",
         "kinds",
-        lambda t: __import__("precision_plugin.master_weights", fromlist=["x"]).check_model(None),
+        lambda t: __import__("precision_plugin._core.master_weights", fromlist=["x"]).check_model(None),
         names=("check_model()",),
     ),
     Case(
@@ -1632,13 +1632,13 @@ CASES: list[Case] = [
     Case(
         "make_grad_scaler fp8",
         "kinds",
-        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler("fp8"),
+        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).make_grad_scaler("fp8"),
         names=("fp8",),
     ),
     Case(
         "make_grad_scaler device",
         "kinds",
-        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler(
+        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).make_grad_scaler(
             None, "gpu0"
         ),
         names=("device",),
@@ -1646,7 +1646,7 @@ CASES: list[Case] = [
     Case(
         "make_grad_scaler model",
         "kinds",
-        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).make_grad_scaler(
+        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).make_grad_scaler(
             None, "cpu", model="gpt2"
         ),
         names=("model",),
@@ -1654,7 +1654,7 @@ CASES: list[Case] = [
     Case(
         "attach_telemetry dict",
         "kinds",
-        lambda t: __import__("precision_plugin.scaler", fromlist=["x"]).attach_telemetry(
+        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).attach_telemetry(
             torch.amp.GradScaler("cpu"), {"init_scale": 1}
         ),
         names=("LossScalerSettings",),
@@ -1663,7 +1663,7 @@ CASES: list[Case] = [
     Case(
         "mismatch shapes",
         "kinds",
-        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).compute_mismatch(
             [[-0.1, -0.2]], [[-0.1]]
         ),
         names=("shape",),
@@ -1671,7 +1671,7 @@ CASES: list[Case] = [
     Case(
         "mismatch vocab",
         "kinds",
-        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).compute_mismatch(
+        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).compute_mismatch(
             torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)
         ),
         names=("vocab",),
@@ -1679,7 +1679,7 @@ CASES: list[Case] = [
     Case(
         "verdict None",
         "kinds",
-        lambda t: __import__("precision_plugin.mismatch", fromlist=["x"]).verdict(None),
+        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).verdict(None),
         names=("MismatchMetrics",),
     ),
     # 10. vLLM engine_kwargs and the checks behind it

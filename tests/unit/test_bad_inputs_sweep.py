@@ -56,7 +56,7 @@ def test_bad_input_found_while_printing_is_not_an_output_error() -> None:
 )
 def test_enable_refuses_a_dtype_given_twice_with_two_meanings(policy, keyword) -> None:
     # enable("bfloat16", dtype="float16") silently ran float16: the keyword won.
-    from precision_plugin.manager import coerce_policy
+    from precision_plugin._core.manager import coerce_policy
 
     with pytest.raises(PrecisionConfigError) as refused:
         coerce_policy(policy, dtype=keyword)
@@ -68,7 +68,7 @@ def test_enable_refuses_a_dtype_given_twice_with_two_meanings(policy, keyword) -
 
 
 def test_enable_takes_a_keyword_that_repeats_the_policy_or_adds_to_it() -> None:
-    from precision_plugin.manager import coerce_policy
+    from precision_plugin._core.manager import coerce_policy
 
     assert coerce_policy("bfloat16", dtype="bf16").dtype == "bfloat16"
     assert coerce_policy({"dtype": "fp16"}, dtype="float16").dtype == "float16"
@@ -97,7 +97,7 @@ def test_enable_under_an_env_var_that_says_off_says_so(monkeypatch, caplog) -> N
     # Before: PRECISION_PLUGIN=off followed by enable() enabled float16 without a word.
     import logging
 
-    from precision_plugin.manager import coerce_policy
+    from precision_plugin._core.manager import coerce_policy
 
     monkeypatch.setenv("PRECISION_PLUGIN", "off")
     with caplog.at_level(logging.WARNING, logger="precision_plugin"):

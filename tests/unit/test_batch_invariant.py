@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from precision_plugin.canary.engines import (
+from precision_plugin._core.canary.engines import (
     ENV,
     apply_batch_invariant,
     batch_invariant_env,
     batch_invariant_findings,
 )
-from precision_plugin.patching import Patcher
+from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 
 
@@ -91,7 +91,7 @@ def test_verl_and_openrlhf_carry_it_into_rays_runtime_env(monkeypatch: pytest.Mo
     assert ray_invariance_overrides(_policy("auto"), vllm_version="0.33.0") == []
     assert key in overrides(on, vllm_version="0.33.0", gpu_capability=None)
     assert not any(ENV in o for o in overrides(on, vllm_version="0.33.0", rollout="sglang"))
-    monkeypatch.setattr("precision_plugin.versions.installed_version", lambda name: None)
+    monkeypatch.setattr("precision_plugin._base.versions.installed_version", lambda name: None)
     assert openrlhf.runtime_env(on)["env_vars"][ENV] == "1"
     assert ENV not in openrlhf.runtime_env(_policy("off"))["env_vars"]
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 def test_weight_bytes_counts_every_linear_weight_at_the_width_its_product_reads(
     dtype: str, width: int
 ) -> None:
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
     from precision_plugin.probe.tiny_model import DEFAULT_CONFIG, build_default_model
     from tests.benchmarks.bench_decode_step import weight_bytes
 

@@ -30,7 +30,7 @@ def tiny():
 
 
 def _noisy_engine(model, sigma, noise_seed=0):
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     rollout = bench.NoisyRollout(sigma, noise_seed=noise_seed, dtype="float32")
     rollout.engine = HFRolloutEngine(model, "float32", "cpu")
@@ -40,7 +40,7 @@ def _noisy_engine(model, sigma, noise_seed=0):
 
 
 def test_at_sigma_zero_the_rollout_is_the_engine_unchanged(tiny):
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     model, _, prompt = tiny
     clean = HFRolloutEngine(model, "float32", "cpu").generate([prompt] * 3, 12, 7)

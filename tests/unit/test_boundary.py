@@ -1,4 +1,4 @@
-"""The boundary mechanism itself (``precision_plugin.boundary``): what ``@checked`` accepts,
+"""The boundary mechanism itself (``precision_plugin._base.boundary``): what ``@checked`` accepts,
 refuses, converts and says. The whole public API is exercised in test_public_api.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
-from precision_plugin.boundary import (
+from precision_plugin._base.boundary import (
     at_least,
     boundary_of,
     checked,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from precision_plugin.buffers import (
+from precision_plugin._core.buffers import (
     buffer_dtypes,
     cast_model,
     float32_buffers,

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from precision_plugin.canary import CanaryMonitor, canary_band, token_k3
+from precision_plugin._core.canary import CanaryMonitor, canary_band, token_k3
 from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
 
 SEQS, TOKENS = 16, 8
@@ -219,7 +219,7 @@ def test_the_precision_reference_keeps_growing_rounding_in_band() -> None:
 def test_k3_terms_past_float64_are_infinite_not_an_error() -> None:
     """A near-greedy rollout gives log-ratios of thousands of nats: e^d overflows a float64
     (from d = log(max float) = 709.78...), and every k3 sum says ``inf`` instead of raising."""
-    from precision_plugin.metrics.k3 import k3_term
+    from precision_plugin._core.metrics.k3 import k3_term
     from precision_plugin.probe.attribution.decompose import k3_interval
     from precision_plugin.probe.length import length_effect
 

@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from precision_plugin.canary import CanaryMonitor, canary_band
-from precision_plugin.canary.band import CanaryBand
+from precision_plugin._core.canary import CanaryMonitor, canary_band
+from precision_plugin._core.canary.band import CanaryBand
 from precision_plugin.errors import PrecisionConfigError
 
 SEQS, TOKENS = 16, 8

@@ -1,4 +1,4 @@
-"""Bad inputs to the drift canary (precision_plugin.canary): each is refused with one
+"""Bad inputs to the drift canary (precision_plugin._core.canary): each is refused with one
 PrecisionConfigError that says what was asked, what was found and how to fix it; the valid
 neighbour of each returns the value computed by hand."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from precision_plugin.canary import CanaryMonitor, canary_band, token_k3
-from precision_plugin.canary.workers import batch_metrics, check_canary
+from precision_plugin._core.canary import CanaryMonitor, canary_band, token_k3
+from precision_plugin._core.canary.workers import batch_metrics, check_canary
 from precision_plugin.errors import PrecisionConfigError
 
 K3_HALF = math.expm1(0.5) - 0.5  # k3 of one token whose log-probs differ by 0.5 nats

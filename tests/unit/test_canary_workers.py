@@ -1,4 +1,4 @@
-"""The tensor hook points for verl/OpenRLHF workers (precision_plugin.canary.workers)."""
+"""The tensor hook points for verl/OpenRLHF workers (precision_plugin._core.canary.workers)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from precision_plugin.canary import CanaryMonitor
-from precision_plugin.canary.workers import batch_metrics, check_canary, masked_rows
+from precision_plugin._core.canary import CanaryMonitor
+from precision_plugin._core.canary.workers import batch_metrics, check_canary, masked_rows
 from precision_plugin.errors import PrecisionConfigError
 
 LEARNER = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from precision_plugin import PrecisionConfigError
-from precision_plugin.configs import DIALECTS, Dialect, Key
-from precision_plugin.configs.reader import TYPO_CUTOFF
+from precision_plugin._core.configs import DIALECTS, Dialect, Key
+from precision_plugin._core.configs.reader import TYPO_CUTOFF
 
 PROPERTY = settings(max_examples=30, deadline=2000, derandomize=True)
 SOURCE = "cfg.yaml"
@@ -150,7 +150,7 @@ def test_a_key_the_plugin_does_not_read_is_left_alone(dialect):
 
 
 def test_deep_mappings_are_read_without_recursion_limits():
-    from precision_plugin.configs import VERL
+    from precision_plugin._core.configs import VERL
 
     deep: dict = {}
     node = deep
@@ -161,7 +161,7 @@ def test_deep_mappings_are_read_without_recursion_limits():
 
 
 def test_a_text_value_that_is_no_config_is_refused_at_the_boundary():
-    from precision_plugin.configs import VERL
+    from precision_plugin._core.configs import VERL
 
     said = message_of(lambda: VERL.read_mapping("ppo.yaml", SOURCE))
     assert "argument 'data'" in said and "load the file first" in said
@@ -173,7 +173,7 @@ def test_a_field_of_the_programs_own_config_object_is_never_a_typo():
     exist by definition and pass; the same key written in a mapping is still refused."""
     import dataclasses
 
-    from precision_plugin.configs import VERL
+    from precision_plugin._core.configs import VERL
 
     @dataclasses.dataclass
     class RolloutConfig:  # the shape of verl's (verl/workers/config/rollout.py)
@@ -192,7 +192,7 @@ def test_a_field_of_the_programs_own_config_object_is_never_a_typo():
 @pytest.mark.parametrize("source", ["", "  \t"])
 def test_a_blank_source_label_is_refused_naming_source(source):
     """The label is what every message says the override came from ("'x' in  is not ...")."""
-    from precision_plugin.configs import VERL, parse_override
+    from precision_plugin._core.configs import VERL, parse_override
 
     with pytest.raises(PrecisionConfigError, match=r"'source'.*empty"):
         parse_override("float16", VERL, source)
@@ -207,7 +207,7 @@ def test_a_dialect_without_a_program_name_is_refused_naming_program(program):
     """Every message starts with the program's name (": 'x' in the overrides is not ...")."""
     import dataclasses
 
-    from precision_plugin.configs import VERL
+    from precision_plugin._core.configs import VERL
 
     with pytest.raises(PrecisionConfigError, match=r"'program'.*empty"):
         dataclasses.replace(VERL, program=program)

@@ -10,7 +10,7 @@ import pytest
 import scipy.stats
 import torch
 
-from precision_plugin.consequence import (
+from precision_plugin._core.metrics.consequence import (
     COVERAGE,
     TRL_SEQUENCE_MASK,
     VERL_SEQUENCE_MASK,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precision_plugin.constraints import (
+from precision_plugin._base.constraints import (
     AtMost,
     Count,
     Each,

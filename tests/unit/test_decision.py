@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from precision_plugin.decision import (
+from precision_plugin._core.decision import (
     Attribution,
     Evidence,
     Headroom,
@@ -16,7 +16,7 @@ from precision_plugin.decision import (
     prompts_to_decide,
 )
 from precision_plugin.deepspeed import config_policy
-from precision_plugin.manager import coerce_policy
+from precision_plugin._core.manager import coerce_policy
 from precision_plugin.policy import PrecisionPolicy
 
 MODULES = ("model.layers.3.mlp.down_proj", "model.layers.29.mlp.down_proj")
@@ -299,7 +299,7 @@ def test_with_the_rollout_as_configured_the_line_reads_change_now_then_what_that
     """Issue 54: with --rollout the do: line said "keeps 78 %", true only after the fix. Now:
     what to change first, what the rollout keeps as configured, then the dtype with the rollout
     at its defaults."""
-    from precision_plugin.decision import Configured
+    from precision_plugin._core.decision import Configured
 
     now = _ev("float16", (0.0004, 0.0, 0.008), k3=(2e-2, 1e-2, 3e-2), verdict="severe")
     configured = Configured("kv_cache_dtype=fp8_e4m3", {"float16": now}, 4096, 256)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from precision_plugin.consequence import CONSEQUENCE_METRICS
-from precision_plugin.mismatch import ALIASES, alias_table, compute_mismatch
+from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS
+from precision_plugin._core.metrics.mismatch import ALIASES, alias_table, compute_mismatch
 from precision_plugin.policy import field_help
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -24,9 +24,9 @@ def test_concepts_page_shows_the_alias_table_as_the_code_has_it():
     found = re.search(r"<!-- alias-table:[^>]*-->\n(.*?)<!-- /alias-table -->", text, re.S)
     assert found, "docs/concepts.md lost its alias-table markers"
     assert found.group(1) == alias_table(), (
-        "docs/concepts.md's alias table differs from precision_plugin.mismatch.alias_table(); "
+        "docs/concepts.md's alias table differs from precision_plugin._core.metrics.mismatch.alias_table(); "
         "replace the lines between the alias-table markers with the output of python -c "
-        "'from precision_plugin.mismatch import alias_table; print(alias_table(), end=\"\")'"
+        "'from precision_plugin._core.metrics.mismatch import alias_table; print(alias_table(), end=\"\")'"
     )
     for metric, aliases in ALIASES.items():
         for alias in aliases:

@@ -1,4 +1,4 @@
-"""One dtype vocabulary (``precision_plugin.dtypes``): every alias, case-insensitively, and
+"""One dtype vocabulary (``precision_plugin._base.dtypes``): every alias, case-insensitively, and
 ``torch.dtype`` objects name one of three precisions; every adapter's spelling table is derived
 from it; comparisons of dtype names go through it (AReaL's ``half`` is float16)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
-from precision_plugin.dtypes import (
+from precision_plugin._base.dtypes import (
     DTYPE_ALIASES,
     SUPPORTED_DTYPES,
     canonical_dtype_name,
@@ -18,7 +18,7 @@ from precision_plugin.dtypes import (
     spellings,
     torch_dtype,
 )
-from precision_plugin.frameworks import SGLANG_DTYPE_CHOICES, sglang_runs
+from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES, sglang_runs
 from precision_plugin.sglang import check_areal_config
 from precision_plugin.verl.layout import canonical_dtype
 

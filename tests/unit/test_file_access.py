@@ -97,8 +97,8 @@ def test_no_module_opens_a_path_outside_the_reader_and_the_writer() -> None:
         if (module, call) not in ALLOWED and (module, call) not in PENDING
     }
     assert not unexplained, (
-        "read user-given files with precision_plugin.userfiles and write outputs with "
-        f"precision_plugin.outputs: {sorted(unexplained)}"
+        "read user-given files with precision_plugin._base.userfiles and write outputs with "
+        f"precision_plugin._base.outputs: {sorted(unexplained)}"
     )
 
 

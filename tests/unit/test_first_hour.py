@@ -193,7 +193,7 @@ PROBE_USERS = {"probe", "sanity", "trl", "cli"}  # cli: the tools layer, a packa
 
 
 def test_no_engine_or_framework_package_imports_the_probe():
-    """The rollout types both sides need live in precision_plugin.rollout, below both: an
+    """The rollout types both sides need live in precision_plugin._core.rollout, below both: an
     engine package (vllm/ in particular, whose probe engine once imported the probe's
     RolloutSample) never imports precision_plugin.probe."""
     import ast

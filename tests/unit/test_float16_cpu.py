@@ -1,4 +1,4 @@
-"""float16 linear layers on CPU (``precision_plugin.scoring.float16_cpu``): the product is the
+"""float16 linear layers on CPU (``precision_plugin._core.scoring.float16_cpu``): the product is the
 float32 product of the exactly widened float16 operands, rounded once to float16, whatever the
 number of rows; only plain float16 ``nn.Linear`` layers change; gradients and other dtypes run
 PyTorch's own kernel."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from precision_plugin.scoring import float16_cpu, packed_cpu, trainer_precision
-from precision_plugin.scoring.float16_cpu import (
+from precision_plugin._core.scoring import float16_cpu, packed_cpu, trainer_precision
+from precision_plugin._core.scoring.float16_cpu import (
     MIN_ROWS,
     Float16Linear,
     float16_autocast_linears,
@@ -171,7 +171,7 @@ def _bfloat16_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
 def test_a_widened_bfloat16_layer_computes_the_float32_product_rounded_once(
     widened_bfloat16: None, bias: bool
 ) -> None:
-    from precision_plugin.scoring.packed_cpu import trainer_kernels
+    from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
     x, w, b = (t.float().bfloat16() for t in _operands(48))
     b = b if bias else None
@@ -234,7 +234,7 @@ def _flash_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 def test_sdpa_float16_rounds_the_probabilities_as_a_flash_kernel_does() -> None:
-    from precision_plugin.scoring.float16_cpu import sdpa_float16
+    from precision_plugin._core.scoring.float16_cpu import sdpa_float16
 
     q, k, v = _qkv()
     mask = torch.ones(2, 1, 5, k.shape[2], dtype=torch.bool)
@@ -254,7 +254,7 @@ def test_sdpa_float16_rounds_the_probabilities_as_a_flash_kernel_does() -> None:
 
 
 def test_sdpa_float16_matches_the_sdpa_contract_for_gqa_causal_and_empty_rows() -> None:
-    from precision_plugin.scoring.float16_cpu import sdpa_float16
+    from precision_plugin._core.scoring.float16_cpu import sdpa_float16
 
     q, k, v = _qkv(length=5)
     heads = torch.randn(2, 2, 5, 16, generator=torch.Generator().manual_seed(2)).half()
@@ -293,7 +293,7 @@ def test_sdpa_float16_in_row_blocks_is_the_same_bit_for_bit(monkeypatch) -> None
     """A long query runs in blocks of rows (CHUNK_SCORES); each row's arithmetic is its own,
     so the blocks give the one-block result exactly, for every kind of mask (50 query rows in
     blocks of MIN_ROWS: 16, 16 and 18, a last short block joined to the one before)."""
-    from precision_plugin.scoring import float16_cpu
+    from precision_plugin._core.scoring import float16_cpu
 
     g = torch.Generator().manual_seed(5)
     q = torch.randn(2, 6, 50, 16, generator=g).half()
@@ -334,7 +334,7 @@ def test_sdpa_float16_in_row_blocks_is_the_same_bit_for_bit(monkeypatch) -> None
 
 
 def test_float16_attention_runs_sdpa_float16_inside_transformers_sdpa() -> None:
-    from precision_plugin.scoring.float16_cpu import float16_attention, sdpa_float16
+    from precision_plugin._core.scoring.float16_cpu import float16_attention, sdpa_float16
 
     class Attention(torch.nn.Module):
         num_key_value_groups = 1
@@ -349,7 +349,7 @@ def test_float16_attention_runs_sdpa_float16_inside_transformers_sdpa() -> None:
 
 
 def test_float16_autocast_computes_sdpa_as_sdpa_float16() -> None:
-    from precision_plugin.scoring.float16_cpu import sdpa_float16
+    from precision_plugin._core.scoring.float16_cpu import sdpa_float16
 
     q, k, v = (t.float() + 1e-3 for t in _qkv())
     expected = sdpa_float16(q, k, v)
@@ -362,7 +362,7 @@ def test_float16_autocast_computes_sdpa_as_sdpa_float16() -> None:
 
 
 def test_bfloat16_attention_rounds_in_bfloat16_on_both_sides() -> None:
-    from precision_plugin.scoring.float16_cpu import sdpa_float16
+    from precision_plugin._core.scoring.float16_cpu import sdpa_float16
 
     q, k, v = (t.float() for t in _qkv())
     q, k, v = (t.bfloat16() for t in (q, k, v))
@@ -395,7 +395,7 @@ def _tiny(dtype: torch.dtype, attention: str = "sdpa") -> torch.nn.Module:
 
 
 def test_only_a_float16_or_bfloat16_sdpa_model_switches_attention() -> None:
-    from precision_plugin.scoring.float16_cpu import (
+    from precision_plugin._core.scoring.float16_cpu import (
         ATTENTION,
         widen_float16,
         widen_float16_attention,
@@ -420,8 +420,8 @@ def test_only_a_float16_or_bfloat16_sdpa_model_switches_attention() -> None:
 def test_a_widened_models_cache_keeps_float16_values_in_float32_with_the_same_logits() -> None:
     from transformers.cache_utils import DynamicCache
 
-    from precision_plugin.scoring.float16_cpu import widen_float16
-    from precision_plugin.scoring.kvcache import preallocated_cache
+    from precision_plugin._core.scoring.float16_cpu import widen_float16
+    from precision_plugin._core.scoring.kvcache import preallocated_cache
 
     model = widen_float16(_tiny(torch.float16))
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
@@ -457,7 +457,7 @@ def test_key_tiles_no_row_of_a_block_sees_are_skipped_bit_for_bit(monkeypatch) -
     has the same shape, so the output is the same bit for bit as over every key, for every kind
     of mask (200 query rows in blocks of MIN_ROWS, float16 and bfloat16, with and without
     GQA)."""
-    from precision_plugin.scoring import float16_cpu
+    from precision_plugin._core.scoring import float16_cpu
 
     assert float16_cpu._keys_seen(None, 200) == 200
     causal = torch.ones(200, 200, dtype=torch.bool).tril()

@@ -1,4 +1,4 @@
-"""The one policy -> framework table (``precision_plugin.frameworks``), for all three dtypes."""
+"""The one policy -> framework table (``precision_plugin._core.frameworks``), for all three dtypes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import precision_plugin as pp
-from precision_plugin import frameworks
+from precision_plugin._core import frameworks
 from precision_plugin.deepspeed.config import apply_config
 from precision_plugin.policy import PrecisionPolicy
 

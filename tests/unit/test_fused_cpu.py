@@ -1,5 +1,5 @@
 """Layers that read one input, multiplied as one packed product
-(``precision_plugin.scoring.fused_cpu``): the groups are the layers that really share an input
+(``precision_plugin._core.scoring.fused_cpu``): the groups are the layers that really share an input
 (query/key/value, gate/up; never the output or down projection), the rollout is the same bit for
 bit with and without them, weights synced in place are packed again, and a member called with
 another input still gets its own product."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from precision_plugin.probe.engine import HFRolloutEngine
-from precision_plugin.scoring import fused_cpu, packed_cpu
+from precision_plugin._core.hf_engine import HFRolloutEngine
+from precision_plugin._core.scoring import fused_cpu, packed_cpu
 from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(

@@ -107,7 +107,7 @@ def _stop_at_the_boundary(module: str, name: str) -> None:
     followed by :class:`ReachedWork`."""
     import importlib
 
-    from precision_plugin.boundary import boundary_of
+    from precision_plugin._base.boundary import boundary_of
 
     owner = importlib.import_module(module)
     original = getattr(owner, name)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from precision_plugin.boundary import _arms
+from precision_plugin._base.boundary import _arms
 from tests.unit import fuzz_types as fz
 from tests.unit.fuzz_known import KNOWN
 from tests.unit.test_public_api import ENTRIES, Entry, baseline, keyword_params
@@ -31,7 +31,7 @@ NOTHING_TO_FUZZ: dict[str, str] = {
     "refuses) before it gets here",
     "precision_plugin.vllm.engine_arg_fields": "a class (or None); a wrong one is the type "
     "test's (test_public_api.py)",
-    "precision_plugin.frameworks.TrainerFlags": "two bools; a wrong type is the type test's",
+    "precision_plugin._core.frameworks.TrainerFlags": "two bools; a wrong type is the type test's",
 }
 
 

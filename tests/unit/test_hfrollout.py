@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from precision_plugin.buffers import keeps_float32
+from precision_plugin._core.buffers import keeps_float32
 from precision_plugin.trl import HFRollout
 from tests.unit.test_buffers import _small
 

@@ -1,5 +1,5 @@
 """import-linter's contracts (pyproject.toml ``[tool.importlinter]``) mirror the layer table of
-precision_plugin/_layers.py: they hold on the source, and they catch an up-the-table import made
+precision_plugin/_base/layers.py: they hold on the source, and they catch an up-the-table import made
 inside a function (grimp reads those too). tests/unit/test_layers.py's AST check stays the
 authority; this is the same table in the tool other projects use."""
 

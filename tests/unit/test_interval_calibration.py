@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from precision_plugin.consequence import (
+from precision_plugin._core.metrics.consequence import (
     SEQUENCE_MASKS,
     VERL_SEQUENCE_MASK,
     ess_interval,
@@ -38,7 +38,7 @@ from precision_plugin.consequence import (
     mask_fraction,
     project,
 )
-from precision_plugin.intervals import (
+from precision_plugin._core.intervals import (
     COVERAGE,
     ESS_SEED,
     HEAVY_TAIL_WARNING,
@@ -50,7 +50,7 @@ from precision_plugin.intervals import (
     tail_bounds,
     variance_normal,
 )
-from precision_plugin.misfit import check_growth
+from precision_plugin._core.misfit import check_growth
 
 REPLICATES = 2000
 N = 16

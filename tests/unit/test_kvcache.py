@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from precision_plugin.scoring.kvcache import PreallocatedLayer, preallocated_cache
+from precision_plugin._core.scoring.kvcache import PreallocatedLayer, preallocated_cache
 
 pytestmark = pytest.mark.skipif(PreallocatedLayer is None, reason="transformers < 4.56")
 

@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
-from precision_plugin.canary.ladder import Invariance, certify_batch_invariance, precision_level
-from precision_plugin.probe.engine import HFRolloutEngine
-from precision_plugin.scoring import BatchRescore, BitwiseEqual, HFScorer, TokenSequence
+from precision_plugin._core.canary.ladder import Invariance, certify_batch_invariance, precision_level
+from precision_plugin._core.hf_engine import HFRolloutEngine
+from precision_plugin._core.scoring import BatchRescore, BitwiseEqual, HFScorer, TokenSequence
 
 VOCAB = 64
 
@@ -101,7 +101,7 @@ def test_level_three_needs_train_equal_to_rollout_bit_for_bit(model) -> None:
     assert invariance.certified
     same = HFScorer(model, batch_size=1)  # the learner, float32 as the rollout copy
     equal = BitwiseEqual(68, 68)
-    from precision_plugin.scoring import bitwise_equal
+    from precision_plugin._core.scoring import bitwise_equal
 
     assert bitwise_equal(same.score(canary), rollout.score(canary)) == equal
     assert precision_level(True, invariance, 1.0, 1.0) == 3

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from precision_plugin import _layers
-from precision_plugin._layers import (
+from precision_plugin._base import layers as _layers
+from precision_plugin._base.layers import (
     ALLOWED,
     KNOWN_VIOLATIONS,
     cross_layer_imports,

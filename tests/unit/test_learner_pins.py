@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
-from precision_plugin.dtypes import (
+from precision_plugin._base.dtypes import (
     SHORT_NAMES,
     canonical_dtype_name,
     dtype_label,
@@ -20,10 +20,10 @@ from precision_plugin.dtypes import (
     same_dtype,
     spellings,
 )
-from precision_plugin.master_weights import check_model, prepare_model
-from precision_plugin.overflow import keep_fp32_modules, match_modules
-from precision_plugin.overflow.tensors import abs_max
-from precision_plugin.scaler import STATE_KEY, ScalerStats, make_grad_scaler
+from precision_plugin._core.master_weights import check_model, prepare_model
+from precision_plugin._core.overflow import keep_fp32_modules, match_modules
+from precision_plugin._core.overflow.tensors import abs_max
+from precision_plugin._core.scaler import STATE_KEY, ScalerStats, make_grad_scaler
 
 # -- scaler -------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import precision_plugin as pp
-from precision_plugin import manager
+from precision_plugin._core import manager
 from precision_plugin.hookspecs import hookimpl
 
 
@@ -229,7 +229,7 @@ def test_entry_point_plugins_are_discovered(tmp_path):
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(tmp_path)!r})
         import precision_plugin as pp, thirdparty_adapter
-        from precision_plugin.manager import adapter_names
+        from precision_plugin._core.manager import adapter_names
         pp.enable(dtype="bf16")
         print("RESULT", thirdparty_adapter.CALLS, "thirdparty" in adapter_names())
         """)

@@ -9,7 +9,7 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin import PrecisionMismatchError, PrecisionPolicy
-from precision_plugin.master_weights import check_model, prepare_model
+from precision_plugin._core.master_weights import check_model, prepare_model
 
 
 def _lora_like(base_dtype: torch.dtype, adapter_dtype: torch.dtype) -> torch.nn.Module:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from precision_plugin.consequence import CONSEQUENCE_METRICS
-from precision_plugin.mismatch import ALIASES, compute_mismatch, mismatch_sums, prefixed, verdict
+from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS
+from precision_plugin._core.metrics.mismatch import ALIASES, compute_mismatch, mismatch_sums, prefixed, verdict
 from precision_plugin.policy import MetricSettings
 
 
@@ -220,7 +220,7 @@ def test_the_drift_fit_at_its_edges_one_token_two_sequences_no_token():
     """``drift_fit`` exactly (float64 arithmetic): a single one-token sequence gives its drift
     and NaN spread; two sequences (the fewest with a variance) give all three; no token gives
     NaN, and a residual rounded below zero gives a zero variance."""
-    from precision_plugin.metrics.mismatch import drift_fit, fit_drift
+    from precision_plugin._core.metrics.mismatch import drift_fit, fit_drift
 
     drift, stderr, variance = drift_fit([1], [0.25])
     assert drift == 0.25 and math.isnan(stderr) and math.isnan(variance)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from precision_plugin.scoring import multinomial_cpu
-from precision_plugin.scoring.multinomial_cpu import Multinomial, exact_draw
+from precision_plugin._core.scoring import multinomial_cpu
+from precision_plugin._core.scoring.multinomial_cpu import Multinomial, exact_draw
 
 
 def _distributions(vocab: int, seed: int) -> list[torch.Tensor]:

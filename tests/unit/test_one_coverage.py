@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import precision_plugin
-from precision_plugin.intervals import COVERAGE
+from precision_plugin._core.intervals import COVERAGE
 from precision_plugin.probe.attribution.decompose import k3_interval
 from precision_plugin.probe.attribution.render import render_attribution_table
 

@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from precision_plugin import PrecisionConfigError, PrecisionPolicy, frameworks, versions
+from precision_plugin import PrecisionConfigError, PrecisionPolicy
+
+from precision_plugin._core import frameworks
+
+from precision_plugin._base import versions
 from precision_plugin import openrlhf as orl
 from precision_plugin.cli import main
 from precision_plugin.errors import PrecisionMismatchError
@@ -118,7 +122,7 @@ def test_args_refuse_what_openrlhf_cannot_run():
 
 def test_args_are_feature_detected_in_the_installed_parser(monkeypatch):
     from precision_plugin.openrlhf import launch
-    from precision_plugin.versions import parse_version
+    from precision_plugin._base.versions import parse_version
 
     fake = Installed(
         parse_version(NEW), Path("/x"), frozenset({"--other"}), "bfloat16", RELEASED_WEIGHT_SYNC
@@ -257,7 +261,7 @@ def test_bf16_only_features_are_fine_under_a_bf16_policy():
 def test_the_installed_weight_sync_decides_what_the_mismatch_does(
     monkeypatch, sync, reached, expected
 ):
-    from precision_plugin.versions import parse_version
+    from precision_plugin._base.versions import parse_version
 
     fake = Installed(parse_version(NEW), Path("/x"), frozenset(), "bfloat16", sync)
     monkeypatch.setattr(check_module, "installed", lambda: fake)

@@ -13,7 +13,7 @@ import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
 from precision_plugin.errors import ForwardOverflowError, PrecisionPluginError
-from precision_plugin.overflow import (
+from precision_plugin._core.overflow import (
     FP16_MAX,
     OverflowDetector,
     fp16_margin_bits,
@@ -21,8 +21,8 @@ from precision_plugin.overflow import (
     keep_fp32_modules,
     match_modules,
 )
-from precision_plugin.overflow.fallback import is_fp32
-from precision_plugin.scaler import make_grad_scaler
+from precision_plugin._core.overflow.fallback import is_fp32
+from precision_plugin._core.scaler import make_grad_scaler
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama, sample_ids, tiny_llama
 
 HOT = OVERFLOW_MODULE

@@ -1,4 +1,4 @@
-"""Linear layers with weights prepacked for oneDNN (``precision_plugin.scoring.packed_cpu``): the
+"""Linear layers with weights prepacked for oneDNN (``precision_plugin._core.scoring.packed_cpu``): the
 same product as ``F.linear`` (bit for bit in bfloat16, within float32's rounding in float32), a
 row's value independent of the rows beside it, and ``nn.Linear``'s own forward wherever the
 fast path does not apply."""
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from precision_plugin.scoring import packed_cpu
-from precision_plugin.scoring.packed_cpu import pack_linears, rows_for
+from precision_plugin._core.scoring import packed_cpu
+from precision_plugin._core.scoring.packed_cpu import pack_linears, rows_for
 
 pytestmark = pytest.mark.skipif(
     packed_cpu.pack(torch.zeros(2, 2)) is None, reason="this PyTorch has no oneDNN linear"
@@ -109,9 +109,9 @@ def test_trainer_kernels_multiply_as_the_trainer_does() -> None:
     master weights (40 rows; outside, the packed product sums in its own order)."""
     import copy
 
-    from precision_plugin.scoring import trainer_precision
-    from precision_plugin.scoring.float16_cpu import widen_float16_linears
-    from precision_plugin.scoring.packed_cpu import trainer_kernels
+    from precision_plugin._core.scoring import trainer_precision
+    from precision_plugin._core.scoring.float16_cpu import widen_float16_linears
+    from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
     layer = _layer(torch.float32, (576, 192))
     pack_linears(layer)

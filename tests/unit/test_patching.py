@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from precision_plugin.patching import Patcher, is_patched
+from precision_plugin._base.patching import Patcher, is_patched
 
 
 class Base:

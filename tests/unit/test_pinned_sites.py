@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from precision_plugin.boundary import Invalid, at_least, in_range
-from precision_plugin.consequence import (
+from precision_plugin._base.boundary import Invalid, at_least, in_range
+from precision_plugin._core.metrics.consequence import (
     COVERAGE,
     TRL_SEQUENCE_MASK,
     fit_growth,
@@ -22,8 +22,8 @@ from precision_plugin.consequence import (
 )
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.layerwise import PART_FACTOR, StageDivergence, outliers
-from precision_plugin.sampling import SamplingSettings
-from precision_plugin.serving import url_problem
+from precision_plugin._core.sampling import SamplingSettings
+from precision_plugin._core.serving import url_problem
 
 # -- the projection's intervals: z from the stated coverage -----------------------------------
 
@@ -251,7 +251,7 @@ def test_the_batch_ess_of_a_large_batch_is_the_lognormal_limit():
     lognormal weights' E[w]²/E[w²]). Seeded Monte Carlo of 4,096-sequence batches: the two cases
     sit within 2e-3 of the limit; a spread of v·L or v/L instead of its square root (a surviving
     mutant of issue 31) moves the first by 0.16 and the second by 0.63."""
-    from precision_plugin.intervals import batch_ess
+    from precision_plugin._core.intervals import batch_ess
 
     assert batch_ess(0.00025, 1000, 4096) == pytest.approx(math.exp(-0.25), abs=6e-3)
     assert batch_ess(0.001, 1000, 4096) == pytest.approx(math.exp(-1.0), abs=6e-3)

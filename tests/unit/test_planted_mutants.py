@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from precision_plugin.canary import CanaryMonitor, canary_band
-from precision_plugin.canary.ladder import certify_batch_invariance
-from precision_plugin.scoring import TokenSequence
+from precision_plugin._core.canary import CanaryMonitor, canary_band
+from precision_plugin._core.canary.ladder import certify_batch_invariance
+from precision_plugin._core.scoring import TokenSequence
 
 # -- 1. the band's quantile is its stated level, 1 - alpha (not 1 - alpha/2) --------------------
 
@@ -117,7 +117,7 @@ def test_a_batch_invariant_engine_with_more_prompts_than_one_batch_is_certified(
 
 
 def test_the_misfit_check_takes_the_longest_third() -> None:
-    from precision_plugin.misfit import check_growth
+    from precision_plugin._core.misfit import check_growth
 
     rng = random.Random(5)
     lengths = [10] * 8 + [100] * 4
@@ -147,7 +147,7 @@ def test_a_replaced_loss_scale_window_names_loss_scaler_growth_interval(
 
 
 def test_a_master_copy_partly_in_half_precision_is_no_float32_master_copy() -> None:
-    from precision_plugin.master_copy import fp32_master_copy
+    from precision_plugin._core.master_copy import fp32_master_copy
 
     mixed = [torch.zeros(2, dtype=torch.float32), torch.zeros(2, dtype=torch.float16)]
     trainer = SimpleNamespace(optimizer=SimpleNamespace(fp32_groups=mixed))
@@ -166,7 +166,7 @@ def test_a_master_copy_partly_in_half_precision_is_no_float32_master_copy() -> N
 )
 def test_an_areal_switch_reads_any_nonzero_integer_as_on(raw: Any, on: bool) -> None:
     # OmegaConf's BooleanNode: int(value) != 0 (so -1 is true, as bool(-1) is in Python).
-    from precision_plugin.configs import AREAL
+    from precision_plugin._core.configs import AREAL
 
     read = AREAL.read_mapping({"sglang": {"enable_deterministic_inference": raw}}, "cfg.yaml")
     assert read["sglang.enable_deterministic_inference"] is on

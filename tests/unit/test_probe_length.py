@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from precision_plugin.mismatch import drift_fit, drift_per_1k
+from precision_plugin._core.metrics.mismatch import drift_fit, drift_per_1k
 from precision_plugin.probe.length import MIN_PER_BUCKET, fit_slope, length_effect
 
 

@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from precision_plugin.mismatch import compute_mismatch
+from precision_plugin._core.metrics.mismatch import compute_mismatch
 from precision_plugin.probe.advice import assess, dtype_line
 from precision_plugin.probe.schema import DtypeResult, ProbeConfig, ProbeResult, SelfCheck
 from precision_plugin.probe.table import EXPLAIN_HINT, render_decision, render_probe_table
@@ -182,7 +182,7 @@ def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
     (which reads as exactly none); a value within rounding of 1 says >0.99."""
     import dataclasses
 
-    from precision_plugin.consequence import Interval
+    from precision_plugin._core.metrics.consequence import Interval
     from precision_plugin.probe.advice import dtype_line
 
     report = _result({"float32": 1e-9, "float16": 0.004, "bfloat16": 0.032}).consequence
@@ -199,7 +199,7 @@ def test_an_ess_that_rounds_to_a_bound_says_how_far_it_is_from_it():
 
 def _headroom(margins: dict[str, tuple[float, float]]):
     """A float16 headroom report: per module path, its margin and its input's margin (bits)."""
-    from precision_plugin.overflow.headroom import HeadroomReport, ModuleHeadroom
+    from precision_plugin._core.overflow.headroom import HeadroomReport, ModuleHeadroom
 
     fp16 = 65504.0
     return HeadroomReport(

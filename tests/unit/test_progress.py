@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console
 
-from precision_plugin.progress import PlainProgress, progress_reporter
+from precision_plugin._base.progress import PlainProgress, progress_reporter
 
 
 def _lines(stream: io.StringIO) -> list[str]:

@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import precision_plugin
-import precision_plugin.configs
+import precision_plugin._core.configs
 from precision_plugin import PrecisionConfigError
-from precision_plugin.boundary import (
+from precision_plugin._base.boundary import (
     Boundary,
     Validator,
     _arms,
@@ -38,9 +38,9 @@ from precision_plugin.boundary import (
     _takes_policy,
     boundary_of,
 )
-from precision_plugin.consequence import COUNT_FIELDS
-from precision_plugin.mismatch import SUM_FIELDS
-from precision_plugin.sampling import SamplingSettings
+from precision_plugin._core.metrics.consequence import COUNT_FIELDS
+from precision_plugin._core.metrics.mismatch import SUM_FIELDS
+from precision_plugin._core.sampling import SamplingSettings
 from tests.unit.state import assert_unchanged, model_untouched, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ class Entry:
 
 
 def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
-    from precision_plugin.boundary import _overrides_framework
+    from precision_plugin._base.boundary import _overrides_framework
 
     out = []
     for name, member in vars(cls).items():
@@ -138,21 +138,21 @@ def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
 #: Public objects without a boundary check, and why.
 EXEMPT_OBJECTS: dict[str, str] = {
     **{
-        f"precision_plugin.constraints.{name}": "a declaration marker (annotated-types "
+        f"precision_plugin._base.constraints.{name}": "a declaration marker (annotated-types "
         "metadata): built once in an annotation at import, read by the boundary"
         for name in ("Finite", "Whole", "Each", "Ordered", "AtMost", "Brackets")
     },
     **{
-        f"precision_plugin.constraints.{name}": "read by the checker itself, which builds on "
+        f"precision_plugin._base.constraints.{name}": "read by the checker itself, which builds on "
         "this module (a boundary check here would be an import cycle)"
         for name in ("constraints_of", "validator_for", "relations_for")
     },
     "precision_plugin.probe.RolloutEngine": "a typing.Protocol: describes what an engine "
     "provides; never constructed or called",
-    "precision_plugin.scoring.Scorer": "a typing.Protocol: describes what a scoring engine "
+    "precision_plugin._core.scoring.Scorer": "a typing.Protocol: describes what a scoring engine "
     "provides; never constructed or called",
     **{
-        f"precision_plugin.scoring.float16_cpu.{name}": "called by the plugin's own engines on "
+        f"precision_plugin._core.scoring.float16_cpu.{name}": "called by the plugin's own engines on "
         "models and tensors they built (and by transformers, per layer and decode step, for "
         "float16_attention); a check per call would sit in the decode loop"
         for name in (
@@ -167,19 +167,19 @@ EXEMPT_OBJECTS: dict[str, str] = {
         )
     },
     **{
-        f"precision_plugin.scoring.packed_cpu.{name}": "called by the plugin's own engines on "
+        f"precision_plugin._core.scoring.packed_cpu.{name}": "called by the plugin's own engines on "
         "models and tensors they built (packed_product per linear layer and decode step); a "
         "check per call would sit in the decode loop"
         for name in ("pack_linears", "rows_for", "packs", "packed_product", "trainer_kernels")
     },
     **{
-        f"precision_plugin.scoring.fused_cpu.{name}": "called by the plugin's own engine on "
+        f"precision_plugin._core.scoring.fused_cpu.{name}": "called by the plugin's own engine on "
         "the model it built (SharedInputProduct per linear layer and decode step); a check per "
         "call would sit in the decode loop"
         for name in ("fuse_shared_inputs", "fusable", "SharedInputProduct")
     },
     **{
-        f"precision_plugin.scoring.multinomial_cpu.{name}": "called by the plugin's own engine "
+        f"precision_plugin._core.scoring.multinomial_cpu.{name}": "called by the plugin's own engine "
         "on the generators and probabilities it built (Multinomial.sample per decode step); a "
         "check per call would sit in the decode loop"
         for name in ("Multinomial", "exact_draw")
@@ -222,11 +222,11 @@ def test_the_enumeration_finds_the_public_api() -> None:
     # A few that must be there, from each source: the package, a subpackage, docs/api.md.
     assert {
         "precision_plugin.enable",
-        "precision_plugin.overflow.headroom",
-        "precision_plugin.overflow.OverflowDetector.begin_step",
+        "precision_plugin._core.overflow.headroom",
+        "precision_plugin._core.overflow.OverflowDetector.begin_step",
         "precision_plugin.trl.HFRollout.__call__",
-        "precision_plugin.metrics.mismatch.compute_mismatch",
-        "precision_plugin.frameworks.grad_scaler",
+        "precision_plugin._core.metrics.mismatch.compute_mismatch",
+        "precision_plugin._core.frameworks.grad_scaler",
     } <= names
     assert len(ENTRIES) >= 150, len(ENTRIES)
 
@@ -245,23 +245,23 @@ def test_every_public_entry_point_is_checked() -> None:
 #: A new public name in such a module fails ``test_a_documented_module_has_no_stray_public_name``
 #: until it is documented (and so checked) or listed here.
 INTERNAL: dict[str, set[str]] = {
-    "precision_plugin.constraints": {"Invalid", "Declared", "Across", "plain"},  # the checker's side
-    "precision_plugin.manager": {
+    "precision_plugin._base.constraints": {"Invalid", "Declared", "Across", "plain"},  # the checker's side
+    "precision_plugin._core.manager": {
         "get_plugin_manager", "call_each_reported", "adapter_names", "coerce_policy",
         "adapter_patcher",
     },
     "precision_plugin.audit": {
         "learner_side", "colocated_vllm_dtype", "rollout_side", "render", "fix_of",
     },
-    "precision_plugin.master_weights": {"prepare_model_once"},
-    "precision_plugin.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
+    "precision_plugin._core.master_weights": {"prepare_model_once"},
+    "precision_plugin._core.scoring.float16_cpu": {"widens_cache"},  # read by scoring.kvcache
     # the layer classes' shared pieces, read by float16_cpu (outside_dispatch_modes and
     # version: fused_cpu)
-    "precision_plugin.scoring.packed_cpu": {
+    "precision_plugin._core.scoring.packed_cpu": {
         "pack", "stamp", "packed_weight", "recording", "swap_linears", "packing",
         "outside_dispatch_modes", "version",
     },
-    "precision_plugin.scaler": {
+    "precision_plugin._core.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
         "consecutive_skips",
     },
@@ -269,17 +269,17 @@ INTERNAL: dict[str, set[str]] = {
         "BucketConsequence", "dtype_consequence", "classify", "ess_text", "dtype_line",
     },
     "precision_plugin.probe.layerwise": {"stages_of", "outliers", "longest"},
-    "precision_plugin.metrics.mismatch": {
+    "precision_plugin._core.metrics.mismatch": {
         "alias_table", "prefixed", "masked_log_ratio", "sums_of", "fit_drift",
     },
-    "precision_plugin.metrics.consequence": {
+    "precision_plugin._core.metrics.consequence": {
         "consequence_sums_of", "chi2_quantile", "mask_fraction", "ess_interval",
     },
-    "precision_plugin.intervals": {
+    "precision_plugin._core.intervals": {
         "z_value", "chi2_ppf", "robust_bounds", "tail_bounds", "heavy_tails", "standard_draws",
         "ess_hull",
     },
-    "precision_plugin.decision": {"percent"},
+    "precision_plugin._core.decision": {"percent"},
 }  # fmt: skip
 
 
@@ -335,7 +335,7 @@ def test_exemptions_name_public_objects() -> None:
 #: Any other such parameter fails ``test_a_parameter_typed_any_is_validated``: ``Any`` checks
 #: nothing, so a wrong argument would first be noticed deep inside (an ``AttributeError``).
 UNCHECKED_ANY: dict[str, str] = {
-    "precision_plugin.configs.Dialect.value raw": "any value a config holds: reading it by the "
+    "precision_plugin._core.configs.Dialect.value raw": "any value a config holds: reading it by the "
     "program's rules (or refusing it, naming the key) is what the method does",
     "precision_plugin.PrecisionCallback.collect optimizer": "whatever optimizer the trainer "
     "holds (or None); the adapters read only what it has",
@@ -344,33 +344,33 @@ UNCHECKED_ANY: dict[str, str] = {
     "precision_plugin.audit.audit_run args": "the trainer's arguments, or None: read with "
     "defaults, as the callback passes what it has",
     "precision_plugin.audit.audit_run trainer": "the trainer, or None: read with defaults",
-    "precision_plugin.frameworks.flags_of args": "any TrainingArguments-like object, read with "
+    "precision_plugin._core.frameworks.flags_of args": "any TrainingArguments-like object, read with "
     "defaults (TRL's unset bf16=None reads as off)",
-    "precision_plugin.frameworks.deepspeed_flag value": "a config value of any type, read as "
+    "precision_plugin._core.frameworks.deepspeed_flag value": "a config value of any type, read as "
     "DeepSpeed reads it (None where DeepSpeed refuses it)",
-    "precision_plugin.frameworks.deepspeed_autocast_flag value": "a config value of any type, "
+    "precision_plugin._core.frameworks.deepspeed_autocast_flag value": "a config value of any type, "
     "read as DeepSpeed reads it (a truth test)",
-    "precision_plugin.frameworks.sglang_runs value": "a config value of any type, read as "
+    "precision_plugin._core.frameworks.sglang_runs value": "a config value of any type, read as "
     "SGLang reads it (refused with the plugin's error where SGLang refuses it)",
-    "precision_plugin.frameworks.settle_once obj": "any object the decision is marked on",
+    "precision_plugin._core.frameworks.settle_once obj": "any object the decision is marked on",
     "precision_plugin.probe.ProbeResult overflow": "a result record's field (built by the probe)",
     "precision_plugin.probe.ProbeResult consequence": "a result record's field (built by the "
     "probe)",
     "precision_plugin.probe.ProbeResult layerwise": "a result record's field (built by the probe)",
     "precision_plugin.probe.ProbeResult attribution": "a result record's field (built by the "
     "probe)",
-    "precision_plugin.sampling.LogitsProcessor.add tokens": "the engine's own tensor, once per "
+    "precision_plugin._core.sampling.LogitsProcessor.add tokens": "the engine's own tensor, once per "
     "sampled token: a value check there would cost a device sync per token",
-    "precision_plugin.sampling.LogitsProcessor.process logits": "the engine's own tensor, once "
+    "precision_plugin._core.sampling.LogitsProcessor.process logits": "the engine's own tensor, once "
     "per sampled token (as above)",
-    "precision_plugin.sampling.LogitsProcessor.process stop": "the engine's own tensor, once per "
+    "precision_plugin._core.sampling.LogitsProcessor.process stop": "the engine's own tensor, once per "
     "sampled token (as above)",
-    "precision_plugin.sampling.LogitsProcessor.keep rows": "the engine's own index tensor, each "
+    "precision_plugin._core.sampling.LogitsProcessor.keep rows": "the engine's own index tensor, each "
     "time a sequence finishes inside the decode loop (as above)",
-    "precision_plugin.patching.Patcher.setattr target": "any object an adapter patches",
-    "precision_plugin.patching.Patcher.setattr value": "any value an adapter sets",
-    "precision_plugin.patching.Patcher.wrap target": "any object an adapter patches",
-    "precision_plugin.patching.Patcher.around target": "any object an adapter patches",
+    "precision_plugin._base.patching.Patcher.setattr target": "any object an adapter patches",
+    "precision_plugin._base.patching.Patcher.setattr value": "any value an adapter sets",
+    "precision_plugin._base.patching.Patcher.wrap target": "any object an adapter patches",
+    "precision_plugin._base.patching.Patcher.around target": "any object an adapter patches",
 }
 
 
@@ -414,7 +414,7 @@ def test_every_annotation_resolves(entry: Entry) -> None:
 
 
 class _Scorer:
-    """A scoring engine (``precision_plugin.scoring.Scorer``): every token at log-prob -1."""
+    """A scoring engine (``precision_plugin._core.scoring.Scorer``): every token at log-prob -1."""
 
     name = "constant"
 
@@ -444,16 +444,16 @@ def candidates(tmp: Path) -> list[Any]:
     passes its boundary check is used while another parameter gets a wrong one."""
     from packaging.version import Version
 
-    from precision_plugin.canary import CanaryMonitor
-    from precision_plugin.consequence import Interval, compute_consequence, fit_growth, project
-    from precision_plugin.mismatch import compute_mismatch
-    from precision_plugin.overflow import headroom
-    from precision_plugin.patching import Patcher
+    from precision_plugin._core.canary import CanaryMonitor
+    from precision_plugin._core.metrics.consequence import Interval, compute_consequence, fit_growth, project
+    from precision_plugin._core.metrics.mismatch import compute_mismatch
+    from precision_plugin._core.overflow import headroom
+    from precision_plugin._base.patching import Patcher
     from precision_plugin.policy import LossScalerSettings, MetricSettings, OverflowSettings
     from precision_plugin.probe import ProbeConfig, RolloutSample, SelfCheck
     from precision_plugin.sanity import SanityConfig
-    from precision_plugin.scaler import ScalerStats
-    from precision_plugin.scoring import BitwiseEqual, TokenSequence
+    from precision_plugin._core.scaler import ScalerStats
+    from precision_plugin._core.scoring import BitwiseEqual, TokenSequence
     from precision_plugin.vllm import cascade_decision
 
     file = tmp / "file.txt"
@@ -505,9 +505,9 @@ def candidates(tmp: Path) -> list[Any]:
         {"dtype": "float16"},  # an SGLang server's /server_info answer
         {"ds.param_dtype": "fp16"},  # OpenRLHF's parsed arguments
         "TRL",  # a system of the alias table
-        "argparse",  # a family of config readers (precision_plugin.configs)
-        "switch",  # a kind of config key (precision_plugin.configs.Key)
-        precision_plugin.configs.VERL,  # a dialect of the config reader
+        "argparse",  # a family of config readers (precision_plugin._core.configs)
+        "switch",  # a kind of config key (precision_plugin._core.configs.Key)
+        precision_plugin._core.configs.VERL,  # a dialect of the config reader
         "http://localhost:8000",  # a server's base URL
         _Tokenizer(),
         torch.zeros(len(COUNT_FIELDS), dtype=torch.float64),  # consequence_sums()'s counts
@@ -528,7 +528,7 @@ def candidates(tmp: Path) -> list[Any]:
         types.SimpleNamespace(equal=None, batch_size=2),  # a BatchRescore, as duck-typed
         2,  # a batch size of at least 2 (the batch-invariance check)
         TokenSequence((1,), (2,)),  # one canary sequence
-        CanaryMonitor(),  # the canary's state (precision_plugin.canary.workers)
+        CanaryMonitor(),  # the canary's state (precision_plugin._core.canary.workers)
         frozenset({"FLASH_ATTN"}),  # attention backends (precision_plugin.vllm.invariance)
     ]
 
@@ -652,7 +652,7 @@ def out_of_range(validator: Validator) -> st.SearchStrategy[Any]:
 
 
 def validated(spec: Boundary) -> list[tuple[inspect.Parameter, Validator]]:
-    from precision_plugin.boundary import policy_arg
+    from precision_plugin._base.boundary import policy_arg
 
     try:
         hints = spec.hints()

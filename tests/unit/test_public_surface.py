@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Module -> public names it documents (docs/api.md), as of the layered restructuring.
 DOCUMENTED: dict[str, list[str]] = {
-    "precision_plugin.configs": [
+    "precision_plugin._core.configs": [
         "AREAL",
         "DIALECTS",
         "MEGATRON",
@@ -36,8 +36,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "load",
         "parse_override",
     ],
-    "precision_plugin.configs.megatron": ["MEGATRON_COMMIT", "MEGATRON_PAIRS", "RULES"],
-    "precision_plugin.constraints": [
+    "precision_plugin._core.configs.megatron": ["MEGATRON_COMMIT", "MEGATRON_PAIRS", "RULES"],
+    "precision_plugin._base.constraints": [
         "AtMost",
         "Each",
         "Finite",
@@ -47,8 +47,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "relations_for",
         "validator_for",
     ],
-    "precision_plugin.conflicts": ["settle_conflict"],
-    "precision_plugin.intervals": [
+    "precision_plugin._base.conflicts": ["settle_conflict"],
+    "precision_plugin._core.intervals": [
         "clopper_pearson",
         "variance_normal",
         "variance_robust",
@@ -60,9 +60,9 @@ DOCUMENTED: dict[str, list[str]] = {
         "COVERAGE",
         "LAPLACE_EXCESS_KURTOSIS",
     ],
-    "precision_plugin.misfit": ["check_growth", "GrowthCheck"],
-    "precision_plugin.canary.workers": ["batch_metrics", "check_canary", "masked_rows"],
-    "precision_plugin.scoring.float16_cpu": [
+    "precision_plugin._core.misfit": ["check_growth", "GrowthCheck"],
+    "precision_plugin._core.canary.workers": ["batch_metrics", "check_canary", "masked_rows"],
+    "precision_plugin._core.scoring.float16_cpu": [
         "widen_float16",
         "widen_float16_linears",
         "widen_float16_attention",
@@ -75,8 +75,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "CHUNK_SCORES",
         "ATTENTION",
     ],
-    "precision_plugin.scoring.multinomial_cpu": ["Multinomial", "exact_draw"],
-    "precision_plugin.scoring.packed_cpu": [
+    "precision_plugin._core.scoring.multinomial_cpu": ["Multinomial", "exact_draw"],
+    "precision_plugin._core.scoring.packed_cpu": [
         "pack_linears",
         "rows_for",
         "packed_product",
@@ -84,8 +84,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "PACK_ROWS",
         "MIN_ROWS",
     ],
-    "precision_plugin.scoring.fused_cpu": ["fuse_shared_inputs", "fusable", "SharedInputProduct"],
-    "precision_plugin.scoring.sglang": [
+    "precision_plugin._core.scoring.fused_cpu": ["fuse_shared_inputs", "fusable", "SharedInputProduct"],
+    "precision_plugin._core.scoring.sglang": [
         "SGLangScorer",
         "generate_request",
         "completion_logprobs",
@@ -97,7 +97,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "attention_backend_findings",
         "check_attention_backend",
     ],
-    "precision_plugin.canary": [
+    "precision_plugin._core.canary": [
         "CanaryMonitor",
         "CanaryCheck",
         "canary_band",
@@ -108,7 +108,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "Invariance",
         "precision_level",
     ],
-    "precision_plugin.decision": [
+    "precision_plugin._core.decision": [
         "decide",
         "Decision",
         "Evidence",
@@ -118,7 +118,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "prompts_to_decide",
     ],
     "precision_plugin.audit": ["audit_run", "contradictions"],
-    "precision_plugin.buffers": [
+    "precision_plugin._core.buffers": [
         "FLOAT32_BUFFERS",
         "Float32Buffer",
         "buffer_dtypes",
@@ -128,7 +128,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "keeps_float32",
     ],
     "precision_plugin.callback": ["PrecisionCallback"],
-    "precision_plugin.consequence": [
+    "precision_plugin._core.metrics.consequence": [
         "Consequence",
         "GrowthFit",
         "Interval",
@@ -160,7 +160,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "ServerUnreachableError",
         "settle_conflict",
     ],
-    "precision_plugin.frameworks": [
+    "precision_plugin._core.frameworks": [
         "GradScalerSettings",
         "TrainerFlags",
         "deepspeed_autocast_flag",
@@ -189,7 +189,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "precision_train_end",
         "precision_uninstall",
     ],
-    "precision_plugin.manager": [
+    "precision_plugin._core.manager": [
         "active_patches",
         "call_each",
         "current_policy",
@@ -199,8 +199,8 @@ DOCUMENTED: dict[str, list[str]] = {
         "requested_policy",
         "resolve_policy",
     ],
-    "precision_plugin.master_weights": ["check_model", "prepare_model"],
-    "precision_plugin.mismatch": [
+    "precision_plugin._core.master_weights": ["check_model", "prepare_model"],
+    "precision_plugin._core.metrics.mismatch": [
         "ALIASES",
         "Alias",
         "MismatchMetrics",
@@ -219,7 +219,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "parse_args",
         "runtime_env",
     ],
-    "precision_plugin.overflow": [
+    "precision_plugin._core.overflow": [
         "Fp32Fallback",
         "HeadroomReport",
         "ModuleHeadroom",
@@ -231,7 +231,7 @@ DOCUMENTED: dict[str, list[str]] = {
         "keep_fp32_modules",
         "match_modules",
     ],
-    "precision_plugin.patching": ["Patcher"],
+    "precision_plugin._base.patching": ["Patcher"],
     "precision_plugin.policy": ["PrecisionPolicy"],
     "precision_plugin.probe": [
         "HFRolloutEngine",
@@ -257,9 +257,9 @@ DOCUMENTED: dict[str, list[str]] = {
         "StageDivergence",
         "replay",
     ],
-    "precision_plugin.report": ["Finding"],
-    "precision_plugin.sampling": ["LogitsProcessor", "SamplingSettings"],
-    "precision_plugin.scaler": ["ScalerStats", "check_scale_floor", "make_grad_scaler"],
+    "precision_plugin._base.report": ["Finding"],
+    "precision_plugin._core.sampling": ["LogitsProcessor", "SamplingSettings"],
+    "precision_plugin._core.scaler": ["ScalerStats", "check_scale_floor", "make_grad_scaler"],
     "precision_plugin.sglang": [
         "LaunchSettings",
         "areal_overrides",
@@ -287,8 +287,8 @@ DOCUMENTED: dict[str, list[str]] = {
 
 #: Modules docs/api.md now documents under their new home: the old path stays pinned above.
 MOVED = {
-    "precision_plugin.metrics.mismatch": "precision_plugin.mismatch",
-    "precision_plugin.metrics.consequence": "precision_plugin.consequence",
+    "precision_plugin._core.metrics.mismatch": "precision_plugin._core.metrics.mismatch",
+    "precision_plugin._core.metrics.consequence": "precision_plugin._core.metrics.consequence",
 }
 
 
@@ -300,7 +300,7 @@ def test_moved_modules_are_the_same_module(new: str, old: str) -> None:
 
 #: Each subpackage's ``__all__`` (a subset may grow; none of these may go).
 SUBPACKAGE_ALL: dict[str, list[str]] = {
-    "precision_plugin.configs": [
+    "precision_plugin._core.configs": [
         "AREAL",
         "DIALECTS",
         "MEGATRON",
@@ -421,7 +421,7 @@ SUBPACKAGE_ALL: dict[str, list[str]] = {
         "preset_config",
         "run_sanity",
     ],
-    "precision_plugin.overflow": [
+    "precision_plugin._core.overflow": [
         "FP16_MAX",
         "Fp32Fallback",
         "HeadroomReport",

@@ -2,7 +2,7 @@
 
 The figures live in results blocks (``<!-- results: NAME VIEW -->...<!-- /results -->``) that
 ``scripts/render_docs.py`` renders from ``docs/results/NAME.json``; each results file carries
-the provenance its command wrote (``precision_plugin.provenance``).
+the provenance its command wrote (``precision_plugin._base.provenance``).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def test_time_command_without_a_command_says_how_to_give_one(tmp_path, capsys):
 # -- the renderer itself -------------------------------------------------------------------------
 @pytest.fixture
 def results_dir(tmp_path, monkeypatch):
-    from precision_plugin.provenance import write_results
+    from precision_plugin._base.provenance import write_results
 
     monkeypatch.setattr(render_docs, "RESULTS", tmp_path)
     monkeypatch.setattr(render_docs, "VARIES", (("demo", "It varies."),))

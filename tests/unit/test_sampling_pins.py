@@ -1,5 +1,5 @@
 """Pins for lines of the sampling path a mutation pass found no test held: vLLM's sampling
-settings (``precision_plugin.sampling``), the seeded CPU draw (``scoring.multinomial_cpu``), the
+settings (``precision_plugin._core.sampling``), the seeded CPU draw (``scoring.multinomial_cpu``), the
 preallocated KV cache (``scoring.kvcache``) and the attribution variants
 (``probe.attribution.variants``). Each expected value is worked out by hand or by torch's own
 reference, never by the function under test."""
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from precision_plugin.scoring import multinomial_cpu
-from precision_plugin.scoring.kvcache import PreallocatedLayer, decode_buffers, preallocated_cache
-from precision_plugin.scoring.multinomial_cpu import Multinomial
+from precision_plugin._core.scoring import multinomial_cpu
+from precision_plugin._core.scoring.kvcache import PreallocatedLayer, decode_buffers, preallocated_cache
+from precision_plugin._core.scoring.multinomial_cpu import Multinomial
 
 needs_layers = pytest.mark.skipif(PreallocatedLayer is None, reason="transformers < 4.56")
 
@@ -196,7 +196,7 @@ INF = math.inf
 
 def _process(logits: list[float], prompt: list[int] | None = None, stop=None, **settings):
     """One row through a fresh LogitsProcessor (vocabulary = the row's length)."""
-    from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+    from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
 
     row = torch.tensor([logits], dtype=torch.float32)
     processor = LogitsProcessor(SamplingSettings(**settings), [prompt or []], row.shape[1], "cpu")
@@ -207,7 +207,7 @@ def test_temperature_exactly_at_vllms_greedy_threshold_is_accepted() -> None:
     """Catches ``value <= floor`` for ``value < floor``: vLLM samples greedily only *below*
     1e-5 (``temperature < _SAMPLING_EPS``), so 1e-5 itself is a distribution to compare."""
     from precision_plugin.errors import PrecisionConfigError
-    from precision_plugin.sampling import SamplingSettings
+    from precision_plugin._core.sampling import SamplingSettings
 
     assert SamplingSettings(temperature=1e-5).temperature == 1e-5
     with pytest.raises(PrecisionConfigError):
@@ -250,7 +250,7 @@ def test_top_p_always_keeps_the_largest_token() -> None:
 def test_processing_leaves_the_callers_float32_logits_unchanged() -> None:
     """Catches ``.to(torch.float32)`` without ``copy=True``: float32 logits would be changed in
     place (stop tokens, penalties), so the raw log-probs read from them after would be wrong."""
-    from precision_plugin.sampling import LogitsProcessor, SamplingSettings
+    from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
 
     logits = torch.tensor([[2.0, 1.0, -1.0, 3.0]])
     settings = SamplingSettings(repetition_penalty=2.0, frequency_penalty=0.5)

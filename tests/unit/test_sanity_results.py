@@ -177,7 +177,7 @@ def test_the_consequence_metrics_are_summarized_per_run_and_over_seeds():
     assert s["mean_seq_mask_fraction_verl"] == pytest.approx(0.25 / 3)
     assert s["mean_seq_mask_fraction_trl"] == 0.0 and s["mean_tis_clip_fraction"] is None
     assert consequence_summary([None, {}]) == dict.fromkeys(CONSEQUENCE_FIELDS)
-    from precision_plugin.consequence import CONSEQUENCE_METRICS
+    from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS
 
     means = {f.removeprefix("mean_") for f in CONSEQUENCE_FIELDS if f.startswith("mean_")}
     assert means == set(CONSEQUENCE_METRICS)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from precision_plugin import LossScaleAtMinimumError, PrecisionPolicy
-from precision_plugin.scaler import (
+from precision_plugin._core.scaler import (
     STATE_KEY,
     Fp16GradScaler,
     TelemetryGradScaler,
@@ -182,7 +182,7 @@ def test_floor_warn_keeps_going(caplog):
 )
 def test_check_scale_floor_acts_at_multiples_of_the_limit(consecutive, at_min, acts):
     from precision_plugin.policy import LossScalerSettings
-    from precision_plugin.scaler import ScalerStats, check_scale_floor
+    from precision_plugin._core.scaler import ScalerStats, check_scale_floor
 
     stats = ScalerStats(scale=1.0, consecutive_skips=consecutive, at_min_scale=at_min)
     warn = LossScalerSettings(max_skips_at_min=3, on_min_scale="warn")

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.probe.engine import HFRolloutEngine, hf_engine_factory, load_causal_lm
-from precision_plugin.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
+from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory, load_causal_lm
+from precision_plugin._core.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
 from tests.tiny import tiny_llama
 
 #: The tiny model's limits: 64 token ids, 16 positions.
@@ -294,7 +294,7 @@ def test_generate_stops_a_completion_at_max_position_embeddings(
 def test_trainer_precision_refuses_a_device_this_machine_lacks() -> None:
     """torch's autocast on a missing CUDA device warns and runs float32: a float16 "trainer"
     that silently scored in float32. It is one error naming the device; the CPU still works."""
-    from precision_plugin.scoring.hf import trainer_precision
+    from precision_plugin._core.scoring.hf import trainer_precision
 
     refused = pytest.raises(PrecisionConfigError, match=r"'device' got 'cuda'.*torch sees no CUDA")
     with refused, trainer_precision("float16", "cuda"):

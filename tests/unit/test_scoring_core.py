@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring import (
+from precision_plugin._core.scoring import (
     HFScorer,
     Scorer,
     TokenSequence,

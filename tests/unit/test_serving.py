@@ -20,7 +20,7 @@ from precision_plugin.errors import (
     ServerAnswerError,
     ServerUnreachableError,
 )
-from precision_plugin.serving import get_json
+from precision_plugin._core.serving import get_json
 from tests.loopback import free_port, serve
 
 STRICT = PrecisionPolicy(strictness="error")

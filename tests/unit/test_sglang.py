@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
-from precision_plugin.frameworks import SGLANG_DTYPE_CHOICES, sglang_dtype, sglang_runs
+from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES, sglang_dtype, sglang_runs
 from precision_plugin.sglang import (
     areal_overrides,
     auto_dtype,
@@ -559,7 +559,7 @@ def test_verl_check_config_reads_sglang_engine_kwargs():
 def test_doctor(monkeypatch):
     from packaging.version import Version
 
-    from precision_plugin import versions
+    from precision_plugin._base import versions
 
     monkeypatch.setattr(versions, "package_info", lambda name: None)
     assert doctor_findings(PrecisionPolicy(), {}) == []
@@ -589,7 +589,7 @@ def test_doctor_says_when_sglang_has_no_plugin_loader(monkeypatch, version, load
     pin) and present from 0.5.11: below it PRECISION_PLUGIN does nothing in SGLang."""
     from packaging.version import Version
 
-    from precision_plugin import versions
+    from precision_plugin._base import versions
 
     info = versions.PackageInfo("sglang", "sglang", Version(version))
     monkeypatch.setattr(versions, "package_info", lambda name: info if name == "sglang" else None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring import Scorer, TokenSequence
-from precision_plugin.scoring.sglang import (
+from precision_plugin._core.scoring import Scorer, TokenSequence
+from precision_plugin._core.scoring.sglang import (
     SGLangScorer,
     completion_logprobs,
     generate_request,

@@ -1,4 +1,4 @@
-"""Training-time code never stops training except on purpose (``precision_plugin.shield``), and
+"""Training-time code never stops training except on purpose (``precision_plugin._base.shield``), and
 the telemetry inside TRL's loss step is its first user."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin.errors import ForwardOverflowError, LossScaleAtMinimumError
-from precision_plugin.shield import shielded, stops_training
+from precision_plugin._base.shield import shielded, stops_training
 from precision_plugin.trl import telemetry
 
 

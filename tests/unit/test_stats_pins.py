@@ -19,8 +19,8 @@ import numpy as np
 from rich.console import Console
 from scipy import stats
 
-from precision_plugin.consequence import SEQUENCE_MASKS, Consequence, Interval, Projection
-from precision_plugin.decision import (
+from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS, Consequence, Interval, Projection
+from precision_plugin._core.decision import (
     MAX_NUM_PROMPTS,
     Attribution,
     Evidence,
@@ -30,7 +30,7 @@ from precision_plugin.decision import (
     percent,
     prompts_to_decide,
 )
-from precision_plugin.intervals import (
+from precision_plugin._core.intervals import (
     batch_ess,
     excess_kurtosis,
     expected_batch_ess,
@@ -38,7 +38,7 @@ from precision_plugin.intervals import (
     ratio_interval,
     variance_normal,
 )
-from precision_plugin.mismatch import compute_mismatch, verdict
+from precision_plugin._core.metrics.mismatch import compute_mismatch, verdict
 from precision_plugin.probe.advice import (
     BucketConsequence,
     DtypeConsequence,
@@ -340,7 +340,7 @@ def test_prompts_to_decide_counts_from_the_smaller_sample():
     assert d.num_prompts == 282
 
 
-# metrics/mismatch.py (``precision_plugin.mismatch``) ----------------------------------------
+# metrics/mismatch.py (``precision_plugin._core.metrics.mismatch``) ----------------------------------------
 
 
 def test_a_fully_masked_row_is_no_sequence():

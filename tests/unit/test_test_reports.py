@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from precision_plugin.provenance import cpu_kernels, provenance
+from precision_plugin._base.provenance import cpu_kernels, provenance
 from tests.kernels import FIRST_ORDER, SECOND_ORDER, SETTINGS, THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]

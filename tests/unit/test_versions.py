@@ -7,7 +7,7 @@ import sys
 import pytest
 from packaging.version import Version
 
-from precision_plugin import versions
+from precision_plugin._base import versions
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import precision_plugin as pp
-from precision_plugin import versions, vllm
+from precision_plugin._base import versions
+from precision_plugin import vllm
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.vllm import adapter
@@ -367,7 +368,7 @@ def test_train_begin_hook_verifies_server_mode(server):
 def test_no_vllm_means_no_patch_and_no_findings(monkeypatch):
     monkeypatch.delenv("PRECISION_PLUGIN", raising=False)
     pp.enable()
-    from precision_plugin.manager import active_patches
+    from precision_plugin._core.manager import active_patches
 
     assert "vllm" not in active_patches()
     assert adapter.precision_doctor(policy=PrecisionPolicy()) == []

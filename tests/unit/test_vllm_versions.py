@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from precision_plugin import versions
+from precision_plugin._base import versions
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.vllm.cascade import cascade_decision, cascade_era
 

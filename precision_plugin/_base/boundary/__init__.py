@@ -26,7 +26,7 @@ A wrong argument raises [`PrecisionConfigError`][precision_plugin.errors.Precisi
 before the function body runs, in one line: ``name(): argument 'p' got ..., expected ...``.
 - **Results** are checked on the way out against what the return annotation declares
   (``Annotated`` rules only: ``-> Annotated[float, Ge(0), Le(1)]``, a tuple of such items,
-  :class:`~precision_plugin.constraints.Brackets` on an interval); a broken one raises
+  :class:`~precision_plugin._base.constraints.Brackets` on an interval); a broken one raises
   :class:`BrokenResult`, a bug in the plugin, not in the call. Nothing is checked where the
   return annotation declares no rule.
 On a class, ``@checked`` wraps ``__init__`` and every public method defined in the class body
@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import precision_plugin.constraints as _declared
-from precision_plugin.boundary.typecheck import (  # noqa: F401 (the checker's public names)
+import precision_plugin._base.constraints as _declared
+from precision_plugin._base.boundary.typecheck import (  # noqa: F401 (the checker's public names)
     _SHOWN,
     COERCIONS,
     Coercion,
@@ -63,7 +63,7 @@ from precision_plugin.boundary.typecheck import (  # noqa: F401 (the checker's p
     _takes_policy,
     register_coercion,
 )
-from precision_plugin.dtypes import normalize_dtype
+from precision_plugin._base.dtypes import normalize_dtype
 from precision_plugin.errors import PrecisionConfigError, PrecisionPluginError
 
 #: The checker is the package's own machinery, not public API (docs/api.md does not document
@@ -625,7 +625,7 @@ class Boundary:
     _signature: inspect.Signature | None = field(default=None, repr=False)
     _hints: dict[str, Any] | None = field(default=None, repr=False)
     _plans: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: Relations the annotations declare (``Ordered``, ``AtMost``: precision_plugin.constraints).
+    #: Relations the annotations declare (``Ordered``, ``AtMost``: precision_plugin._base.constraints).
     _across: tuple[Relation, ...] = field(default=(), repr=False)
     #: The result's check (``None``: the return annotation declares no rule), worked out once.
     _result: Any = field(default=_UNSET, repr=False)

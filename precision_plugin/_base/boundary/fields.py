@@ -1,5 +1,5 @@
 """Configuration fields (the policy's sections) checked by the checker's one type engine
-(:mod:`precision_plugin.boundary.typecheck`), with one message format:
+(:mod:`precision_plugin._base.boundary.typecheck`), with one message format:
 ``<dotted.field>: <what is wrong>; <what is allowed>.``
 
 A field's annotation decides its type (``_mismatch``, as for every checked argument); the words
@@ -13,7 +13,7 @@ import math
 import typing
 from typing import Any
 
-from precision_plugin.boundary.typecheck import _describe, _mismatch, _show
+from precision_plugin._base.boundary.typecheck import _describe, _mismatch, _show
 from precision_plugin.errors import PrecisionConfigError
 
 #: Largest value of an int64 (torch's growth_interval and step tracker keep counters there).

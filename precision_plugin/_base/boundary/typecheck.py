@@ -48,7 +48,7 @@ def _coercion(role: str = "policy") -> Coercion:
     found = COERCIONS.get(role)
     if found is None:  # precision_plugin/__init__.py imports the policy, so this means a bug
         raise RuntimeError(
-            f"precision_plugin.boundary: no {role!r} coercion registered; import "
+            f"precision_plugin._base.boundary: no {role!r} coercion registered; import "
             f"precision_plugin (which imports precision_plugin.policy) first."
         )
     return found

@@ -12,15 +12,15 @@
 
 ``off`` reports nothing, ``auto`` reports what could be enabled and its cost, ``on`` enables
 what it can (``apply``) and reports what it could not and why. Level 2 is only claimed when the
-canary's check certifies it (``precision_plugin.canary.ladder``).
+canary's check certifies it (``precision_plugin._core.canary.ladder``).
 """
 
 from __future__ import annotations
 
-from precision_plugin.boundary import checked, version_text
-from precision_plugin.patching import Patcher
+from precision_plugin._base.boundary import checked, version_text
+from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.report import Finding
+from precision_plugin._base.report import Finding
 
 #: First vLLM with ``VLLM_BATCH_INVARIANT``.
 VLLM_MIN = "0.11.1"

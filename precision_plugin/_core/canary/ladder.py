@@ -24,10 +24,10 @@ from typing import Annotated, Any
 
 import annotated_types as at
 
-from precision_plugin.boundary import at_least, checked, duck
-from precision_plugin.constraints import Each, Finite, Invalid, Probability, validator_for
+from precision_plugin._base.boundary import at_least, checked, duck
+from precision_plugin._base.constraints import Each, Finite, Invalid, Probability, validator_for
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring import (
+from precision_plugin._core.scoring import (
     BitwiseEqual,
     TokenSequence,
     batch_rescore,
@@ -79,7 +79,7 @@ class Invariance:
 
 
 @checked(
-    scorer=duck("score", what="a Scorer (precision_plugin.scoring)"),
+    scorer=duck("score", what="a Scorer (precision_plugin._core.scoring)"),
     batch_size=at_least(2),
     max_new_tokens=at_least(1),
     seed=at_least(0),

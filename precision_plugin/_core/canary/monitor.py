@@ -4,10 +4,10 @@ The canary is a fixed set of (prompt, completion) token sequences taken once (th
 batch, or the probe's samples). Every K steps the rollout engine scores it through its own
 scoring path and the learner scores it at its current weights; both are per-token log-probs of
 the *same* tokens, so their k3 measures the two engines alone, with no sampling noise and no
-policy movement in it. [`CanaryMonitor`][precision_plugin.canary.CanaryMonitor] keeps each
+policy movement in it. [`CanaryMonitor`][precision_plugin._core.canary.CanaryMonitor] keeps each
 check's log-probs of both sides and decides, from them alone:
 
-- the band: the first check is the floor; [`canary_band`][precision_plugin.canary.canary_band]
+- the band: the first check is the floor; [`canary_band`][precision_plugin._core.canary.canary_band]
   says how far rounding alone moves a later check;
 - an alarm: out of band on two consecutive checks (warned once; ``strictness="error"`` raises
   [`CanaryAlarmError`][precision_plugin.errors.CanaryAlarmError]);
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from precision_plugin.boundary import checked, policy_field
-from precision_plugin.canary.band import (
+from precision_plugin._base.boundary import checked, policy_field
+from precision_plugin._core.canary.band import (
     ABS_TOL,
     ABS_TOL_RANGE,
     ALPHA,
@@ -45,7 +45,7 @@ from precision_plugin.canary.band import (
     token_k3,
 )
 from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
-from precision_plugin.scoring.bitwise import bitwise_equal
+from precision_plugin._core.scoring.bitwise import bitwise_equal
 
 log = logging.getLogger("precision_plugin")
 
@@ -56,7 +56,7 @@ VERDICT_CODES: dict[str | None, int] = {
     "weights_out_of_sync": 1,
     "engine_state_drift": 2,
     "policy_moving": 3,
-    "weight_sync_fault": 4,  # the post-sync check (precision_plugin.canary.sync_check)
+    "weight_sync_fault": 4,  # the post-sync check (precision_plugin._core.canary.sync_check)
 }
 
 
@@ -123,7 +123,7 @@ class _Kept:
 class CanaryMonitor:
     """The canary's state over a run: the floor band, every check's log-probs, the verdicts.
 
-    Feed it [`check`][precision_plugin.canary.CanaryMonitor.check] with both sides' log-probs of
+    Feed it [`check`][precision_plugin._core.canary.CanaryMonitor.check] with both sides' log-probs of
     the same canary tokens; the first call sets the floor. ``strictness="error"`` raises
     [`CanaryAlarmError`][precision_plugin.errors.CanaryAlarmError] at the alarm.
     """
@@ -161,7 +161,7 @@ class CanaryMonitor:
         per-batch k3 logged for this step, if any (for the ``policy_moving`` note);
         ``reference``: the learner's log-probs of the canary in float32 (the precision
         reference: the band then holds ``k3 / k3(learner, reference)``, see
-        [`canary_band`][precision_plugin.canary.canary_band])."""
+        [`canary_band`][precision_plugin._core.canary.canary_band])."""
         self._refuse_inputs(step, learner, rollout, reference)
         per_token = token_k3(learner, rollout)
         k3 = math.fsum(per_token) / len(per_token)  # _refuse_inputs: at least one token

@@ -6,11 +6,11 @@ response mask: verl's ``DataProto`` batch keys ``old_log_probs`` (the actor's
 ``rollout.calculate_log_probs=True``) and ``response_mask``; OpenRLHF's ``Experience`` fields
 ``action_log_probs``, ``rollout_log_probs`` and ``action_mask``. These functions read them:
 
-- [`batch_metrics`][precision_plugin.canary.workers.batch_metrics]: the per-batch
+- [`batch_metrics`][precision_plugin._core.canary.workers.batch_metrics]: the per-batch
   ``bitwise_equal_frac`` and ``k3_kl`` of the masked tokens (log as ``precision/*``);
-- [`check_canary`][precision_plugin.canary.workers.check_canary]: one canary check of a
-  [`CanaryMonitor`][precision_plugin.canary.CanaryMonitor] from tensors (the actor's
-  ``compute_log_prob`` of the canary) or from a [`Scorer`][precision_plugin.scoring.Scorer]'s
+- [`check_canary`][precision_plugin._core.canary.workers.check_canary]: one canary check of a
+  [`CanaryMonitor`][precision_plugin._core.canary.CanaryMonitor] from tensors (the actor's
+  ``compute_log_prob`` of the canary) or from a [`Scorer`][precision_plugin._core.scoring.Scorer]'s
   lists (the rollout engine's scoring path), with the batch's k3 for the ``policy_moving`` note.
 
 Duck-typed (anything with ``tolist()``, or nested lists): nothing here imports torch or a
@@ -23,11 +23,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked, same_rows
-from precision_plugin.canary.band import token_k3
-from precision_plugin.canary.monitor import CanaryCheck, CanaryMonitor
+from precision_plugin._base.boundary import Invalid, Validator, checked, same_rows
+from precision_plugin._core.canary.band import token_k3
+from precision_plugin._core.canary.monitor import CanaryCheck, CanaryMonitor
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring.bitwise import bitwise_equal
+from precision_plugin._core.scoring.bitwise import bitwise_equal
 
 
 def _table(value: Any) -> Any:

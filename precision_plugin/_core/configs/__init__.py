@@ -1,20 +1,20 @@
 """One strict reader of other programs' configurations, with a dialect per program.
 
 ```python
-from precision_plugin.configs import OPENRLHF, VERL
+from precision_plugin._core.configs import OPENRLHF, VERL
 OPENRLHF.read_argv(["--vllm.num_engines", "2", "--ds.param_dtype", "fp16"])
 VERL.read_mapping(cfg, source="ppo.yaml")   # names 'actor_rollout_ref.rollout.dtype in ppo.yaml'
 cfg = load("ppo.yaml", VERL)                 # parsed as OmegaConf does, then read strictly
 ```
 
-See :mod:`precision_plugin.configs.reader` for what reading checks and
-:mod:`precision_plugin.configs.values` for each program family's value rules.
+See :mod:`precision_plugin._core.configs.reader` for what reading checks and
+:mod:`precision_plugin._core.configs.values` for each program family's value rules.
 """
 
 from __future__ import annotations
 
-from precision_plugin.configs.files import load
-from precision_plugin.configs.programs import (
+from precision_plugin._core.configs.files import load
+from precision_plugin._core.configs.programs import (
     AREAL,
     DIALECTS,
     MEGATRON,
@@ -24,7 +24,7 @@ from precision_plugin.configs.programs import (
     TRL,
     VERL,
 )
-from precision_plugin.configs.reader import Dialect, Key, Pair, parse_override
+from precision_plugin._core.configs.reader import Dialect, Key, Pair, parse_override
 
 __all__ = [
     "AREAL",

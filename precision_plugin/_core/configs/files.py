@@ -3,7 +3,7 @@
 YAML is parsed by the program's own loader: OmegaConf's (verl, AReaL: PyYAML's SafeLoader, a
 key given twice refused, ``1e-6`` a float) or PyYAML's ``safe_load`` (SGLang, slime); both read
 ``yes``/``on`` as true (YAML 1.1), and a quoted ``"false"`` as a string. A ``.json`` file is
-JSON. The file is read by the one reader (:mod:`precision_plugin.userfiles`), so every error
+JSON. The file is read by the one reader (:mod:`precision_plugin._base.userfiles`), so every error
 names the file: not found, not a regular file, too big, not UTF-8 (with the byte's offset),
 not YAML/JSON, an alias bomb, nested too deeply, a mapping that contains itself, a list as a
 key, not a mapping, and then whatever the dialect refuses (``verl:
@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import checked
-from precision_plugin.configs.reader import Dialect
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.configs.reader import Dialect
 from precision_plugin.errors import PrecisionConfigError
 
 
@@ -75,7 +75,7 @@ def replica_loader() -> Any:
 
 def parse_file(path: str | os.PathLike[str], dialect: Dialect) -> Any:
     """The parsed contents of the YAML or JSON file ``path``, by ``dialect``'s program's rules,
-    read through the one reader (:mod:`precision_plugin.userfiles`: a regular file within the
+    read through the one reader (:mod:`precision_plugin._base.userfiles`: a regular file within the
     size limit, UTF-8, YAML aliases within the node budget, depth and cycles checked); every
     failure a ``PrecisionConfigError`` naming the file."""
     import yaml
@@ -98,7 +98,7 @@ def parse_file(path: str | os.PathLike[str], dialect: Dialect) -> Any:
 @checked
 def load(path: str | os.PathLike[str], dialect: Dialect) -> dict[str, Any]:
     """Parse the config file ``path`` as ``dialect``'s program does and read it strictly
-    ([`Dialect.read_mapping`][precision_plugin.configs.Dialect.read_mapping], the file named
+    ([`Dialect.read_mapping`][precision_plugin._core.configs.Dialect.read_mapping], the file named
     in every message); returns the parsed mapping, for the adapter's check."""
     data = parse_file(path, dialect)
     dialect.read_mapping(data, Path(os.fspath(path)).name)

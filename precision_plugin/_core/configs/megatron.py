@@ -21,7 +21,7 @@ silently half ignored (which of the two was meant cannot be told).
 
 from __future__ import annotations
 
-from precision_plugin.configs.reader import Pair
+from precision_plugin._core.configs.reader import Pair
 
 #: The Megatron-LM commit the rules were read at.
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"

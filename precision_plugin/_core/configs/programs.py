@@ -3,7 +3,7 @@
 Versions read: OpenRLHF 0.11.2 (``openrlhf/cli/train_ppo_ray.py``), SGLang 0.5.23
 (``sglang/srt/arg_groups/fields/*.py``, ``server_args_config_parser.py``), slime ``624b824a``
 (``slime/utils/arguments.py``, ``slime/backends/megatron_utils/arguments.py``), Megatron-LM
-``d98e8a64`` (:mod:`precision_plugin.configs.megatron`), verl 0.9 (``trainer/config/*.yaml``),
+``d98e8a64`` (:mod:`precision_plugin._core.configs.megatron`), verl 0.9 (``trainer/config/*.yaml``),
 AReaL 1.0.4 (``areal/api/cli_args.py``), TRL 1.16 (``trl/trainer/grpo_config.py``). The
 contract tests (``tests/contract_openrlhf``, ``tests/contract_sglang``, ``tests/contract_verl``)
 compare each with the installed program's own parser.
@@ -11,8 +11,8 @@ compare each with the installed program's own parser.
 
 from __future__ import annotations
 
-from precision_plugin.configs.megatron import MEGATRON_PAIRS
-from precision_plugin.configs.reader import Dialect, Key
+from precision_plugin._core.configs.megatron import MEGATRON_PAIRS
+from precision_plugin._core.configs.reader import Dialect, Key
 
 OPENRLHF = Dialect(
     program="OpenRLHF",

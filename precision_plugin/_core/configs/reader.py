@@ -2,7 +2,7 @@
 
 A dialect holds the keys the plugin reads from that program (each with its kind, its choices and
 its command-line spelling), the pairs the program refuses together, and the family of reader
-the program uses (:mod:`precision_plugin.configs.values`). Reading:
+the program uses (:mod:`precision_plugin._core.configs.values`). Reading:
 
 - parses every known key the way the program does, or refuses what it would refuse;
 - reports a key that is not known but is close to a known one as a typo, with the nearest known
@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
-from precision_plugin import userfiles
-from precision_plugin.boundary import Invalid, Validator, checked, fix_hint, non_empty, one_of
-from precision_plugin.configs import values as v
+from precision_plugin._base import userfiles
+from precision_plugin._base.boundary import Invalid, Validator, checked, fix_hint, non_empty, one_of
+from precision_plugin._core.configs import values as v
 from precision_plugin.errors import PrecisionConfigError
 
 #: How close an unknown key's last part must be to a known sibling's to be reported as its

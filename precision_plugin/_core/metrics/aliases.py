@@ -4,14 +4,14 @@ when their figures agree with ours.
 ``ALIASES`` maps each of our metric names to frozen ``Alias`` records (one per system that logs
 a figure for it); ``aliases_for`` and ``alias_table`` read it. ``tests/unit/test_aliases.py``
 recomputes each alias with that system's own formula. Public path:
-[`precision_plugin.metrics.mismatch`][precision_plugin.metrics.mismatch] (re-exported there).
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from precision_plugin.boundary import checked, one_of
+from precision_plugin._base.boundary import checked, one_of
 
 
 @checked
@@ -181,7 +181,7 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
             note=_VERL_DEBUG_NOTE,
         ),
     ),
-    # The consequence metrics (precision_plugin.consequence).
+    # The consequence metrics (precision_plugin._core.metrics.consequence).
     "ess": (
         Alias(
             "verl",

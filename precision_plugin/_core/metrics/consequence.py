@@ -2,7 +2,7 @@
 
 An RL step weights (or masks) each sampled sequence by its importance ratio
 ``w = π(y)/μ(y) = exp(S)``, ``S = Σ_t (log π − log μ)`` over the sequence's tokens. From the
-same per-token log-probs as [`compute_mismatch`][precision_plugin.metrics.mismatch.compute_mismatch]
+same per-token log-probs as [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch]
 (NaN tokens left out and counted the same way):
 
 ========================== ================================================================
@@ -39,10 +39,10 @@ from typing import Annotated, Any
 import annotated_types as at
 import torch
 
-from precision_plugin.boundary import Invalid, Validator, at_least, checked, each, same_length
-from precision_plugin.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
+from precision_plugin._base.boundary import Invalid, Validator, at_least, checked, each, same_length
+from precision_plugin._base.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.intervals import (
+from precision_plugin._core.intervals import (
     COVERAGE,
     HEAVY_TAIL_KURTOSIS,
     HEAVY_TAIL_WARNING,
@@ -57,9 +57,9 @@ from precision_plugin.intervals import (
     variance_robust,
     z_value,
 )
-from precision_plugin.metrics.drift import drift_fit
-from precision_plugin.metrics.inputs import SAME_TOKENS, log_probs_arg, mask_arg
-from precision_plugin.metrics.shard_sums import masked_log_ratio
+from precision_plugin._core.metrics.drift import drift_fit
+from precision_plugin._core.metrics.inputs import SAME_TOKENS, log_probs_arg, mask_arg
+from precision_plugin._core.metrics.shard_sums import masked_log_ratio
 
 #: A share of sequences or tokens (NaN: none measured).
 Share = Annotated[float, Finite(nan_ok=True), at.Ge(0), at.Le(1)]
@@ -140,7 +140,7 @@ CONSEQUENCE_METRICS: tuple[str, ...] = (
 )
 
 #: The entries of
-#: [`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums]'s first tensor:
+#: [`consequence_sums`][precision_plugin._core.metrics.consequence.consequence_sums]'s first tensor:
 #: counts that add up across shards.
 COUNT_FIELDS: tuple[str, ...] = (
     "sequences",
@@ -177,9 +177,9 @@ def consequence_sums(
     (sequences with a valid token, valid tokens, sequences each mask drops, tokens the TIS
     clip truncates), which add up across shards; ``log_moments`` ``[log Σ w, log Σ w²]`` over
     the sequences (``-inf`` without one), which combine across shards by ``logsumexp``
-    ([`combine_log_moments`][precision_plugin.metrics.consequence.combine_log_moments]). Inputs,
+    ([`combine_log_moments`][precision_plugin._core.metrics.consequence.combine_log_moments]). Inputs,
     masking and NaN handling as for
-    [`compute_mismatch`][precision_plugin.metrics.mismatch.compute_mismatch].
+    [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch].
     """
     return consequence_sums_of(train_logprobs, rollout_logprobs, mask)
 
@@ -187,7 +187,7 @@ def consequence_sums(
 def consequence_sums_of(
     train_logprobs: Any, rollout_logprobs: Any, mask: Any | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[`consequence_sums`][precision_plugin.metrics.consequence.consequence_sums] without its
+    """[`consequence_sums`][precision_plugin._core.metrics.consequence.consequence_sums] without its
     boundary check of the values (a device sync): for the training telemetry, on the trainer's own
     tensors."""
     d, valid, _, _ = masked_log_ratio(
@@ -305,13 +305,13 @@ class GrowthFit:
     sequences spread faster than the model says. ``tis_clip_fraction`` is the measured
     per-token share, length-independent under the model, with a Clopper-Pearson interval.
     ``variance_robust_low``/``_high`` is the interval the projection uses
-    ([`variance_robust`][precision_plugin.intervals.variance_robust]: it holds for heavy-tailed
+    ([`variance_robust`][precision_plugin._core.intervals.variance_robust]: it holds for heavy-tailed
     log-ratios, where the chi-square interval is too narrow); ``kurtosis`` the residuals'
     excess kurtosis it was sized with: the tail statistic, whose crossing of
     ``HEAVY_TAIL_KURTOSIS`` sets ``warning`` (``HEAVY_TAIL_WARNING``). ``variance_tail_high``:
     the high end the ESS intervals span
-    ([`tail_bounds`][precision_plugin.intervals.tail_bounds]; see
-    [`ess_interval`][precision_plugin.metrics.consequence.ess_interval]).
+    ([`tail_bounds`][precision_plugin._core.intervals.tail_bounds]; see
+    [`ess_interval`][precision_plugin._core.metrics.consequence.ess_interval]).
     """
 
     sequences: Count
@@ -425,7 +425,7 @@ def _tail_range(fit: GrowthFit) -> tuple[float, float]:
 def ess_interval(fit: GrowthFit, lengths: Sequence[int]) -> Interval:
     """The expected ESS of a batch of sequences of ``lengths`` tokens under ``fit``, with its
     ``COVERAGE`` interval that holds for heavy tails
-    ([`ess_hull`][precision_plugin.intervals.ess_hull]: normal and Student-t-3 sums, variances
+    ([`ess_hull`][precision_plugin._core.intervals.ess_hull]: normal and Student-t-3 sums, variances
     from the robust low end to ``variance_tail_high``). The measured batch: its own lengths;
     a projected batch of ``N`` at ``L`` tokens: ``[L] * N``. Check ``fit.warning``."""
     if not lengths or math.isnan(fit.variance):

@@ -1,8 +1,8 @@
 """The one drift fit: the random walk ``S ~ Normal(drift·L, variance·L)`` of sequences'
 log-ratio sums ``S`` against their lengths ``L``, from the sequences themselves (``drift_fit``,
 ``drift_per_1k``) or from sums that add up across processes (``fit_drift``, which
-[`metrics_from_sums`][precision_plugin.metrics.mismatch.metrics_from_sums] calls). Public path:
-[`precision_plugin.metrics.mismatch`][precision_plugin.metrics.mismatch] (re-exported there).
+[`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] calls). Public path:
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked
-from precision_plugin.metrics.inputs import _LENGTHS, _PER_SEQUENCE, _SUMS, TokenCounts
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.metrics.inputs import _LENGTHS, _PER_SEQUENCE, _SUMS, TokenCounts
 
 
 @checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
@@ -43,8 +43,8 @@ def fit_drift(
     ``residual(drift)`` (Σ (S − drift·L)² / L): ``(drift, stderr, variance)`` with
     ``drift = Σ S / Σ L``, ``variance = residual / (n − 1)``, ``stderr = sqrt(variance / Σ L)``;
     the last two NaN below two sequences, all three NaN without a token.
-    [`drift_fit`][precision_plugin.metrics.mismatch.drift_fit] computes the residual from the
-    sequences, [`metrics_from_sums`][precision_plugin.metrics.mismatch.metrics_from_sums] from
+    [`drift_fit`][precision_plugin._core.metrics.mismatch.drift_fit] computes the residual from the
+    sequences, [`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] from
     sums that add up across processes."""
     if length <= 0:
         return math.nan, math.nan, math.nan
@@ -58,6 +58,6 @@ def fit_drift(
 @checked(_PER_SEQUENCE, lengths=_LENGTHS, sums=_SUMS)
 def drift_per_1k(lengths: TokenCounts, sums: Any) -> tuple[float, float]:
     """The drift per 1,000 tokens (``1000 · Σ S / Σ L``, that is −1000·k1) and its standard
-    error, from [`drift_fit`][precision_plugin.metrics.mismatch.drift_fit]."""
+    error, from [`drift_fit`][precision_plugin._core.metrics.mismatch.drift_fit]."""
     drift, stderr, _ = drift_fit(lengths, sums)
     return 1000.0 * drift, 1000.0 * stderr

@@ -1,8 +1,8 @@
 """The inputs of the mismatch and consequence metrics: coercion and validators of per-token
 log-probs, masks and per-sequence (length, log-ratio sum) pairs, shared by
-[`mismatch`][precision_plugin.metrics.mismatch], [`drift`][precision_plugin.metrics.drift],
-[`shard_sums`][precision_plugin.metrics.shard_sums] and
-[`consequence`][precision_plugin.metrics.consequence].
+[`mismatch`][precision_plugin._core.metrics.mismatch], [`drift`][precision_plugin._core.metrics.drift],
+[`shard_sums`][precision_plugin._core.metrics.shard_sums] and
+[`consequence`][precision_plugin._core.metrics.consequence].
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import annotated_types as at
 import torch
 
-from precision_plugin.boundary import Invalid, Validator, numbers_1d, same_length, same_shape
-from precision_plugin.constraints import Each, Whole
+from precision_plugin._base.boundary import Invalid, Validator, numbers_1d, same_length, same_shape
+from precision_plugin._base.constraints import Each, Whole
 from precision_plugin.errors import PrecisionConfigError
 
 

@@ -42,11 +42,11 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import Validator, checked
+from precision_plugin._base.boundary import Validator, checked
 from precision_plugin.errors import PrecisionConfigError
 
 # The modules this one was split into (issue 29); every name stays importable from here.
-from precision_plugin.metrics.aliases import (  # noqa: F401
+from precision_plugin._core.metrics.aliases import (  # noqa: F401
     _NEMO_KL,
     _NEMO_LOSS,
     _NEMO_NOTE,
@@ -71,8 +71,8 @@ from precision_plugin.metrics.aliases import (  # noqa: F401
     alias_table,
     aliases_for,
 )
-from precision_plugin.metrics.drift import drift_fit, drift_per_1k, fit_drift  # noqa: F401
-from precision_plugin.metrics.inputs import (  # noqa: F401
+from precision_plugin._core.metrics.drift import drift_fit, drift_per_1k, fit_drift  # noqa: F401
+from precision_plugin._core.metrics.inputs import (  # noqa: F401
     _LENGTHS,
     _PER_SEQUENCE,
     _SUMS,
@@ -87,7 +87,7 @@ from precision_plugin.metrics.inputs import (  # noqa: F401
     log_probs_arg,
     mask_arg,
 )
-from precision_plugin.metrics.shard_sums import (  # noqa: F401
+from precision_plugin._core.metrics.shard_sums import (  # noqa: F401
     SUM_FIELDS,
     _k3,
     _log_ratio,

@@ -3,7 +3,7 @@ and micro-batches (``mismatch_sums``, ``sums_of``), the metrics from their total
 (``metrics_from_sums``, through the one drift fit), the masked per-token log-ratio the
 consequence metrics reduce (``masked_log_ratio``), and the per-token log-ratio and k3 that
 ``compute_mismatch`` shares. Public path:
-[`precision_plugin.metrics.mismatch`][precision_plugin.metrics.mismatch] (re-exported there).
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin._base.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.metrics.drift import fit_drift
-from precision_plugin.metrics.inputs import SAME_TOKENS, _named_2d, log_probs_arg, mask_arg
+from precision_plugin._core.metrics.drift import fit_drift
+from precision_plugin._core.metrics.inputs import SAME_TOKENS, _named_2d, log_probs_arg, mask_arg
 
 
 def _log_ratio(valid: torch.Tensor, lt: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def _k3(valid: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 # -- sufficient statistics: the same metrics from sums that add up across processes ----------
 
-#: The entries of [`mismatch_sums`][precision_plugin.metrics.mismatch.mismatch_sums]'s first
+#: The entries of [`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums]'s first
 #: tensor, in order; each adds up across processes and micro-batches.
 SUM_FIELDS: tuple[str, ...] = (
     "tokens",
@@ -96,8 +96,8 @@ def mismatch_sums(
     standard error needs); ``maxima`` a one-element tensor, ``max |π − μ|`` (``-inf``
     with no valid token). Summing ``sums`` and taking the max of ``maxima`` over shards
     (processes, micro-batches) and then calling
-    [`metrics_from_sums`][precision_plugin.metrics.mismatch.metrics_from_sums] gives what
-    [`compute_mismatch`][precision_plugin.metrics.mismatch.compute_mismatch] gives on the whole
+    [`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] gives what
+    [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch] gives on the whole
     batch. Inputs, masking and NaN/``-inf`` handling as for ``compute_mismatch``.
     """
     return sums_of(train_logprobs, rollout_logprobs, mask)
@@ -106,7 +106,7 @@ def mismatch_sums(
 def sums_of(
     lp_train: torch.Tensor, lp_roll: torch.Tensor, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[`mismatch_sums`][precision_plugin.metrics.mismatch.mismatch_sums] of 2-D tensors,
+    """[`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums] of 2-D tensors,
     without its boundary check of the values (which costs a device sync): for the training
     telemetry, whose inputs are the trainer's own tensors. Refuses tensors of different shapes."""
     if lp_train.shape != lp_roll.shape or (mask is not None and mask.shape != lp_train.shape):
@@ -173,12 +173,12 @@ def _maxima(value: torch.Tensor) -> torch.Tensor:
 )
 def metrics_from_sums(sums: torch.Tensor, maxima: torch.Tensor) -> dict[str, float]:
     """The core metrics from (summed)
-    [`mismatch_sums`][precision_plugin.metrics.mismatch.mismatch_sums].
+    [`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums].
 
     Returns ``k1_kl``, ``k3_kl``, ``prob_diff_mean``, ``prob_diff_max``,
     ``logp_abs_diff_mean``, ``drift_per_1k``, ``drift_per_1k_se``, ``tokens`` and
     ``nan_tokens``; means are NaN with no valid token, the standard error NaN below two
-    sequences (see [`drift_per_1k`][precision_plugin.metrics.mismatch.drift_per_1k]).
+    sequences (see [`drift_per_1k`][precision_plugin._core.metrics.mismatch.drift_per_1k]).
     """
     s = dict(zip(SUM_FIELDS, (float(v) for v in sums.double().cpu()), strict=True))
     n, seqs = s["tokens"], s["sequences"]

@@ -9,16 +9,16 @@
 
 from __future__ import annotations
 
-from precision_plugin.overflow.detect import OverflowDetector, OverflowEvent
-from precision_plugin.overflow.fallback import Fp32Fallback, keep_fp32_modules, match_modules
-from precision_plugin.overflow.headroom import (
+from precision_plugin._core.overflow.detect import OverflowDetector, OverflowEvent
+from precision_plugin._core.overflow.fallback import Fp32Fallback, keep_fp32_modules, match_modules
+from precision_plugin._core.overflow.headroom import (
     HeadroomReport,
     ModuleHeadroom,
     Recommendation,
     headroom,
     recommend,
 )
-from precision_plugin.overflow.tensors import FP16_MAX, fp16_margin_bits
+from precision_plugin._core.overflow.tensors import FP16_MAX, fp16_margin_bits
 
 __all__ = [
     "FP16_MAX",

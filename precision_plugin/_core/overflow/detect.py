@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked, policy_field
+from precision_plugin._base.boundary import checked, policy_field
 from precision_plugin.errors import ForwardOverflowError
-from precision_plugin.overflow.tensors import FP16_MAX, abs_max, floating_tensors
-from precision_plugin.patching import track, untrack
+from precision_plugin._core.overflow.tensors import FP16_MAX, abs_max, floating_tensors
+from precision_plugin._base.patching import track, untrack
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin.shield import shielded
+from precision_plugin._base.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 
@@ -123,7 +123,7 @@ class OverflowDetector:
         policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
     ) -> OverflowDetector:
         """A detector set up from ``policy.overflow`` and ``policy.strictness``."""
-        from precision_plugin.manager import resolve_policy
+        from precision_plugin._core.manager import resolve_policy
 
         resolved = resolve_policy(policy)
         settings = resolved.overflow

@@ -1,7 +1,7 @@
 """Selective float32 fallback: run the modules named by ``overflow.keep_fp32_modules`` outside fp16
 autocast on the learner.
 
-Each matched module's ``forward`` is wrapped (through :class:`~precision_plugin.patching.Patcher`,
+Each matched module's ``forward`` is wrapped (through :class:`~precision_plugin._base.patching.Patcher`,
 so :meth:`Fp32Fallback.remove` restores it exactly): autocast is switched off, floating inputs
 are cast to float32, and the module's own float16/bfloat16 parameters are cast to float32 once.
 Outputs are **left in float32**: casting them back would turn the very values that overflow
@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import checked, policy_field
+from precision_plugin._base.boundary import checked, policy_field
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.overflow.tensors import autocast_device_types
-from precision_plugin.patching import Patcher, track, untrack
+from precision_plugin._core.overflow.tensors import autocast_device_types
+from precision_plugin._base.patching import Patcher, track, untrack
 
 log = logging.getLogger("precision_plugin")
 
@@ -83,7 +83,7 @@ def keep_fp32_modules(model: torch.nn.Module, patterns: Sequence[str]) -> Fp32Fa
     Returns a handle whose :meth:`Fp32Fallback.remove` undoes it. A module already wrapped is
     left as is. See the module docstring for what runs in which dtype.
     """
-    patcher = Patcher("precision_plugin.overflow")
+    patcher = Patcher("precision_plugin._core.overflow")
     fallback = Fp32Fallback([], patcher)
     modules = dict(model.named_modules())
     for name in match_modules(model, patterns):

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import _show, checked, policy_field
+from precision_plugin._base.boundary import _show, checked, policy_field
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.overflow.tensors import (
+from precision_plugin._core.overflow.tensors import (
     FP16_MAX,
     abs_max,
     autocast_device_types,
@@ -214,7 +214,7 @@ def headroom(
     back afterwards (exact for float16/bfloat16); train/eval mode is restored too.
     """
     if margin_bits is None:
-        from precision_plugin.manager import resolve_policy
+        from precision_plugin._core.manager import resolve_policy
 
         margin_bits = resolve_policy(policy).overflow.margin_bits
     names = {module: name for name, module in model.named_modules()}

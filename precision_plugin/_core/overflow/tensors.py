@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin._base.boundary import Invalid, Validator, checked
 
 #: The largest finite float16 value.
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504.0

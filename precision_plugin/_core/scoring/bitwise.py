@@ -6,7 +6,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import _show, checked
+from precision_plugin._base.boundary import _show, checked
 from precision_plugin.errors import PrecisionConfigError
 
 

@@ -68,9 +68,9 @@ from typing import Any
 
 # MIN_ROWS: fewest rows a product is computed with (defined with the packed products, which
 # it also pads; float16_cpu.MIN_ROWS is the same object).
-from precision_plugin.scoring import packed_cpu
-from precision_plugin.scoring.packed_cpu import MIN_ROWS
-from precision_plugin.scoring.packed_cpu import recording as _recording
+from precision_plugin._core.scoring import packed_cpu
+from precision_plugin._core.scoring.packed_cpu import MIN_ROWS
+from precision_plugin._core.scoring.packed_cpu import recording as _recording
 
 __all__ = [
     "ATTENTION",
@@ -145,7 +145,7 @@ def _linear_class() -> type:
         It keeps the widened weight (4 bytes per parameter) while the weight is unchanged
         (same storage, same version counter): widening it again at every decode step cost as
         much as the float16 kernel saved. Where oneDNN can pack it
-        ([`packed_cpu`][precision_plugin.scoring.packed_cpu]), the widened weight is kept
+        ([`packed_cpu`][precision_plugin._core.scoring.packed_cpu]), the widened weight is kept
         packed and multiplied by oneDNN's kernel (the same float32 product, 1.8x faster on a
         decode step's few rows).
         """
@@ -460,7 +460,7 @@ def widen_float16_attention(model: Any) -> bool:
 
 def widens_cache(model: Any) -> bool:
     """Whether ``model`` runs :data:`ATTENTION`: its KV cache may keep float16 or bfloat16 keys
-    and values in float32 (``precision_plugin.scoring.kvcache``)."""
+    and values in float32 (``precision_plugin._core.scoring.kvcache``)."""
     config = getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None) == ATTENTION
 

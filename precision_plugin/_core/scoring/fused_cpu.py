@@ -2,7 +2,7 @@
 
 A decoder layer multiplies one hidden state by several weights: the query, key and value
 projections, the gate and up projections. On a decode step's few rows each of those products is
-small, and oneDNN's packed kernel ([`packed_cpu`][precision_plugin.scoring.packed_cpu]) runs
+small, and oneDNN's packed kernel ([`packed_cpu`][precision_plugin._core.scoring.packed_cpu]) runs
 one call over the stacked weight faster than one call per weight, most of all once finished
 sequences have left the batch (one to four rows). Every output column is the same dot product
 in the same order either way, so the values are the same bit for bit; :func:`fusable` checks
@@ -24,8 +24,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from precision_plugin.scoring import packed_cpu
-from precision_plugin.scoring.packed_cpu import MIN_ROWS
+from precision_plugin._core.scoring import packed_cpu
+from precision_plugin._core.scoring.packed_cpu import MIN_ROWS
 
 __all__ = ["SharedInputProduct", "fusable", "fuse_shared_inputs"]
 
@@ -37,7 +37,7 @@ def _compute_dtype(dtype: Any) -> Any:
     bfloat16 one where ``float16_cpu`` widens bfloat16), else the layer's own."""
     import torch
 
-    from precision_plugin.scoring.float16_cpu import widened_dtypes
+    from precision_plugin._core.scoring.float16_cpu import widened_dtypes
 
     return torch.float32 if dtype in widened_dtypes() else dtype
 

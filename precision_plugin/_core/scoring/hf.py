@@ -10,9 +10,9 @@ Two ways to compute the same numbers, the two an RL system uses:
 A batch is LEFT padded, with an attention mask that hides the pads and position ids counted from
 each row's first real token, so a row sees exactly what it sees alone; whether its numbers are
 bit-identical alone and in a batch depends on the kernels
-([`batch_rescore`][precision_plugin.scoring.batch_rescore] checks it). ``autocast`` runs the
+([`batch_rescore`][precision_plugin._core.scoring.batch_rescore] checks it). ``autocast`` runs the
 forward under ``torch.autocast(dtype)`` as a mixed-precision trainer does; a rollout copy instead
-holds its weights in the dtype (``precision_plugin.buffers.cast_model``) and runs without it.
+holds its weights in the dtype (``precision_plugin._core.buffers.cast_model``) and runs without it.
 
 The LM head runs on a few positions at a time (:class:`LMHead`), so no ``[T, vocab]`` tensor is
 built; ``transform`` turns each position's float32 logits into log-probs (default: the full
@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from precision_plugin.boundary import (
+from precision_plugin._base.boundary import (
     _show,
     at_least,
     checked,
@@ -37,9 +37,9 @@ from precision_plugin.boundary import (
     usable_device,
 )
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring.float16_cpu import float16_autocast_linears
-from precision_plugin.scoring.interface import TokenSequence
-from precision_plugin.scoring.kvcache import decode_buffers, drop_rows
+from precision_plugin._core.scoring.float16_cpu import float16_autocast_linears
+from precision_plugin._core.scoring.interface import TokenSequence
+from precision_plugin._core.scoring.kvcache import decode_buffers, drop_rows
 
 log = logging.getLogger("precision_plugin")
 
@@ -71,7 +71,7 @@ def trainer_precision(dtype: str, device: str) -> Iterator[None]:
 
     float16 on CPU multiplies as a GPU does (float32 accumulation, one rounding), and so does
     bfloat16 on a CPU without native bfloat16 products:
-    [`float16_cpu`][precision_plugin.scoring.float16_cpu].
+    [`float16_cpu`][precision_plugin._core.scoring.float16_cpu].
     """
     import torch
 
@@ -101,7 +101,7 @@ def log_softmax(logits: Any, positions: Any) -> Any:
     autocast=dtype_name,
 )
 class HFScorer:
-    """[`Scorer`][precision_plugin.scoring.Scorer] over a transformers causal LM (module docstring).
+    """[`Scorer`][precision_plugin._core.scoring.Scorer] over a transformers causal LM (module docstring).
 
     ``model``: the weights as they are (a rollout copy cast to its dtype, or float32 master
     weights with ``autocast``). ``batch_size``: sequences per forward (a ``score`` call is split

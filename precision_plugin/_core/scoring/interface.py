@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from precision_plugin.boundary import checked
+from precision_plugin._base.boundary import checked
 from precision_plugin.errors import PrecisionConfigError
 
 
@@ -49,7 +49,7 @@ class Scorer(Protocol):
     ``score(sequences)`` returns, per sequence, one float per completion token: the engine's
     log-probability of that token given the prompt and the completion tokens before it. One call
     is one batch as far as the engine is concerned (a call with one sequence scores it alone);
-    [`batch_rescore`][precision_plugin.scoring.batch_rescore] relies on that.
+    [`batch_rescore`][precision_plugin._core.scoring.batch_rescore] relies on that.
     """
 
     name: str

@@ -109,7 +109,7 @@ def preallocated_cache(model: Any, capacity: int) -> Any | None:
     import torch
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    from precision_plugin.scoring.float16_cpu import widens_cache
+    from precision_plugin._core.scoring.float16_cpu import widens_cache
 
     config = getattr(model, "config", None)
     try:

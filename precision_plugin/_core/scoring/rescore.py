@@ -6,10 +6,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import _show, at_least, checked, same_length
+from precision_plugin._base.boundary import _show, at_least, checked, same_length
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring.bitwise import BitwiseEqual, bitwise_equal
-from precision_plugin.scoring.interface import Scorer, TokenSequence
+from precision_plugin._core.scoring.bitwise import BitwiseEqual, bitwise_equal
+from precision_plugin._core.scoring.interface import Scorer, TokenSequence
 
 
 @checked
@@ -55,7 +55,7 @@ def batch_rescore(
 
     An engine whose numbers do not depend on what else is in the batch (batch-invariant) gives
     ``equal.fraction == 1.0``. ``alone``: per-sequence log-probs already scored alone (skips that
-    pass). Works with any [`Scorer`][precision_plugin.scoring.Scorer].
+    pass). Works with any [`Scorer`][precision_plugin._core.scoring.Scorer].
     """
     seqs = list(sequences)
     if alone is not None:

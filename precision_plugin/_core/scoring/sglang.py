@@ -20,9 +20,9 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from precision_plugin.boundary import Invalid, Validator, checked
+from precision_plugin._base.boundary import Invalid, Validator, checked
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.scoring.interface import TokenSequence
+from precision_plugin._core.scoring.interface import TokenSequence
 
 #: The sampling parameters of a scoring request: one throw-away token at temperature 1.
 SAMPLING_PARAMS: dict[str, Any] = {"max_new_tokens": 1, "temperature": 1.0}
@@ -132,7 +132,7 @@ ENGINE = Validator("an sglang.Engine or a function that sends a request", _engin
 
 @checked(engine=ENGINE)
 class SGLangScorer:
-    """[`Scorer`][precision_plugin.scoring.Scorer] over SGLang: an ``sglang.Engine`` (its
+    """[`Scorer`][precision_plugin._core.scoring.Scorer] over SGLang: an ``sglang.Engine`` (its
     ``generate``) or a callable that sends a request dict and returns SGLang's answers."""
 
     name = "sglang"

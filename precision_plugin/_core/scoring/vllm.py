@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.scoring.interface import TokenSequence
+from precision_plugin._core.scoring.interface import TokenSequence
 
 
 def sampling_params(vllm_module: Any = None) -> Any:
@@ -25,7 +25,7 @@ def sampling_params(vllm_module: Any = None) -> Any:
 
 
 class VLLMScorer:
-    """[`Scorer`][precision_plugin.scoring.Scorer] over a vLLM ``LLM`` (colocated engine)."""
+    """[`Scorer`][precision_plugin._core.scoring.Scorer] over a vLLM ``LLM`` (colocated engine)."""
 
     name = "vllm"
 

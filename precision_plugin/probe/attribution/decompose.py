@@ -34,7 +34,7 @@ sequences (the per-sequence k3 sums of every subset computed once, the parts rec
 resample); a part whose interval holds 0 is not distinguishable from 0.
 
 Each row's ``k3`` is the exact k3 estimator of its own pair (``mean(e^-d - 1 + d)``) with a
-``COVERAGE`` (90 %, the project's one level: [`intervals`][precision_plugin.intervals])
+``COVERAGE`` (90 %, the project's one level: [`intervals`][precision_plugin._core.intervals])
 percentile bootstrap interval over sequences (tokens of one sequence move together).
 """
 
@@ -47,11 +47,11 @@ from typing import Annotated
 
 import annotated_types as at
 
-from precision_plugin.boundary import checked, same_rows
-from precision_plugin.constraints import Whole
+from precision_plugin._base.boundary import checked, same_rows
+from precision_plugin._base.constraints import Whole
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.intervals import COVERAGE, Coverage
-from precision_plugin.metrics.k3 import k3_term
+from precision_plugin._core.intervals import COVERAGE, Coverage
+from precision_plugin._core.metrics.k3 import k3_term
 
 #: Bootstrap resamples for the k3 intervals, and their seed.
 BOOTSTRAP = 2000

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import checked
-from precision_plugin.decision import Attribution
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.decision import Attribution
 from precision_plugin.errors import PrecisionConfigError
 
 #: The cause ids of the ``attribution`` section, in the order the table lists them.
@@ -310,7 +310,7 @@ def change_evidence(
     first: FirstChange | None, rows: Mapping[str, Mapping[str, Mapping[str, Any]]]
 ) -> Attribution | None:
     """The attribution's evidence for the one decision
-    ([`decide`][precision_plugin.decision.decide]): the first change, with the compute dtype's
+    ([`decide`][precision_plugin._core.decision.decide]): the first change, with the compute dtype's
     own share in the same dtype's total (``rows`` as for ``first_change``)."""
     if first is None:
         return None

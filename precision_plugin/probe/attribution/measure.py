@@ -10,7 +10,7 @@ convention), and every token's log-prob difference is recorded:
 
 - ``dtype``: base against the trainer (both sides in the dtype; in float32 they agree);
 - ``batch``: inside the padded batch of all sequences against alone (bit for bit, the core's
-  [`batch_rescore`][precision_plugin.scoring.batch_rescore]);
+  [`batch_rescore`][precision_plugin._core.scoring.batch_rescore]);
 - ``decode``: KV-cache incremental decode of the whole batch against the batch's prefill (the
   two chain: decode-in-the-batch against prefill alone is their sum);
 - ``sampling``: the rollout's log-prob convention against the trainer's;
@@ -71,11 +71,11 @@ from precision_plugin.probe.attribution.variants import (
     routers,
     stepped_weights,
 )
-from precision_plugin.rollout import RolloutSample
-from precision_plugin.sampling import LogitsProcessor
-from precision_plugin.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
-from precision_plugin.scoring.interface import sequences_of
-from precision_plugin.scoring.packed_cpu import trainer_kernels
+from precision_plugin._core.rollout import RolloutSample
+from precision_plugin._core.sampling import LogitsProcessor
+from precision_plugin._core.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
+from precision_plugin._core.scoring.interface import sequences_of
+from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
 log = logging.getLogger("precision_plugin")
 
@@ -150,7 +150,7 @@ def rollout_samples(
     """Sample with the HF engine running ``settings`` (all prompts in one batch, KV cache);
     prompt ``i`` stops at ``budgets[i]`` tokens and leaves the batch, as in the probe's own
     rollout, rather than decoding to ``max_new_tokens`` and being cut afterwards."""
-    from precision_plugin.probe.engine import HFRolloutEngine
+    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     device = str(next(master.parameters()).device)
     engine = HFRolloutEngine(master, dtype, device)
@@ -437,9 +437,9 @@ def conventions(settings: RolloutSettings) -> dict[str, str]:
 
 
 def _copy(master: Any, dtype: str, weights: dict[str, Any] | None = None) -> Any:
-    from precision_plugin.buffers import cast_model
-    from precision_plugin.scoring.float16_cpu import widen_float16
-    from precision_plugin.scoring.packed_cpu import pack_linears
+    from precision_plugin._core.buffers import cast_model
+    from precision_plugin._core.scoring.float16_cpu import widen_float16
+    from precision_plugin._core.scoring.packed_cpu import pack_linears
 
     model = copy.deepcopy(master)
     if weights is not None:

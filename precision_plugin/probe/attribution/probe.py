@@ -9,7 +9,7 @@ from precision_plugin.probe.attribution.measure import attribute, rollout_sample
 from precision_plugin.probe.attribution.report import AttributionReport, DtypeAttribution
 from precision_plugin.probe.attribution.settings import AttributionSettings, RolloutSettings
 from precision_plugin.probe.attribution.variants import apply_switches, has_rope
-from precision_plugin.scoring.packed_cpu import trainer_kernels
+from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
 
 def attribute_probe(

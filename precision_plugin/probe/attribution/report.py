@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary import checked
-from precision_plugin.decision import Attribution
-from precision_plugin.intervals import COVERAGE
+from precision_plugin._base.boundary import checked
+from precision_plugin._core.decision import Attribution
+from precision_plugin._core.intervals import COVERAGE
 from precision_plugin.probe.attribution.decompose import K3, SHAPLEY_MAX_CAUSES, Part, Shares
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, FirstChange, change_evidence
 from precision_plugin.probe.attribution.settings import RolloutSettings
@@ -223,7 +223,7 @@ class AttributionReport:
 
     def evidence(self) -> Attribution | None:
         """The change-first as the one decision's evidence
-        ([`decide`][precision_plugin.decision.decide]); ``None`` without one."""
+        ([`decide`][precision_plugin._core.decision.decide]); ``None`` without one."""
         return change_evidence(self.first, self.first_rows())
 
     def first_rows(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from precision_plugin.boundary import checked
-from precision_plugin.dtypes import canonical_dtype_name
+from precision_plugin._base.boundary import checked
+from precision_plugin._base.dtypes import canonical_dtype_name
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.sampling import SamplingSettings
+from precision_plugin._core.sampling import SamplingSettings
 
 #: ``--kv-cache-dtype`` values, as vLLM spells them, and the torch format each emulates.
 KV_CACHE_DTYPES: dict[str, str | None] = {
@@ -97,7 +97,7 @@ class RolloutSettings:
             )
 
     def sampling(self) -> SamplingSettings:
-        """The sampling part as the rollout engine's [`SamplingSettings`][precision_plugin.sampling.SamplingSettings]."""  # noqa: E501
+        """The sampling part as the rollout engine's [`SamplingSettings`][precision_plugin._core.sampling.SamplingSettings]."""  # noqa: E501
         return SamplingSettings(
             temperature=self.temperature,
             top_p=self.top_p,

@@ -1,7 +1,7 @@
 """Rollout-side copies of a model with exactly one component changed, as the engines change it.
 
 Each switch is applied to a copy of the float32 master weights cast to the compute dtype
-(``precision_plugin.buffers.cast_model``: RoPE frequencies in float32, as vLLM keeps them):
+(``precision_plugin._core.buffers.cast_model``: RoPE frequencies in float32, as vLLM keeps them):
 
 - ``rope_dtype``: every RoPE ``inv_freq`` buffer rounded to that dtype (what a plain
   ``.to(dtype)`` or DeepSpeed's ``zero.Init`` does);

@@ -18,9 +18,9 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process
 
 
 def check(sync, engine, learner):
-    from precision_plugin.canary.sync_check import check_sync
-    from precision_plugin.scoring import HFScorer
-    from precision_plugin.scoring.vllm import VLLMScorer
+    from precision_plugin._core.canary.sync_check import check_sync
+    from precision_plugin._core.scoring import HFScorer
+    from precision_plugin._core.scoring.vllm import VLLMScorer
 
     rollout = VLLMScorer(engine).score(SEQUENCES)
     ours = HFScorer(learner, batch_size=4).score(SEQUENCES)
@@ -61,8 +61,8 @@ def main(config):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from precision_plugin.canary.sync_check import sync_sequences
-    from precision_plugin.patching import Patcher
+    from precision_plugin._core.canary.sync_check import sync_sequences
+    from precision_plugin._base.patching import Patcher
 
     start = time.perf_counter()
     learner = AutoModelForCausalLM.from_pretrained(config["model"], dtype=torch.float32).eval()

@@ -90,7 +90,7 @@ def main(config: dict) -> dict:
     checks = state.checks if state is not None else []
     import vllm.model_executor.layers.utils as layer_utils
 
-    from precision_plugin.patching import is_patched
+    from precision_plugin._base.patching import is_patched
 
     return {
         "error": error,
