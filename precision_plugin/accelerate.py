@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from precision_plugin._base.conflicts import settle_conflict
-from precision_plugin._core.frameworks import grad_scaler, mixed_precision
-from precision_plugin.hookspecs import hookimpl
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
 from precision_plugin._base.versions import accelerator as device_info
 from precision_plugin._base.versions import installed_version
+from precision_plugin._core.frameworks import grad_scaler, mixed_precision
+from precision_plugin.hookspecs import hookimpl
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 

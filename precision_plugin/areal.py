@@ -28,10 +28,10 @@ from typing import Any
 from precision_plugin._base.boundary import Invalid, Validator, checked
 from precision_plugin._base.config_lookup import lookup
 from precision_plugin._base.dtypes import dtype_label
-from precision_plugin._core.manager import resolve_policy
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin._core.serving import settle_findings
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 

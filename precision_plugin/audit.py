@@ -173,7 +173,8 @@ FIXES: dict[str, str] = {
     "rollout": "run the rollout engine in the learner's dtype: HFRollout(dtype=...) or no dtype "
     "(it follows the policy), enable() before building the trainer for a colocated vLLM, "
     "PRECISION_PLUGIN=<dtype> (or --dtype) for a vLLM server",
-    "rollout_buffers": "build the rollout copy with precision_plugin._core.buffers.cast_model (what "
+    "rollout_buffers": "build the rollout copy with precision_plugin._core.buffers.cast_model "
+    "(what "
     "HFRollout does), not a plain .to(dtype)",
     "trainable": "call precision_plugin.enable() before building the trainer, or load the "
     "model in float32 (fp32 master weights, autocast computes in the policy dtype)",

@@ -19,10 +19,10 @@ from transformers import TrainerCallback
 
 from precision_plugin._base.boundary import checked, duck
 from precision_plugin._base.conflicts import settle_conflict
-from precision_plugin._core.manager import call_each_reported, resolve_policy
 from precision_plugin._base.patching import track, untrack
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.shield import shielded
+from precision_plugin._core.manager import call_each_reported, resolve_policy
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -88,7 +88,8 @@ class PrecisionCallback(TrainerCallback):
     against the policy, a vLLM server's dtype, ...); on the first training step it checks the dtype
     the forward really ran in; on every log it adds the adapters' ``precision_collect_metrics``
     (loss scale, skipped steps, ...) as ``precision/<name>``. ``policy`` (a policy, a dict or a
-    dtype name) defaults to [`resolve_policy()`][precision_plugin._core.manager.resolve_policy]'s answer.
+    dtype name) defaults to [`resolve_policy()`][precision_plugin._core.manager.resolve_policy]'s
+    answer.
     The trainer is known when ``enable()`` is on (the plugin binds it) or after
     [`bind`][precision_plugin.callback.PrecisionCallback.bind].
 
@@ -132,7 +133,8 @@ class PrecisionCallback(TrainerCallback):
 
     @property
     def overflow_detector(self) -> Any:
-        """The :class:`~precision_plugin._core.overflow.OverflowDetector` of the current (or last) run,
+        """The :class:`~precision_plugin._core.overflow.OverflowDetector` of the current (or last)
+        run,
         or ``None`` when the policy asks for no detection; closed after train end."""
         return self._overflow.detector
 
@@ -173,7 +175,8 @@ class PrecisionCallback(TrainerCallback):
 
     def _bind_calling_trainer(self) -> None:
         """Bind the trainer calling this callback (without ``enable()`` nothing else does), then
-        guard its ``train()`` (see [`guard_train`][precision_plugin._core.train_guard.guard_train])."""
+        guard its ``train()`` (see
+        [`guard_train`][precision_plugin._core.train_guard.guard_train])."""
         with self._shield("finding the trainer"):
             calling = _calling_trainer(self)
             if calling is not None and calling is not self.trainer:

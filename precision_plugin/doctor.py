@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from precision_plugin._core.manager import resolve_policy
-from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 from precision_plugin._base.report import Finding
 from precision_plugin._base.versions import FRAMEWORKS, AcceleratorInfo, accelerator, package_info
+from precision_plugin._core.manager import resolve_policy
+from precision_plugin.policy import PrecisionPolicy, normalize_dtype
 
 log = logging.getLogger("precision_plugin")
 

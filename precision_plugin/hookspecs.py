@@ -19,8 +19,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from precision_plugin._base.patching import Patcher
-    from precision_plugin.policy import PrecisionPolicy
     from precision_plugin._base.report import Finding
+    from precision_plugin.policy import PrecisionPolicy
 
 PROJECT = "precision_plugin"
 
@@ -52,7 +52,8 @@ def precision_uninstall(policy: PrecisionPolicy) -> None:
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding] | None:  # type: ignore[empty-body]
     """Report what this adapter sees and what ``enable(policy)`` would change, without changing it.
 
-    Return a list of [`Finding`][precision_plugin._base.report.Finding] (framework, status, message, fix).
+    Return a list of [`Finding`][precision_plugin._base.report.Finding] (framework, status,
+    message, fix).
     A finding with ``status="error"`` makes ``precision-plugin doctor`` exit non-zero. Return
     ``None`` or ``[]`` when the framework is not installed: absence is "not used", not an error.
     """

@@ -32,7 +32,6 @@ from precision_plugin._base.dtypes import (
     normalize_dtype,
     torch_dtype,
 )
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._base.userfiles import MAX_DEPTH as MAX_JSON_DEPTH  # noqa: F401
 from precision_plugin._base.userfiles import (  # noqa: F401 (the JSON reader's names, kept here)
     DuplicateKeyError,
@@ -40,6 +39,7 @@ from precision_plugin._base.userfiles import (  # noqa: F401 (the JSON reader's 
     UserJSONError,
     parse_json,
 )
+from precision_plugin.errors import PrecisionConfigError
 
 #: Environment variable read by
 #: [`PrecisionPolicy.from_env`][precision_plugin.policy.PrecisionPolicy.from_env] (and by vLLM

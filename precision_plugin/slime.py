@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from precision_plugin._base.boundary import checked
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin._core.manager import resolve_policy
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin._core.manager import resolve_policy
 from precision_plugin._core.serving import settle_findings
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.sglang.args import FIELDS, field_parser, read_yaml
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 

@@ -13,11 +13,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.hookspecs import hookimpl
+from precision_plugin._base.versions import installed_version
 from precision_plugin._core.master_weights import prepare_model_once
+from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.transformers import _uses_deepspeed
-from precision_plugin._base.versions import installed_version
 
 # ``precision_plugin.callback`` imports transformers: imported inside the wraps, which run only
 # once transformers' Trainer exists, so registering this plugin needs no transformers.

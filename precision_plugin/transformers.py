@@ -25,12 +25,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from precision_plugin._base import moved
 from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
 from precision_plugin._core.frameworks import TrainerFlags, flags_of, settle_once, trainer_flags
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
-from precision_plugin._base.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
 
@@ -92,13 +93,9 @@ def _coerce_flags(args: Any, policy: PrecisionPolicy) -> None:
             setattr(args, name, False)
 
 
-def __getattr__(name: str) -> Any:
-    """``PrecisionCallback`` lives in ``precision_plugin.callback`` (imports transformers)."""
-    if name in ("PrecisionCallback", "bind_callback"):
-        from precision_plugin import callback
-
-        return getattr(callback, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# PrecisionCallback and bind_callback live in precision_plugin.callback (layer 4, it imports
+# transformers); their old path here resolves through the alias table, by name.
+__getattr__ = moved.getattr_of(__name__)
 
 
 # -- hooks -----------------------------------------------------------------------------------

@@ -311,9 +311,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train a few GRPO steps in the policy dtype and return (and print) what ran."""
     import sys
 
+    from precision_plugin._base.provenance import write_results
     from precision_plugin.audit import render
     from precision_plugin.cli.argtypes import RenamedOption
-    from precision_plugin._base.provenance import write_results
     from precision_plugin.trl import HFRollout
 
     # TRL 1.16 on transformers 5.x: their deprecation notices about each other's names, and

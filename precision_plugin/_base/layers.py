@@ -25,57 +25,21 @@ from pathlib import Path
 
 PACKAGE = "precision_plugin"
 
-#: Layer of each unit: a top-level module or subpackage of ``precision_plugin`` (or a deeper
-#: module where one package spans two layers, e.g. SGLang's slime/AReaL orchestrators).
-#: The longest matching name wins.
+#: The layer of each unit: a top-level module or folder of ``precision_plugin``, one line each.
+#: Layers 1 and 2 are two internal folders (``_base``, ``_core``) beside the public face they
+#: serve (``errors``; the package ``__init__``, ``policy``, ``hookspecs``); layers 3-5 are the
+#: adapters, orchestrators and tools users import by name. A module's unit is its top-level
+#: name. The import-linter contract in pyproject.toml and the table in docs/contributing.md are
+#: generated from this (``import_linter_layers``, ``layers_table``).
 LAYERS: dict[str, int] = {
     # 1: foundations
-    "errors": 1,
-    "dtypes": 1,
-    "boundary": 1,
-    "versions": 1,
-    "patching": 1,
-    "progress": 1,
-    "provenance": 1,
-    "report": 1,
-    "shield": 1,
-    "conflicts": 1,
-    "_layers": 1,
+    "errors": 1,  # public: the exceptions
+    "_base": 1,  # the checker, dtype names, versions, patching, user files, provenance
     # 2: core
     "": 2,  # the package __init__: the public API
-    "__main__": 5,
-    "policy": 2,
-    "hookspecs": 2,
-    "manager": 2,
-    "metrics": 2,
-    "mismatch": 2,
-    "consequence": 2,
-    "frameworks": 2,
-    "scaler": 2,
-    "master_weights": 2,
-    "buffers": 2,
-    "sampling": 2,
-    "rollout": 2,
-    "serving": 2,
-    "overflow": 2,
-    "model_risks": 2,
-    "builders": 2,
-    "plugin_check": 2,
-    "master_copy": 2,
-    "train_guard": 2,
-    "intervals": 2,
-    "misfit": 2,
-    "decision": 2,
-    "scoring": 2,
-    "canary": 2,
-    "config_lookup": 1,
-    # the meaning constraints (imports nothing of the package: the checker builds on them),
-    # writing outputs, the strict reader of other programs' configs
-    "constraints": 1,
-    "outputs": 1,
-    # the one reader of files a user names (paths, size, UTF-8, YAML budget, depth, cycles)
-    "userfiles": 1,
-    "configs": 2,
+    "policy": 2,  # public: PrecisionPolicy
+    "hookspecs": 2,  # public: the pluggy hook specifications
+    "_core": 2,  # the manager, the numerics, scoring, the canary, the HF engine
     # 3: learner and engine adapters
     "transformers": 3,
     "accelerate": 3,
@@ -89,16 +53,23 @@ LAYERS: dict[str, int] = {
     "trl": 4,
     "verl": 4,
     "openrlhf": 4,
-    "sglang.slime": 4,
-    "sglang.areal": 4,
+    "slime": 4,
+    "areal": 4,
     # 5: tools
     "probe": 5,
-    # The one HF rollout engine: in the probe's package, but imports only layers 1-2 and is
-    # driven by TRL's HFRollout (layer 4) too.
-    "probe.engine": 2,
     "sanity": 5,
     "doctor": 5,
     "cli": 5,
+    "__main__": 5,
+}
+
+#: What each layer is, bottom up.
+LAYER_NAMES: dict[int, str] = {
+    1: "foundations",
+    2: "core",
+    3: "adapters",
+    4: "orchestrators",
+    5: "tools",
 }
 
 #: Units that must not import each other: the learner and engine adapters, and the
@@ -107,7 +78,7 @@ LAYERS: dict[str, int] = {
 INDEPENDENT: frozenset[str] = frozenset(
     {
         "transformers", "accelerate", "deepspeed", "vllm", "sglang",
-        "trl", "verl", "openrlhf", "sglang.slime", "sglang.areal",
+        "trl", "verl", "openrlhf", "slime", "areal",
     }
 )  # fmt: skip
 
@@ -119,14 +90,7 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 #: The ONE allow-list: (importer, imported) unit pairs an import may join against the table.
 #: Each is a lazy re-export (module ``__getattr__``) that keeps an old public path working where
 #: the name now lives higher; nothing else belongs here.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("transformers", "callback"): "precision_plugin.transformers.PrecisionCallback/bind_callback "
-    "(public path; the callback imports transformers and reads both sides of a run)",
-    ("sglang", "sglang.slime"): "precision_plugin.sglang.slime_args/check_slime_args "
-    "(public path; slime is an orchestrator)",
-    ("sglang", "sglang.areal"): "precision_plugin.sglang.areal_overrides/check_areal_config "
-    "(public path; AReaL is an orchestrator)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass
@@ -203,15 +167,9 @@ def import_graph(root: Path) -> ImportGraph:
 
 
 def unit_of(module: str) -> str:
-    """The entry of ``LAYERS`` that ``module`` belongs to (the longest matching name)."""
-    name = module
-    while True:
-        if name in LAYERS:
-            return name
-        if "." not in name:
-            # An unplaced top-level module is its own (unknown) unit, never the package's.
-            return name
-        name = name.rsplit(".", 1)[0]
+    """The entry of ``LAYERS`` that ``module`` belongs to: its top-level name (an unplaced
+    top-level module is its own, unknown, unit)."""
+    return module.split(".", 1)[0]
 
 
 def layer_of(module: str) -> int:
@@ -326,10 +284,6 @@ def cross_layer_imports(graph: ImportGraph) -> list[str]:
                 continue
             up = b_layer > a_layer
             across = a_unit in INDEPENDENT and b_unit in INDEPENDENT and a_layer == b_layer
-            # A subpackage unit of the same top-level package (sglang.slime in sglang) is part
-            # of that package's tree: the module imports its parent's helpers freely.
-            if b_unit.split(".")[0] == a_unit.split(".")[0]:
-                across = False
             if up or across:
                 known = " [known]" if (a_unit, b_unit) in KNOWN_VIOLATIONS else ""
                 bad.append(
@@ -348,3 +302,81 @@ def unused_allowances(graph: ImportGraph) -> list[tuple[str, str]]:
         if _allowed_lazy(graph, m, t)
     }
     return sorted(set(ALLOWED) - used)
+
+
+def import_linter_contracts() -> list[dict[str, object]]:
+    """The import-linter contracts of ``LAYERS`` and ``INDEPENDENT``, as pyproject.toml holds
+    them (``[[tool.importlinter.contracts]]``): one layers contract, top layer first (units of
+    one layer may import each other unless they are independent), and one independence
+    contract each for the adapters (layer 3) and the orchestrators (layer 4)."""
+    rows = []
+    for layer in sorted(set(LAYERS.values()), reverse=True):
+        units = [u for u, n in LAYERS.items() if n == layer and u]
+        joint = " | " if all(u in INDEPENDENT for u in units) else " : "
+        rows.append(joint.join(units))
+    contracts: list[dict[str, object]] = [
+        {
+            "id": "layers",
+            "name": "Layers: an import points down the table",
+            "type": "layers",
+            "containers": [PACKAGE],
+            "layers": rows,
+        }
+    ]
+    independent = (
+        (3, "adapters", "Learner and engine adapters never import each other"),
+        (4, "orchestrators", "Orchestrators never import each other"),
+    )
+    for layer, cid, name in independent:
+        units = [u for u, n in LAYERS.items() if n == layer and u in INDEPENDENT]
+        contracts.append({"id": cid, "name": name, "type": "independence",
+                          "modules": [f"{PACKAGE}.{u}" for u in units]})  # fmt: skip
+    return contracts
+
+
+def import_linter_toml() -> str:
+    """``import_linter_contracts`` in TOML, as pyproject.toml writes it."""
+    out = []
+    for contract in import_linter_contracts():
+        out.append("[[tool.importlinter.contracts]]")
+        for key, value in contract.items():
+            if isinstance(value, list):
+                out.append(f"{key} = [")
+                out.extend(f'    "{item}",' for item in value)
+                out.append("]")
+            else:
+                out.append(f'{key} = "{value}"')
+        out.append("")
+    return "\n".join(out)
+
+
+def _summary(path: Path) -> str:
+    """The first sentence of a module's (or a folder's ``__init__``'s) docstring."""
+    file = path / "__init__.py" if path.is_dir() else path
+    doc = ast.get_docstring(ast.parse(file.read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first.split(". ")[0].rstrip(".").replace("|", "\\|")
+
+
+def layers_table(root: Path) -> str:
+    """The layer table as docs/contributing.md shows it: one row per unit, bottom layer first,
+    with what the unit holds (its docstring's first sentence) and, for a folder, its modules.
+    ``root`` is the package folder."""
+    rows = ["| Layer | Unit | What it holds | Modules |", "|---|---|---|---|"]
+    for layer in sorted(set(LAYERS.values())):
+        for unit, n in LAYERS.items():
+            if n != layer:
+                continue
+            path = root / unit if unit else root
+            if not path.is_dir():
+                path = path.with_suffix(".py")
+            modules = ""
+            if path.is_dir() and unit:
+                modules = ", ".join(
+                    f"`{p.stem if p.is_file() else p.name}`"
+                    for p in sorted(path.iterdir())
+                    if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+                )
+            name = f"`{unit}`" if unit else "the package `__init__`"
+            rows.append(f"| {layer} {LAYER_NAMES[layer]} | {name} | {_summary(path)} | {modules} |")
+    return "\n".join(rows)

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._base.userfiles import check_path
+from precision_plugin.errors import PrecisionConfigError
 
 #: The path that means standard output (``--json -``).
 STDOUT = "-"

@@ -1,7 +1,9 @@
 """The one reversible-patch helper every adapter uses.
 
-A [`Patcher`][precision_plugin._base.patching.Patcher] records each attribute (or environment variable) it
-replaces, exactly as it was, and [`Patcher.restore`][precision_plugin._base.patching.Patcher.restore] puts
+A [`Patcher`][precision_plugin._base.patching.Patcher] records each attribute (or environment
+variable) it
+replaces, exactly as it was, and
+[`Patcher.restore`][precision_plugin._base.patching.Patcher.restore] puts
 every original back in reverse order. For classes and modules the raw entry of ``__dict__`` is
 saved, so a ``classmethod``/``staticmethod``/property descriptor comes back as the identical object,
 and an attribute that was only inherited is deleted again rather than shadowed.
@@ -168,7 +170,8 @@ class Patcher:
         self.when_imported(module, patch, reason=f"enable() imports no framework ({path})")
 
     def setenv(self, name: str, value: str, *, reason: str) -> None:
-        """Set environment variable ``name``; [`restore`][precision_plugin._base.patching.Patcher.restore]
+        """Set environment variable ``name``;
+        [`restore`][precision_plugin._base.patching.Patcher.restore]
         puts the old value (or none) back, unless the variable was changed again since (that later
         value stays)."""
         self._add(
@@ -183,8 +186,10 @@ class Patcher:
 
         Lets ``enable()`` patch a framework without importing it (importing DeepSpeed, TRL or vLLM
         is slow and has side effects). Patches the callback makes should go through this same
-        patcher, so [`restore`][precision_plugin._base.patching.Patcher.restore] undoes them; a hook still
-        waiting is removed by [`restore`][precision_plugin._base.patching.Patcher.restore]. An exception
+        patcher, so [`restore`][precision_plugin._base.patching.Patcher.restore] undoes them; a
+        hook still
+        waiting is removed by [`restore`][precision_plugin._base.patching.Patcher.restore]. An
+        exception
         in the callback on a later import is logged, or, for a ``strict`` patcher, raised into that
         import as [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError].
         """

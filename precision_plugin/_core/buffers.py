@@ -145,7 +145,10 @@ def _saved_value(saved: Mapping[str, Any], dotted: str, buf: Any) -> Any:
     if value is None:
         return None
     where = f"keep_float32_buffers(): saved[{dotted!r}]"
-    fix = "save the buffers with precision_plugin._core.buffers.float32_buffers(model) before the cast"
+    fix = (
+        "save the buffers with precision_plugin._core.buffers.float32_buffers(model) before "
+        "the cast"
+    )
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         raise PrecisionConfigError(
             f"{where} is {type(value).__name__}, not a floating-point tensor; {fix}."

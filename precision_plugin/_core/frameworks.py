@@ -8,7 +8,8 @@ SGLang's ``dtype``.
 Where a framework cannot represent a setting exactly, the table says so once: refused under
 ``strictness="error"``, else a warning with the exact value that runs.
 
-Each decision is made once per object: [`settle_once`][precision_plugin._core.frameworks.settle_once]
+Each decision is made once per object:
+[`settle_once`][precision_plugin._core.frameworks.settle_once]
 marks an object (a ``TrainingArguments``, a model) as settled for a policy, so the several
 places that see the same object (a TRL config's two ``__post_init__`` levels, the ``Trainer``,
 ``Accelerator.prepare_model``, the callback) do the work once.

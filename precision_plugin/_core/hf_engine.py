@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from precision_plugin._base import userfiles
 from precision_plugin._base.boundary import at_least, checked, dtype_name, duck, usable_device
 from precision_plugin._base.constraints import AtMost
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.rollout import RolloutEngine, RolloutSample
 from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
 from precision_plugin._core.scoring import float16_cpu, packed_cpu
@@ -30,6 +29,7 @@ from precision_plugin._core.scoring.hf import position_limit
 from precision_plugin._core.scoring.kvcache import decode_buffers, drop_rows
 from precision_plugin._core.scoring.multinomial_cpu import Multinomial
 from precision_plugin._core.scoring.packed_cpu import pack_linears
+from precision_plugin.errors import PrecisionConfigError
 
 __all__ = [
     "HFRolloutEngine",
@@ -194,7 +194,8 @@ class HFRolloutEngine:
     ``torch.inference_mode()``. ``copy=False`` converts ``model`` itself, in place, for a caller
     that made the model for the engine (``from_pretrained``, TRL's ``HFRollout``): no second copy
     of the weights in memory.
-    The copy is [`cast_model`][precision_plugin._core.buffers.cast_model]'s: the weights in ``dtype``,
+    The copy is [`cast_model`][precision_plugin._core.buffers.cast_model]'s: the weights in
+    ``dtype``,
     the buffers vLLM keeps in float32 (RoPE inverse frequencies) in float32, as vLLM builds its
     model. ``float32_buffers=False`` rounds them too (a plain ``.to(dtype)``; for comparisons).
     A float16 copy on CPU multiplies as a GPU does
@@ -203,7 +204,8 @@ class HFRolloutEngine:
     ([`pack_linears`][precision_plugin._core.scoring.packed_cpu.pack_linears]), layers that read one
     input (query, key and value; gate and up) as one product
     ([`fuse_shared_inputs`][precision_plugin._core.scoring.fused_cpu.fuse_shared_inputs]).
-    Samples token by token with [`SamplingSettings`][precision_plugin._core.sampling.SamplingSettings]
+    Samples token by token with
+    [`SamplingSettings`][precision_plugin._core.sampling.SamplingSettings]
     applied exactly as vLLM applies them (full vocabulary at temperature 1 by default; the
     checkpoint's generation defaults play no part) and records, as each token is sampled, the
     log-prob its ``logprobs_mode`` names: ``raw_logprobs`` (the default) is ``log_softmax`` in

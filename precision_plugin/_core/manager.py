@@ -2,7 +2,8 @@
 
 Built-in adapters are registered exactly like third-party ones (entry-point group
 ``precision_plugin``). ``enable()`` is atomic: each adapter installs through its own
-[`Patcher`][precision_plugin._base.patching.Patcher]; if one fails, every adapter already installed is
+[`Patcher`][precision_plugin._base.patching.Patcher]; if one fails, every adapter already installed
+is
 rolled back and the error names the failing adapter.
 """
 
@@ -21,8 +22,8 @@ import pluggy
 
 from precision_plugin import hookspecs
 from precision_plugin._base.boundary import checked, one_of, policy_arg
-from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
 from precision_plugin._base.patching import Patcher
+from precision_plugin.errors import AdapterInstallError, PrecisionConfigError, PrecisionPluginError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -113,7 +114,8 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
 def call_each_reported(
     hook_name: str, *, refusals: bool = True, strictness: str | None = None, **kwargs: Any
 ) -> list[Any]:
-    """[`call_each`][precision_plugin._core.manager.call_each], with failures settled: the non-``None``
+    """[`call_each`][precision_plugin._core.manager.call_each], with failures settled: the
+    non-``None``
     results, in call order.
 
     A plugin that crashes (any exception that is not a

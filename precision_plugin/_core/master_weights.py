@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import checked
+from precision_plugin._base.report import Finding
 from precision_plugin._core.buffers import buffer_dtypes, keep_float32_buffers
-from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin._core.frameworks import settle_once
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 

@@ -15,10 +15,10 @@ from typing import Any
 from precision_plugin._base import userfiles
 from precision_plugin._base.boundary import checked
 from precision_plugin._base.dtypes import canonical_dtype_name
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin._core.manager import resolve_policy
-from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pluggy
 
 from precision_plugin import hookspecs
-from precision_plugin.errors import PluginHookError
 from precision_plugin._base.report import Finding
+from precision_plugin.errors import PluginHookError
 
 log = logging.getLogger("precision_plugin")
 
@@ -69,7 +69,8 @@ def check_plugins(pm: pluggy.PluginManager, *, strict: bool) -> list[str]:
 
 def log_pending_hooks(manager: Callable[[], pluggy.PluginManager], where: str) -> list[str]:
     """The engine processes' check (vLLM, SGLang, verl entry points): log only, never raise.
-    ``manager`` builds the plugin manager (``precision_plugin._core.manager.get_plugin_manager``)."""
+    ``manager`` builds the plugin manager
+    (``precision_plugin._core.manager.get_plugin_manager``)."""
     try:
         problems = pending_hooks(manager())
     except Exception as exc:  # never stop an engine worker over this check

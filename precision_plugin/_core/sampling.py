@@ -114,7 +114,8 @@ class SamplingSettings:
 class LogitsProcessor:
     """One batch's sampling state: the prompt mask and output counts the penalties need.
 
-    [`process`][precision_plugin._core.sampling.LogitsProcessor.process] turns one step's logits into
+    [`process`][precision_plugin._core.sampling.LogitsProcessor.process] turns one step's logits
+    into
     the processed float32 logits (vLLM's order);
     [`add`][precision_plugin._core.sampling.LogitsProcessor.add] records the tokens just sampled.
     """

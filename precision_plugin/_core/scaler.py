@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import checked, non_empty, torch_device
-from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
 from precision_plugin._core.frameworks import grad_scaler
+from precision_plugin.errors import LossScaleAtMinimumError, PrecisionConfigError
 from precision_plugin.policy import LossScalerSettings, PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -131,7 +131,8 @@ class _Telemetry:
             self._pp_consecutive = 0
 
     def precision_stats(self) -> ScalerStats:
-        """The current [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] (reads the scale: one
+        """The current [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] (reads the scale:
+        one
         device sync)."""
         scale = float(self.get_scale()) if self._enabled else 1.0  # type: ignore[attr-defined]
         return ScalerStats(
@@ -240,7 +241,8 @@ def _check_torch_state(state_dict: Mapping[str, Any]) -> None:
 
 
 class TelemetryGradScaler(_Telemetry, torch.amp.GradScaler):
-    """``torch.amp.GradScaler`` with [`ScalerStats`][precision_plugin._core.scaler.ScalerStats] telemetry
+    """``torch.amp.GradScaler`` with [`ScalerStats`][precision_plugin._core.scaler.ScalerStats]
+    telemetry
     and the policy's floor."""
 
 

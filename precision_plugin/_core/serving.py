@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import Invalid, Validator
+from precision_plugin._base.report import Finding
 from precision_plugin.errors import (
     PrecisionConfigError,
     PrecisionMismatchError,
@@ -25,7 +26,6 @@ from precision_plugin.errors import (
     ServerUnreachableError,
 )
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 

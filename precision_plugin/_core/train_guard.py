@@ -3,7 +3,8 @@
 A ``TrainerCallback`` has no exception event (transformers 5.2x ``trainer_callback.py``: the
 events end with ``on_train_end``, which an exception skips), so a ``PrecisionCallback`` used
 alone would leave its fp32 wrappers and hooks on the model after an exception until the next
-``train()``. [`guard_train`][precision_plugin._core.train_guard.guard_train] wraps that trainer's own
+``train()``. [`guard_train`][precision_plugin._core.train_guard.guard_train] wraps that trainer's
+own
 ``train`` (the instance attribute, not the class), through the reversible-patch helper, so the
 callback's ``release`` runs however ``train()`` ends. ``precision_plugin.disable()`` removes the
 wrap (it is tracked).

@@ -53,8 +53,8 @@ def add_parser(sub: Any, engines: Sequence[str] = ()) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the arguments or the runtime env, or check the arguments after ``--`` (exit 1 on a
     contradiction)."""
-    from precision_plugin._core import frameworks
     from precision_plugin import openrlhf
+    from precision_plugin._core import frameworks
     from precision_plugin._core.manager import resolve_policy
 
     policy = resolve_policy()

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from precision_plugin.cli.argtypes import UsageError
-from precision_plugin.cli.process import PROG, OutputLost, stdout_usable, writing_stdout
 from precision_plugin._base.outputs import check_output_path
 from precision_plugin._base.progress import ProgressFn
 from precision_plugin._base.userfiles import check_path
+from precision_plugin.cli.argtypes import UsageError
+from precision_plugin.cli.process import PROG, OutputLost, stdout_usable, writing_stdout
 
 
 def _check_not_in_model(args: argparse.Namespace, outputs: dict[str, str | None]) -> None:
@@ -54,7 +54,8 @@ def _check_prompts_path(path: str) -> None:
 
 def write(path: str, option: str, write_to: Callable[[Path], Any]) -> None:
     """Have ``write_to`` write ``path`` through the one checked writer
-    ([`write_with`][precision_plugin._base.outputs.write_with]: a temporary file and a rename); an OS
+    ([`write_with`][precision_plugin._base.outputs.write_with]: a temporary file and a rename); an
+    OS
     error (permissions, full disk) becomes one line, exit 2. The path was checked before the
     run (``check_outputs``)."""
     from precision_plugin._base.outputs import write_with

@@ -5,7 +5,8 @@ Public API:
 - [`apply_config`][precision_plugin.deepspeed.apply_config] (pure): a DeepSpeed config with its
   ``"precision_plugin"`` section turned into DeepSpeed's own ``fp16``/``bf16`` settings.
 - [`engine_scaler_stats`][precision_plugin.deepspeed.engine_scaler_stats]: the engine's loss scale
-  and skipped steps as a [`ScalerStats`][precision_plugin._core.scaler.ScalerStats], whatever the ZeRO
+  and skipped steps as a [`ScalerStats`][precision_plugin._core.scaler.ScalerStats], whatever the
+  ZeRO
   stage.
 - [`engine_dtype`][precision_plugin.deepspeed.engine_dtype]: the dtype the plugin runs an engine
   in (the policy's, or float32 where DeepSpeed's accelerator refuses it).

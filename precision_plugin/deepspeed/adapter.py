@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from precision_plugin._base.patching import Patcher
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
 from precision_plugin.deepspeed.doctor import doctor_findings
 from precision_plugin.deepspeed.install import install
 from precision_plugin.deepspeed.telemetry import engine_scaler_stats, find_engine
 from precision_plugin.hookspecs import hookimpl
-from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
-from precision_plugin._base.versions import installed_version
 
 
 @hookimpl

@@ -27,7 +27,6 @@ from typing import Any
 from precision_plugin._base import userfiles
 from precision_plugin._base.boundary import checked, fix_hint
 from precision_plugin._base.conflicts import settle_conflict
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.frameworks import (
     DS_BF16,
     DS_FP16,
@@ -37,6 +36,7 @@ from precision_plugin._core.frameworks import (
     deepspeed_flag,
 )
 from precision_plugin._core.manager import requested_policy, resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy, UserJSONError, normalize_dtype, parse_json
 
 log = logging.getLogger("precision_plugin")

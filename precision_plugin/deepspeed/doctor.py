@@ -3,6 +3,8 @@ whether DeepSpeed's accelerator can run fp16."""
 
 from __future__ import annotations
 
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
 from precision_plugin.deepspeed.config import SECTION, apply_config
 from precision_plugin.deepspeed.device import (
     build_notice,
@@ -13,8 +15,6 @@ from precision_plugin.deepspeed.device import (
 )
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
-from precision_plugin._base.versions import installed_version
 
 
 def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:

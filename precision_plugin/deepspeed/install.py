@@ -13,9 +13,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from precision_plugin._base.conflicts import settle_conflict
+from precision_plugin._base.patching import Patcher
+from precision_plugin._base.versions import installed_version
 from precision_plugin._core import frameworks
 from precision_plugin._core.buffers import float32_buffers, keep_float32_buffers
-from precision_plugin._base.conflicts import settle_conflict
 from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
 from precision_plugin.deepspeed.device import (
     EXTENSIONS_VARIABLE,
@@ -25,9 +27,7 @@ from precision_plugin.deepspeed.device import (
     pending_cpu_build,
 )
 from precision_plugin.deepspeed.telemetry import track_engine
-from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
 

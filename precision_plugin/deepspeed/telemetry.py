@@ -2,7 +2,8 @@
 
 DeepSpeed has no per-step callback, so [`track_engine`][precision_plugin.deepspeed.track_engine]
 wraps one engine's ``step`` to count consecutive skipped steps and apply
-[`check_scale_floor`][precision_plugin._core.scaler.check_scale_floor] instead of DeepSpeed's own "already
+[`check_scale_floor`][precision_plugin._core.scaler.check_scale_floor] instead of DeepSpeed's own
+"already
 at minimum ... Exiting run."
 """
 
@@ -15,12 +16,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import checked, duck
-from precision_plugin.deepspeed.config import config_policy
-from precision_plugin._core.manager import adapter_patcher, current_policy
 from precision_plugin._base.patching import Patcher
-from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._core.scaler import ScalerStats, check_scale_floor
 from precision_plugin._base.shield import shielded
+from precision_plugin._core.manager import adapter_patcher, current_policy
+from precision_plugin._core.scaler import ScalerStats, check_scale_floor
+from precision_plugin.deepspeed.config import config_policy
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -165,7 +166,8 @@ def track_engine(
     """Give ``engine`` per-step telemetry and the policy's loss-scale-floor behaviour; return it.
 
     Wraps this engine's ``step`` (the instance, not the class) so consecutive skips are counted and
-    [`check_scale_floor`][precision_plugin._core.scaler.check_scale_floor] runs on the floor condition,
+    [`check_scale_floor`][precision_plugin._core.scaler.check_scale_floor] runs on the floor
+    condition,
     instead of DeepSpeed's "Current loss scale already at minimum ... Exiting run." ``enable()``
     calls it for every engine ``deepspeed.initialize`` returns; without ``enable()`` the wrap stays
     until the engine is gone.

@@ -3,9 +3,9 @@ OpenRLHF. Its engines are reached through the vLLM adapter's general plugin."""
 
 from __future__ import annotations
 
+from precision_plugin._base.report import Finding
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 
 @hookimpl

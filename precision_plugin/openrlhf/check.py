@@ -18,13 +18,14 @@ from typing import Any
 
 from packaging.version import Version
 
-from precision_plugin._core import frameworks
 from precision_plugin._base.boundary import Invalid, Validator, checked, version_text
 from precision_plugin._base.config_lookup import lookup
 from precision_plugin._base.conflicts import settle_conflict
 from precision_plugin._base.dtypes import SUPPORTED_DTYPES
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin._base.report import Finding
+from precision_plugin._core import frameworks
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
 from precision_plugin.openrlhf.launch import _carried_env, env_value
 from precision_plugin.openrlhf.launch import args as learner_args
@@ -42,7 +43,6 @@ from precision_plugin.openrlhf.layout import (
     layout,
 )
 from precision_plugin.policy import ENV_VAR, LossScalerSettings, PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 FRAMEWORK = "openrlhf"
 _MISSING: Any = object()

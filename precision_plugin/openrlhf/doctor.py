@@ -9,11 +9,11 @@ from __future__ import annotations
 import shlex
 
 from precision_plugin._base import versions
+from precision_plugin._base.report import Finding
 from precision_plugin.openrlhf.installed import installed
 from precision_plugin.openrlhf.launch import env_value
 from precision_plugin.openrlhf.layout import SUPPORTED_SINCE, layout
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
-from precision_plugin._base.report import Finding
 from precision_plugin.vllm.doctor import declared_vllm_range
 
 FRAMEWORK = "openrlhf"

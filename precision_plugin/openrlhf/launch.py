@@ -12,10 +12,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from precision_plugin._core import frameworks
 from precision_plugin._base.boundary import checked, version_text
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin._core import frameworks
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.openrlhf.installed import installed
 from precision_plugin.openrlhf.layout import (
     PARAM_DTYPE,
@@ -103,8 +103,8 @@ def runtime_env(
 def _carried_env(pol: PrecisionPolicy) -> dict[str, Any]:
     """``runtime_env()`` of a resolved policy, float32 included (a finding's fix quotes it next
     to the finding that refuses float32)."""
-    from precision_plugin._core.canary.engines import batch_invariant_env
     from precision_plugin._base.versions import installed_version
+    from precision_plugin._core.canary.engines import batch_invariant_env
 
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
     env_vars[ENV_VAR] = env_value(pol)

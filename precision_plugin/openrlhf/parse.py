@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from precision_plugin._base.boundary import checked, non_empty
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._base.patching import Patcher
+from precision_plugin.errors import PrecisionConfigError
 
 MODULE = "openrlhf.cli.train_ppo_ray"
 

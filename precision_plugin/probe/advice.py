@@ -1,7 +1,8 @@
 """What the measured mismatch does to RL at the user's length, and what to do about it.
 
 For each dtype the probe's sampled tokens give the consequence metrics
-([`precision_plugin._core.metrics.consequence`][precision_plugin._core.metrics.consequence]: the effective sample
+([`precision_plugin._core.metrics.consequence`][precision_plugin._core.metrics.consequence]: the
+effective sample
 size, the share of sequences TRL's and verl's default sequence masks drop, the share of tokens a TIS
 clip at 2.0 clips), over all sequences and per length bucket. A random walk with drift fitted
 to the sequence log-ratios carries them to ``target_length`` with a 90 % interval, and a
@@ -16,11 +17,13 @@ verdict per dtype and one what-to-do line follow from documented thresholds:
   probe's own, not a framework's.
 
 Every figure carries its 90 % interval and the number of sequences behind it
-([`precision_plugin._core.intervals`][precision_plugin._core.intervals] names the method per figure). The
+([`precision_plugin._core.intervals`][precision_plugin._core.intervals] names the method per
+figure). The
 masks' shares do not depend on the batch size; the self-normalised ESS does, so it is given for
 a batch of ``batch_size`` sequences (``--batch-size``; the infinite-batch value ``exp(−σ²L)``
 only labelled as such), and the share of the batch that still counts uses the batch's ESS. A
-misfit check ([`precision_plugin._core.misfit`][precision_plugin._core.misfit]) widens the projection when
+misfit check ([`precision_plugin._core.misfit`][precision_plugin._core.misfit]) widens the
+projection when
 the longest sequences spread more than the fit predicts. The what-to-do line is one
 [`decision`][precision_plugin._core.decision.decide] over overflow, headroom, consequence, mismatch
 and, with ``--attribute``, the setting to change first.
@@ -36,6 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_plugin._base.boundary import at_least, checked, in_range
+from precision_plugin._core.decision import (
+    Attribution,
+    Configured,
+    Decision,
+    Evidence,
+    Headroom,
+    decide,
+    percent,
+)
+from precision_plugin._core.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
 from precision_plugin._core.metrics.consequence import (
     COUNT_FIELDS,
     COVERAGE,
@@ -52,16 +65,6 @@ from precision_plugin._core.metrics.consequence import (
     fit_growth,
     project,
 )
-from precision_plugin._core.decision import (
-    Attribution,
-    Configured,
-    Decision,
-    Evidence,
-    Headroom,
-    decide,
-    percent,
-)
-from precision_plugin._core.intervals import HEAVY_TAIL_KURTOSIS, clopper_pearson, ratio_interval
 from precision_plugin._core.misfit import GrowthCheck, check_growth
 from precision_plugin._core.overflow import HeadroomReport
 from precision_plugin.probe.length import bucket_slices

@@ -25,13 +25,13 @@ from precision_plugin._base.boundary import (
 )
 from precision_plugin._base.constraints import Whole
 from precision_plugin._core.decision import MAX_NUM_PROMPTS
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.policy import UserJSONError, parse_json
 from precision_plugin._core.hf_engine import (  # noqa: F401 - the two named here as before
     TOKENIZER_FILES,
     checkpoint_folder,
     looks_like_hub_id,
 )
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import UserJSONError, parse_json
 
 #: What the prompt builders tokenize with.
 _TOKENIZER = duck("__call__", "decode", what="a transformers tokenizer (AutoTokenizer)")

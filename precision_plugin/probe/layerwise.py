@@ -32,9 +32,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from precision_plugin._base.boundary import checked, dtype_name, policy_field, torch_device, torch_module
-from precision_plugin.probe.scoring import trainer_precision
+from precision_plugin._base.boundary import (
+    checked,
+    dtype_name,
+    policy_field,
+    torch_device,
+    torch_module,
+)
 from precision_plugin._core.rollout import RolloutSample
+from precision_plugin.probe.scoring import trainer_precision
 
 log = logging.getLogger("precision_plugin")
 

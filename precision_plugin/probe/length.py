@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from precision_plugin._base.boundary import at_least, checked
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.metrics.k3 import k3_term
 from precision_plugin._core.metrics.mismatch import drift_per_1k
+from precision_plugin.errors import PrecisionConfigError
 
 #: Sequences per bucket the probe aims for: enough for a mean and a spread per bucket.
 MIN_PER_BUCKET = 4

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_plugin._base.report import Finding
 from precision_plugin._core.overflow import HeadroomReport, headroom
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 

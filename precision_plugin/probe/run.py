@@ -32,14 +32,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from precision_plugin._base.boundary import checked
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.probe.advice import assess
+from precision_plugin._base.progress import ProgressFn
 from precision_plugin._core.hf_engine import (
     HFRolloutEngine,
     RolloutSample,
     hf_engine_factory,
     load_causal_lm,
 )
+from precision_plugin._core.scoring.hf import position_limit
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.probe.advice import assess
 from precision_plugin.probe.inputs import (
     build_prompts,
     check_model_dir,
@@ -57,8 +59,6 @@ from precision_plugin.probe.schema import (
     ProbeResult,
 )
 from precision_plugin.probe.scoring import measure, self_check, trainer_logprobs
-from precision_plugin._base.progress import ProgressFn
-from precision_plugin._core.scoring.hf import position_limit
 
 log = logging.getLogger("precision_plugin")
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from precision_plugin._base.boundary import checked
 from precision_plugin._core.decision import MAX_NUM_PROMPTS  # one limit: the decision quotes it
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin._core.hf_engine import RolloutEngine
 from precision_plugin._core.metrics.mismatch import MismatchMetrics
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings, OverflowSettings, normalize_dtype
 from precision_plugin.probe.attribution.settings import AttributionSettings
-from precision_plugin._core.hf_engine import RolloutEngine
 from precision_plugin.probe.inputs import Prompt
 from precision_plugin.probe.length import LengthEffect, length_effect
 

@@ -8,14 +8,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin._base.boundary import at_least, checked, dtype_name, torch_device, torch_module
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin._core.metrics.mismatch import MismatchMetrics, compute_mismatch
-from precision_plugin.policy import MetricSettings
+from precision_plugin._base.boundary import (
+    at_least,
+    checked,
+    dtype_name,
+    torch_device,
+    torch_module,
+)
 from precision_plugin._core.hf_engine import RolloutSample
-from precision_plugin.probe.schema import SelfCheck
+from precision_plugin._core.metrics.mismatch import MismatchMetrics, compute_mismatch
 from precision_plugin._core.scoring import HFScorer, sequences_of
 from precision_plugin._core.scoring.hf import CHUNK_LOGITS, LMHead, lm_head_of, trainer_precision
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import MetricSettings
+from precision_plugin.probe.schema import SelfCheck
 
 __all__ = [
     "CHUNK_LOGITS",

@@ -15,7 +15,8 @@ STEP_FIELDS: tuple[str, ...] = (
     "step", "reward", "accuracy", "k3_kl", "prob_diff_max", "loss_scale", "skipped_steps",
     "grad_cosine", "seq_log_ratio_abs", "telemetry",
 )  # fmt: skip
-#: The run's consequence metrics (``precision_plugin._core.metrics.consequence``, each step's ``telemetry``):
+#: The run's consequence metrics (``precision_plugin._core.metrics.consequence``, each step's
+# ``telemetry``):
 #: their means over the logged steps, and the worst step's effective sample size.
 CONSEQUENCE_FIELDS: tuple[str, ...] = (
     "mean_ess", "min_ess", "mean_seq_mask_fraction_trl", "mean_seq_mask_fraction_verl",

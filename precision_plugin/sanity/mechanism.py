@@ -102,8 +102,8 @@ class GradCosineReadout:
 
     def attach(self, trainer: Any) -> GradCosineReadout:
         """Record the readout on ``trainer`` (its loss type must be one of ``LOSS_TYPES``)."""
-        from precision_plugin.errors import PrecisionConfigError
         from precision_plugin._base.patching import Patcher
+        from precision_plugin.errors import PrecisionConfigError
 
         if getattr(trainer, "loss_type", None) not in LOSS_TYPES:
             raise PrecisionConfigError(

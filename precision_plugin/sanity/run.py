@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from precision_plugin._base.boundary import checked
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._base.progress import ProgressFn
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.sanity.model import build_model, parameter_count
 from precision_plugin.sanity.pretrain import PretrainSettings, pretrain
 from precision_plugin.sanity.schema import (

@@ -22,7 +22,8 @@ MISMATCH_COLUMNS: tuple[str, ...] = (
     "dtype", "k3 mean", "max |Δp|", "1 − grad cos", "|seq log-ratio|", "skipped", "NaN",
 )  # fmt: skip
 
-#: The consequence table's columns (each step's telemetry: precision_plugin._core.metrics.consequence).
+#: The consequence table's columns (each step's telemetry:
+# precision_plugin._core.metrics.consequence).
 CONSEQUENCE_COLUMNS: tuple[str, ...] = (
     "dtype", "ESS", "ESS worst step", "TRL mask", "verl mask", "TIS clip",
 )  # fmt: skip

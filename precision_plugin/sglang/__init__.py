@@ -26,6 +26,7 @@ entry point and its hooks), ``slime``, ``areal``, ``doctor`` and ``adapter``. SG
 imported only inside its own processes, by the entry point.
 """
 
+from precision_plugin._base import moved
 from precision_plugin.sglang.args import LaunchSettings, read_server_args, server_args
 from precision_plugin.sglang.check import check_server_args
 from precision_plugin.sglang.checkpoint import auto_dtype
@@ -47,14 +48,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """slime's and AReaL's names under their public path ``precision_plugin.sglang``."""
-    if name in ("areal_overrides", "check_areal_config"):
-        from precision_plugin.sglang import areal
-
-        return getattr(areal, name)
-    if name in ("slime_args", "check_slime_args"):
-        from precision_plugin.sglang import slime
-
-        return getattr(slime, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# slime's and AReaL's names (precision_plugin.slime, precision_plugin.areal: orchestrators,
+# layer 4) under their old path here resolve through the alias table, by name.
+__getattr__ = moved.getattr_of(__name__)

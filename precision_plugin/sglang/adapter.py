@@ -7,9 +7,9 @@ in each of its processes, and its hooks follow the policy ``enable()`` installed
 
 from __future__ import annotations
 
+from precision_plugin._base.report import Finding
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 
 @hookimpl

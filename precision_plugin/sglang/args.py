@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 
 from precision_plugin._base import userfiles
 from precision_plugin._base.boundary import Invalid, Validator, checked
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.frameworks import sglang_dtype
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 
 #: The ``ServerArgs`` fields the checks read, with SGLang 0.5.23's defaults

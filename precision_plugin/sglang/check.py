@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import checked
-from precision_plugin.errors import PrecisionConfigError
+from precision_plugin._base.report import Finding
 from precision_plugin._core.frameworks import sglang_runs
 from precision_plugin._core.manager import resolve_policy
 from precision_plugin._core.model_risks import VLLM_FP16_REFUSED, check_model_config
-from precision_plugin.policy import ENV_VAR, PrecisionPolicy
-from precision_plugin._base.report import Finding
 from precision_plugin._core.serving import settle_findings
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.sglang.args import LAUNCH_ARGS, read_server_args
 from precision_plugin.sglang.checkpoint import (
     architecture,

@@ -14,8 +14,8 @@ from typing import Any
 
 from precision_plugin._base.boundary import checked
 from precision_plugin._base.dtypes import spellings
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.model_risks import config_json_for, load_model_config
+from precision_plugin.errors import PrecisionConfigError
 
 #: ``sglang/srt/arg_groups/model_override_base.py`` ``MODEL_OVERRIDES``: "These models require
 #: bfloat16 regardless of the requested dtype".

@@ -7,8 +7,8 @@ import os
 from collections.abc import Mapping
 
 from precision_plugin._base import versions
-from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.sglang.check import FRAMEWORK, NAN_CHECK_ENV, trap_findings
 from precision_plugin.sglang.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME, LOADER_SINCE
 

@@ -40,12 +40,12 @@ from packaging.version import Version
 
 from precision_plugin._base.boundary import checked
 from precision_plugin._base.conflicts import settle_conflict
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin._core.frameworks import sglang_dtype, sglang_runs
 from precision_plugin._core.manager import get_plugin_manager, requested_policy
 from precision_plugin._core.plugin_check import log_pending_hooks
-from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin._core.serving import settle_findings
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import launch_findings, trap_findings
 

@@ -15,15 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import checked
+from precision_plugin._base.report import Finding
+from precision_plugin._core.manager import resolve_policy
+from precision_plugin._core.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.errors import (
     PrecisionConfigError,
     ServerAnswerError,
     ServerUnreachableError,
 )
-from precision_plugin._core.manager import resolve_policy
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
-from precision_plugin._core.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.sglang.args import read_server_args
 from precision_plugin.sglang.check import FRAMEWORK, launch_findings
 

@@ -19,19 +19,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import checked
-from precision_plugin.hookspecs import hookimpl
-from precision_plugin._core.metrics.mismatch import aliases_for
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import installed_version
+from precision_plugin._core.metrics.mismatch import aliases_for
+from precision_plugin.hookspecs import hookimpl
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.trl import canary as trl_canary
 from precision_plugin.trl import sync_check as trl_sync_check
 from precision_plugin.trl import telemetry as trl_telemetry
-from precision_plugin._base.versions import installed_version
 
 log = logging.getLogger("precision_plugin")
 
 #: TRL's train/rollout mismatch metrics (logged when ``vllm_importance_sampling_correction`` is
-#: on) -> our names, read from the one alias table, ``precision_plugin._core.metrics.mismatch.ALIASES``.
+#: on) -> our names, read from the one alias table,
+# ``precision_plugin._core.metrics.mismatch.ALIASES``.
 TRL_METRIC_ALIASES: dict[str, str] = aliases_for("TRL")
 
 

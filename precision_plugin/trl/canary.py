@@ -21,7 +21,8 @@ step; the first check, at the first log with a full set, is the floor):
 
 Logged: ``precision/canary_k3``, ``canary_bitwise_equal_frac``, ``canary_ratio``,
 ``canary_in_band``, ``canary_verdict`` and ``precision/level``
-([`precision_plugin._core.canary.ladder`][precision_plugin._core.canary.ladder]): level 2 is certified once,
+([`precision_plugin._core.canary.ladder`][precision_plugin._core.canary.ladder]): level 2 is
+certified once,
 at the floor check, by rescoring and regenerating the canary at batch 1 and N.
 
 verl and OpenRLHF workers call the same three pieces: build a ``CanaryMonitor`` once; at a due
@@ -35,8 +36,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._core.scoring import HFScorer, Scorer, TokenSequence
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -130,8 +131,8 @@ class TRLCanary:
 
     def _certify(self, trainer: Any, rollout: Scorer) -> None:
         """Level 1 from the audit, level 2's batch-invariance evidence (once, at the floor)."""
-        from precision_plugin.audit import audit_run
         from precision_plugin._core.canary.ladder import certify_batch_invariance
+        from precision_plugin.audit import audit_run
 
         audit = audit_run(self.policy, trainer.args, trainer, trainer.model)
         self.one_dtype = not audit["contradictions"]

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import Invalid, Validator, at_least, checked, dtype_name, duck
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._core.sampling import SamplingSettings
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 
@@ -71,7 +71,8 @@ class HFRollout:
     the learner whenever the optimizer has stepped since (TRL's own rule for syncing vLLM), by a
     ``.to(dtype)`` of the learner's (fp32 master) weights, the same rounding vLLM applies when it
     loads them, with the buffers vLLM keeps in float32 kept in float32
-    ([`precision_plugin._core.buffers`][precision_plugin._core.buffers]). ``dtype`` defaults to the active
+    ([`precision_plugin._core.buffers`][precision_plugin._core.buffers]). ``dtype`` defaults to the
+    active
     policy's ([`resolve_policy()`][precision_plugin._core.manager.resolve_policy]). ``max_batch``:
     at most this many sequences per forward (``1``: every sequence sampled and scored alone, a
     batch-invariant engine by construction, precision level 2; default: the whole batch at once,
@@ -159,8 +160,8 @@ class HFRollout:
         learner = trainer.accelerator.unwrap_model(trainer.model)
         device = str(trainer.accelerator.device)
         if self.engine is None:
-            from precision_plugin.errors import PrecisionConfigError
             from precision_plugin._core.hf_engine import HFRolloutEngine
+            from precision_plugin.errors import PrecisionConfigError
 
             quantization = getattr(getattr(learner, "config", None), "quantization_config", None)
             if quantization is not None:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from precision_plugin._base.patching import Patcher
+from precision_plugin._base.shield import shielded
 from precision_plugin._core.canary.sync_check import SyncCheck, check_sync, sync_sequences
 from precision_plugin.errors import CanaryAlarmError
-from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.shield import shielded
 
 log = logging.getLogger("precision_plugin")
 

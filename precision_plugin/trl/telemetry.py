@@ -13,7 +13,8 @@ trainer for the length of ``train()`` (``attach``). The mask is TRL's ``completi
 (times ``tool_mask``). Each rollout slice is counted once even when TRL reuses it
 (``num_iterations > 1``); evaluation batches are not counted.
 
-Per process the wrappers add [`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums] and
+Per process the wrappers add
+[`mismatch_sums`][precision_plugin._core.metrics.mismatch.mismatch_sums] and
 [`consequence_sums`][precision_plugin._core.metrics.consequence.consequence_sums] (the effective
 sample size, the shares TRL's and verl's sequence masks drop, the share of tokens a TIS clip
 at 2.0 clips); at a due log every process gathers them, so the figures are token-weighted over
@@ -28,8 +29,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.shield import shielded
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.trl import canary as trl_canary
 
 log = logging.getLogger("precision_plugin")
@@ -115,7 +116,10 @@ class MismatchAccumulator:
         ``gather`` concatenates a tensor across processes (``accelerator.gather``); every
         process must call ``flush`` at the same log.
         """
-        from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS, consequence_from_sums
+        from precision_plugin._core.metrics.consequence import (
+            CONSEQUENCE_METRICS,
+            consequence_from_sums,
+        )
         from precision_plugin._core.metrics.mismatch import metrics_from_sums
 
         sums, maxima, counts, moments = self.sums, self.maxima, self.counts, self.log_moments

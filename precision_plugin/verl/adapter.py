@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from precision_plugin._base.report import Finding
 from precision_plugin.hookspecs import hookimpl
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 
 @hookimpl

@@ -19,8 +19,8 @@ from precision_plugin._base.config_lookup import MISSING as _MISSING
 from precision_plugin._base.config_lookup import UNSET as _UNSET
 from precision_plugin._base.config_lookup import lookup, vars_of
 from precision_plugin._base.config_lookup import raw_value as _raw
-from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.verl.contradiction import Contradiction
 from precision_plugin.verl.layout import (
@@ -389,7 +389,8 @@ def check_config(
     float16 or float32 policy, and mismatch metrics switched off. Under
     ``strictness="error"`` they are raised together as one :class:`PrecisionMismatchError`,
     else logged as one warning. ``policy`` goes through
-    :func:`precision_plugin._core.manager.resolve_policy`; ``verl_version`` defaults to the installed
+    :func:`precision_plugin._core.manager.resolve_policy`; ``verl_version`` defaults to the
+    installed
     verl, ``strategy`` to ``actor_rollout_ref.actor.strategy``. Returns the contradictions.
     Anything but the whole composed config (``None``, a path, a list, an empty dict, one of its
     sections) is refused: an empty answer must mean the config was checked.

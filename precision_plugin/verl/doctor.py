@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin._base import versions
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.verl.check import find_contradictions
 from precision_plugin.verl.layout import ENTRY_POINT_GROUP, ENTRY_POINT_NAME, layout
 

@@ -9,9 +9,9 @@ from typing import Any
 from packaging.version import Version
 
 from precision_plugin._base.boundary import checked, gpu_capability, one_of, version_text
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.frameworks import vllm_dtype
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.verl.layout import (
     LONG_NAME,
@@ -150,7 +150,8 @@ def overrides(
 ) -> list[str]:
     """The Hydra overrides that make a verl PPO/GRPO run follow ``policy``.
 
-    ``policy`` is resolved by :func:`precision_plugin._core.manager.resolve_policy` (argument, active
+    ``policy`` is resolved by :func:`precision_plugin._core.manager.resolve_policy` (argument,
+    active
     ``enable()`` policy, ``PRECISION_PLUGIN``, defaults). ``verl_version`` defaults to the
     installed verl (else the current layout, >= 0.8); ``strategy`` is the learner: ``fsdp``
     (also for fsdp2), ``fsdp_turbo`` (bfloat16 only: verl 0.9.1's FSDP-Turbo engine ignores a

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from precision_plugin.errors import PrecisionPluginError
-from precision_plugin._core.manager import get_plugin_manager
 from precision_plugin._base.patching import Patcher
+from precision_plugin._core.manager import get_plugin_manager
 from precision_plugin._core.plugin_check import log_pending_hooks
+from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.verl.check import Contradiction, find_contradictions, settle
 

@@ -7,10 +7,10 @@ import os
 import sys
 from typing import Any
 
-from precision_plugin.hookspecs import hookimpl
 from precision_plugin._base.patching import Patcher
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin.hookspecs import hookimpl
+from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.vllm.enforce import install_vllm_patches, patch_lock
 from precision_plugin.vllm.engine import vllm_version
 from precision_plugin.vllm.server import verify_engine, verify_server
@@ -63,8 +63,8 @@ def precision_train_begin(policy: PrecisionPolicy, args: Any, trainer: Any) -> N
 def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     """What vLLM is installed, whether TRL supports it, the cascade verdict, what enable()
     changes."""
-    from precision_plugin._core.canary.engines import batch_invariant_findings
     from precision_plugin._base.versions import installed_version
+    from precision_plugin._core.canary.engines import batch_invariant_findings
     from precision_plugin.vllm.doctor import doctor_findings
     from precision_plugin.vllm.invariance import (
         attention_backend_findings,

@@ -10,8 +10,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 
 from precision_plugin._base import versions
-from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import cascade_guard
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"

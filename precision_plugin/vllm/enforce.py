@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base.boundary import Invalid, Validator, checked
+from precision_plugin._base.patching import Patcher, is_patched
 from precision_plugin._core.builders import built_by_openrlhf
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.manager import (
     adapter_patcher,
     get_plugin_manager,
@@ -23,8 +23,8 @@ from precision_plugin._core.manager import (
     resolve_policy,
 )
 from precision_plugin._core.model_risks import check_engine_model
-from precision_plugin._base.patching import Patcher, is_patched
 from precision_plugin._core.plugin_check import log_pending_hooks
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
 from precision_plugin.vllm.engine import (
     MANAGED,

@@ -19,9 +19,9 @@ from precision_plugin._base.boundary import (
     version_text,
 )
 from precision_plugin._base.conflicts import settle_conflict
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.frameworks import vllm_dtype
 from precision_plugin._core.manager import resolve_policy
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
 from precision_plugin.vllm.cascade import FLAG, CascadeDecision, cascade_decision
 

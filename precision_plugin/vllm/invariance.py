@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin._base.boundary import checked
+from precision_plugin._base.report import Finding
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
 
 log = logging.getLogger("precision_plugin")
 

@@ -1,5 +1,6 @@
 """``precision_plugin.vllm.models``: its old public path. The model-risk tables and checkpoint
-checks live in [`precision_plugin._core.model_risks`][precision_plugin._core.model_risks] (layer 2), shared by
+checks live in [`precision_plugin._core.model_risks`][precision_plugin._core.model_risks] (layer
+2), shared by
 the vLLM and SGLang adapters and the probe."""
 
 from precision_plugin._core.model_risks import (

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_plugin._base import versions
+from precision_plugin._core.rollout import RolloutSample
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._core.rollout import RolloutSample
 from precision_plugin.vllm.cpu_weights import is_cpu_build
 from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
 

@@ -15,15 +15,15 @@ from typing import Any
 
 from precision_plugin._base import versions
 from precision_plugin._base.boundary import Invalid, Validator, checked
+from precision_plugin._base.report import Finding
+from precision_plugin._core.manager import requested_policy, resolve_policy
+from precision_plugin._core.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.errors import (
     PrecisionConfigError,
     ServerAnswerError,
     ServerUnreachableError,
 )
-from precision_plugin._core.manager import requested_policy, resolve_policy
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy, normalize_dtype
-from precision_plugin._base.report import Finding
-from precision_plugin._core.serving import get_json, server_url, settle_findings, unusable_answer
 from precision_plugin.vllm.cascade import cascade_decision
 from precision_plugin.vllm.engine import MARKER
 

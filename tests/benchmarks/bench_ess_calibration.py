@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS
 from precision_plugin._core.intervals import (
     COVERAGE,
     TAIL_EXCESS_KURTOSIS,
@@ -36,6 +35,7 @@ from precision_plugin._core.intervals import (
     robust_bounds,
     z_value,
 )
+from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS
 from tests.benchmarks.report import add_json_option, write_json
 
 LAWS: tuple[str, ...] = ("normal", "laplace", "t3", "mixture")

@@ -34,10 +34,10 @@ VARIANTS = ("no fp8 cache", "rounded once", "whole cache every step")
 
 def measure(model_path: str, dtype: str, tokens: int, prompts: int) -> dict[str, Any]:
     """Seconds per variant and whether the two fp8 variants sampled the same."""
+    from precision_plugin._core.hf_engine import load_causal_lm
     from precision_plugin.probe.attribution import variants
     from precision_plugin.probe.attribution.measure import rollout_samples
     from precision_plugin.probe.attribution.settings import parse_rollout
-    from precision_plugin._core.hf_engine import load_causal_lm
 
     master, _ = load_causal_lm(model_path, "cpu")
     vocab = int(master.config.vocab_size)

@@ -17,8 +17,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
 import precision_plugin as pp
 from precision_plugin import vllm as adapter
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin._base.patching import is_patched
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from tests.rope_variants import SCALED, rope_parameters
 

@@ -15,10 +15,10 @@ from openrlhf.models.loss import PolicyLoss
 from openrlhf.trainer.ppo_utils.experience import Experience
 
 from precision_plugin import openrlhf as orl
+from precision_plugin._base.versions import installed_version
 from precision_plugin._core.canary import CanaryMonitor
 from precision_plugin._core.canary.workers import batch_metrics, check_canary
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.versions import installed_version
 
 OLD = torch.tensor([[-1.0, -2.0, -0.25], [-0.5, -3.0, -1.0]])
 ROLLOUT = torch.tensor([[-1.0, -2.0, -0.75], [-0.5, -3.0, -4.0]])

@@ -26,8 +26,8 @@ from packaging.version import Version
 
 import precision_plugin as pp
 from precision_plugin import openrlhf as orl
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin._core.metrics.mismatch import ALIASES, compute_mismatch
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.openrlhf.installed import (
     RELEASED_WEIGHT_SYNC,
     engine_dtype,

@@ -14,7 +14,11 @@ import sglang
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 from precision_plugin._core.scoring import TokenSequence
-from precision_plugin._core.scoring.sglang import SGLangScorer, completion_logprobs, generate_request
+from precision_plugin._core.scoring.sglang import (
+    SGLangScorer,
+    completion_logprobs,
+    generate_request,
+)
 
 
 def engine_generate_parameters() -> set[str]:

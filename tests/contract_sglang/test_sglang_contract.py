@@ -25,8 +25,8 @@ from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
 from sglang.version import __version__ as SGLANG_VERSION
 
 from precision_plugin import PrecisionPolicy
-from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES
+from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE
 from precision_plugin.sglang import (
     auto_dtype,

@@ -20,8 +20,8 @@ from accelerate.state import AcceleratorState
 
 import precision_plugin as pp
 from precision_plugin import PrecisionMismatchError
-from precision_plugin.accelerate import accelerator_stats
 from precision_plugin._core.scaler import TelemetryGradScaler
+from precision_plugin.accelerate import accelerator_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from precision_plugin.cli import main
 from precision_plugin._core.manager import get_plugin_manager
+from precision_plugin.cli import main
 from precision_plugin.probe.tiny_model import build_tokenizer
 from tests.kernels import THRESHOLDS
 

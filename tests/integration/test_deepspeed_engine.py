@@ -15,8 +15,8 @@ pytest.importorskip("deepspeed")
 import torch
 
 import precision_plugin as pp
-from precision_plugin.deepspeed import apply_config, engine_dtype, engine_scaler_stats, track_engine
 from precision_plugin._core.manager import get_plugin_manager
+from precision_plugin.deepspeed import apply_config, engine_dtype, engine_scaler_stats, track_engine
 from tests.integration import ds_cpu
 
 STAGES = [0, 1, 2, 3]

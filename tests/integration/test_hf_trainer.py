@@ -149,8 +149,8 @@ def test_disable_restores_transformers_exactly():
 
 def test_each_decision_is_made_once_per_trainer(tmp_path, monkeypatch):
     """The Trainer, Accelerator.prepare_model and the callback see one model: cast it once."""
-    from precision_plugin._core import master_weights
     from precision_plugin import transformers as adapter
+    from precision_plugin._core import master_weights
 
     calls = {"prepare_model": 0, "flags": 0}
     prepare, coerce = master_weights.prepare_model, adapter._coerce_flags

@@ -14,8 +14,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
-from precision_plugin._core.overflow.fallback import is_fp32
 from precision_plugin._base.patching import tracked
+from precision_plugin._core.overflow.fallback import is_fp32
 from tests.integration.test_overflow_trainer import _data
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama
 

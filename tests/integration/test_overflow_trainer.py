@@ -14,8 +14,8 @@ from transformers import Trainer, TrainingArguments
 
 import precision_plugin as pp
 from precision_plugin import PrecisionCallback
-from precision_plugin.errors import ForwardOverflowError
 from precision_plugin._core.overflow.fallback import is_fp32
+from precision_plugin.errors import ForwardOverflowError
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerator_state")

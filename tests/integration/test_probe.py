@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe import (
     ProbeConfig,
@@ -16,7 +17,6 @@ from precision_plugin.probe import (
     completion_budgets,
     run_probe,
 )
-from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.tiny_model import build_tokenizer
 from tests.kernels import THRESHOLDS
 

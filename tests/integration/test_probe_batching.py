@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
+from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe import ProbeConfig, run_probe
-from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory
 from precision_plugin.probe.scoring import trainer_logprobs
 from tests.kernels import THRESHOLDS
 

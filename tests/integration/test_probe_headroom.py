@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from precision_plugin.cli import main
 from precision_plugin._core.overflow import FP16_MAX, headroom
+from precision_plugin.cli import main
 from precision_plugin.probe.inputs import build_prompts
 from precision_plugin.probe.overflow import check_overflow
 from precision_plugin.probe.tiny_model import build_default_model, save_default_model

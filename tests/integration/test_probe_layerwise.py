@@ -15,8 +15,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from precision_plugin.probe import ProbeConfig, run_probe
 from precision_plugin._core.hf_engine import HFRolloutEngine
+from precision_plugin.probe import ProbeConfig, run_probe
 from precision_plugin.probe.table import render_layerwise_table
 
 pytestmark = pytest.mark.slow

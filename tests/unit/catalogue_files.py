@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from precision_plugin import PrecisionConfigError
-from precision_plugin.errors import PrecisionPluginError
 from precision_plugin._base.userfiles import MAX_CONFIG_BYTES, MAX_DATA_BYTES
+from precision_plugin.errors import PrecisionPluginError
 
 #: Seconds a case may take in its child (the refusals take milliseconds; a hang takes for ever).
 SECONDS = 60

@@ -3,5 +3,4 @@ call (``entry(param=<label>)``), each value what happens. The list only shrinks:
 listed fails, and a listed one that no longer happens fails until it is taken off.
 """
 
-KNOWN: dict[str, str] = {
-}
+KNOWN: dict[str, str] = {}

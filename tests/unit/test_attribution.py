@@ -384,13 +384,13 @@ def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
     probe does) records, while it samples, exactly what the attribution's decode pass gives for
     the same tokens (its copy of the trainer model, one padded batch, KV cache), so the probe
     reuses them. 4 prompts of 1-5 tokens, 24 new tokens, the embedded model."""
-    from precision_plugin.probe.attribution.measure import _copy, trainer_transform
-    from precision_plugin.probe.attribution.variants import apply_switches
     from precision_plugin._core.hf_engine import hf_engine_factory
-    from precision_plugin.probe.run import _load_trainer
-    from precision_plugin.probe.tiny_model import save_default_model
     from precision_plugin._core.scoring import HFScorer
     from precision_plugin._core.scoring.interface import sequences_of
+    from precision_plugin.probe.attribution.measure import _copy, trainer_transform
+    from precision_plugin.probe.attribution.variants import apply_switches
+    from precision_plugin.probe.run import _load_trainer
+    from precision_plugin.probe.tiny_model import save_default_model
 
     path = str(save_default_model(tmp_path))
     master, _ = _load_trainer(path, "cpu")
@@ -415,8 +415,8 @@ def test_the_probes_recorded_log_probs_are_its_decode_pass_bit_for_bit(
 def test_trainer_log_probs_of_other_samples_are_one_clear_error() -> None:
     """``attribute_dtype(trainer=...)`` reuses the probe's trainer log-probs only for the same
     samples: another count or another length is refused before any pass runs."""
-    from precision_plugin.probe.attribution.measure import attribute_dtype
     from precision_plugin._core.rollout import RolloutSample
+    from precision_plugin.probe.attribution.measure import attribute_dtype
 
     samples = [RolloutSample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], {}) for _ in range(2)]
     for trainer in ([[-1.0] * 3], [[-1.0] * 3, [-1.0] * 2]):
@@ -472,9 +472,9 @@ def test_rollout_samples_stop_each_prompt_at_its_budget_with_the_same_tokens(dty
 
     import torch
 
+    from precision_plugin._core.hf_engine import HFRolloutEngine
     from precision_plugin.probe.attribution import measure
     from precision_plugin.probe.attribution.settings import parse_rollout
-    from precision_plugin._core.hf_engine import HFRolloutEngine
 
     model = llama()
     prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]

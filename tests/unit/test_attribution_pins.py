@@ -14,6 +14,9 @@ import pytest
 import torch
 
 from precision_plugin._core.metrics.k3 import _LARGEST, k3_term
+from precision_plugin._core.scoring import TokenSequence, batch_rescore
+from precision_plugin._core.scoring.bitwise import BitwiseEqual
+from precision_plugin._core.scoring.rescore import BatchRescore
 from precision_plugin.probe.attribution import RolloutSettings, k3_interval, parse_rollout
 from precision_plugin.probe.attribution.decompose import log_ratio
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, CAUSES, first_change
@@ -25,9 +28,6 @@ from precision_plugin.probe.attribution.measure import (
 )
 from precision_plugin.probe.attribution.render import _interval
 from precision_plugin.probe.attribution.settings import AttributionSettings
-from precision_plugin._core.scoring import TokenSequence, batch_rescore
-from precision_plugin._core.scoring.bitwise import BitwiseEqual
-from precision_plugin._core.scoring.rescore import BatchRescore
 
 
 def test_log_ratio_is_side_minus_reference_and_equal_infinities_are_zero() -> None:
@@ -192,10 +192,10 @@ def test_the_batch_row_is_the_batched_scores_against_the_scores_alone() -> None:
     # shares the forward: the batch row is log p(batched) - log p(alone), on the rollout copy
     # with the trainer's kernels, scored here without the attribution's code. Its k3 is not
     # symmetric in the sides (a third-order term), so the sides swapped give another value.
-    from precision_plugin.probe.attribution.measure import _copy, attribute_dtype
     from precision_plugin._core.scoring import HFScorer
     from precision_plugin._core.scoring.interface import sequences_of
     from precision_plugin._core.scoring.packed_cpu import trainer_kernels
+    from precision_plugin.probe.attribution.measure import _copy, attribute_dtype
     from tests.attribution_cases import NEW_TOKENS, BatchDependentNorm, llama, sample
 
     model = llama()

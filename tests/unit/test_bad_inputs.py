@@ -28,8 +28,8 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
-from precision_plugin.cli import main
 from precision_plugin._core.metrics.mismatch import SUM_FIELDS
+from precision_plugin.cli import main
 from tests.unit.catalogue_files import rows as _file_rows
 from tests.unit.catalogue_meaning import rows as _meaning_rows
 from tests.unit.catalogue_numbers import rows as _number_rows
@@ -1567,7 +1567,9 @@ CASES: list[Case] = [
     Case(
         "check_model None",
         "kinds",
-        lambda t: __import__("precision_plugin._core.master_weights", fromlist=["x"]).check_model(None),
+        lambda t: __import__("precision_plugin._core.master_weights", fromlist=["x"]).check_model(
+            None
+        ),
         names=("check_model()",),
     ),
     Case(
@@ -1632,7 +1634,9 @@ CASES: list[Case] = [
     Case(
         "make_grad_scaler fp8",
         "kinds",
-        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).make_grad_scaler("fp8"),
+        lambda t: __import__("precision_plugin._core.scaler", fromlist=["x"]).make_grad_scaler(
+            "fp8"
+        ),
         names=("fp8",),
     ),
     Case(
@@ -1663,23 +1667,25 @@ CASES: list[Case] = [
     Case(
         "mismatch shapes",
         "kinds",
-        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).compute_mismatch(
-            [[-0.1, -0.2]], [[-0.1]]
-        ),
+        lambda t: __import__(
+            "precision_plugin._core.metrics.mismatch", fromlist=["x"]
+        ).compute_mismatch([[-0.1, -0.2]], [[-0.1]]),
         names=("shape",),
     ),
     Case(
         "mismatch vocab",
         "kinds",
-        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).compute_mismatch(
-            torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)
-        ),
+        lambda t: __import__(
+            "precision_plugin._core.metrics.mismatch", fromlist=["x"]
+        ).compute_mismatch(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)),
         names=("vocab",),
     ),
     Case(
         "verdict None",
         "kinds",
-        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).verdict(None),
+        lambda t: __import__("precision_plugin._core.metrics.mismatch", fromlist=["x"]).verdict(
+            None
+        ),
         names=("MismatchMetrics",),
     ),
     # 10. vLLM engine_kwargs and the checks behind it

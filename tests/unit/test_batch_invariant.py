@@ -7,13 +7,13 @@ import os
 
 import pytest
 
+from precision_plugin._base.patching import Patcher
 from precision_plugin._core.canary.engines import (
     ENV,
     apply_batch_invariant,
     batch_invariant_env,
     batch_invariant_findings,
 )
-from precision_plugin._base.patching import Patcher
 from precision_plugin.policy import PrecisionPolicy
 
 

@@ -15,8 +15,8 @@ from precision_plugin._core.decision import (
     decide,
     prompts_to_decide,
 )
-from precision_plugin.deepspeed import config_policy
 from precision_plugin._core.manager import coerce_policy
+from precision_plugin.deepspeed import config_policy
 from precision_plugin.policy import PrecisionPolicy
 
 MODULES = ("model.layers.3.mlp.down_proj", "model.layers.29.mlp.down_proj")

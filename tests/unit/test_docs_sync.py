@@ -40,3 +40,18 @@ def test_concepts_page_defines_every_metric():
     scalar |= set(CONSEQUENCE_METRICS)
     missing = {m for m in scalar if f"`{m}`" not in defined}
     assert not missing, f"docs/concepts.md's metric table misses {sorted(missing)}"
+
+
+def test_contributing_page_shows_the_layer_table_as_the_tree_has_it():
+    """docs/contributing.md's layer table is layers_table() verbatim (edit LAYERS, then paste)."""
+    from precision_plugin._base.layers import layers_table
+
+    text = (DOCS / "contributing.md").read_text()
+    found = re.search(r"<!-- layers-table:[^>]*-->\n(.*?)\n<!-- /layers-table -->", text, re.S)
+    assert found, "docs/contributing.md lost its layers-table markers"
+    package = Path(__file__).resolve().parents[2] / "precision_plugin"
+    assert found.group(1) == layers_table(package), (
+        "docs/contributing.md's layer table differs from the tree; replace the lines between the "
+        "layers-table markers with the output of python -c 'from pathlib import Path; from "
+        'precision_plugin._base.layers import layers_table; print(layers_table(Path("precision_plugin")))\''
+    )

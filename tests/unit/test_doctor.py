@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 from rich.console import Console
 
+from precision_plugin._base.report import Finding
+from precision_plugin._base.versions import AcceleratorInfo, package_info
+from precision_plugin._core.manager import get_plugin_manager
 from precision_plugin.cli import main
 from precision_plugin.doctor import core_findings, doctor_policy, render_report, run_doctor
 from precision_plugin.hookspecs import hookimpl
-from precision_plugin._core.manager import get_plugin_manager
 from precision_plugin.policy import PrecisionPolicy
-from precision_plugin._base.report import Finding
-from precision_plugin._base.versions import AcceleratorInfo, package_info
 
 
 class _Plugin:

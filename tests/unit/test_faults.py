@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import precision_plugin as pp
+from precision_plugin._base.patching import Patcher
+from precision_plugin._core.manager import active_patches, current_policy, get_plugin_manager
 from precision_plugin.errors import AdapterInstallError, PrecisionMismatchError
 from precision_plugin.hookspecs import hookimpl
-from precision_plugin._core.manager import active_patches, current_policy, get_plugin_manager
-from precision_plugin._base.patching import Patcher
 
 #: An object third-party plugins patch, so a left-over patch is visible.
 TARGET = types.SimpleNamespace(value="original")

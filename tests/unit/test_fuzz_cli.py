@@ -192,9 +192,7 @@ def every_option() -> Iterator[tuple[str, argparse.Action]]:
     yield from OPTIONS
 
 
-@pytest.mark.parametrize(
-    ("command", "action"), OPTIONS, ids=[_label(c, a) for c, a in OPTIONS]
-)
+@pytest.mark.parametrize(("command", "action"), OPTIONS, ids=[_label(c, a) for c, a in OPTIONS])
 def test_an_option_survives_every_value_its_parser_lets_through(command, action, tmp_path):
     """No finding beyond ``fuzz_known.KNOWN``'s, and none listed there that no longer
     happens."""

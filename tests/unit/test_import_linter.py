@@ -47,3 +47,18 @@ def test_function_level_import_up_the_table_is_caught(tmp_path: Path) -> None:
     proc = _lint(tmp_path)
     assert proc.returncode == 1, proc.stdout
     assert "precision_plugin.errors -> precision_plugin.cli" in proc.stdout
+
+
+def test_the_contracts_are_the_layer_table() -> None:
+    """pyproject.toml's contracts are generated from LAYERS (import_linter_toml), with no
+    ignore_imports: the tree is the table, with no exception."""
+    import tomllib
+
+    from precision_plugin._base.layers import import_linter_contracts
+
+    written = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert written["contracts"] == import_linter_contracts(), (
+        "pyproject.toml's [[tool.importlinter.contracts]] differ from precision_plugin/_base/"
+        "layers.py's LAYERS; paste the output of python -c 'from precision_plugin._base.layers "
+        "import import_linter_toml; print(import_linter_toml())' in their place"
+    )

@@ -30,14 +30,6 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from precision_plugin._core.metrics.consequence import (
-    SEQUENCE_MASKS,
-    VERL_SEQUENCE_MASK,
-    ess_interval,
-    fit_growth,
-    mask_fraction,
-    project,
-)
 from precision_plugin._core.intervals import (
     COVERAGE,
     ESS_SEED,
@@ -49,6 +41,14 @@ from precision_plugin._core.intervals import (
     robust_bounds,
     tail_bounds,
     variance_normal,
+)
+from precision_plugin._core.metrics.consequence import (
+    SEQUENCE_MASKS,
+    VERL_SEQUENCE_MASK,
+    ess_interval,
+    fit_growth,
+    mask_fraction,
+    project,
 )
 from precision_plugin._core.misfit import check_growth
 

@@ -12,7 +12,11 @@ import random
 import pytest
 import torch
 
-from precision_plugin._core.canary.ladder import Invariance, certify_batch_invariance, precision_level
+from precision_plugin._core.canary.ladder import (
+    Invariance,
+    certify_batch_invariance,
+    precision_level,
+)
 from precision_plugin._core.hf_engine import HFRolloutEngine
 from precision_plugin._core.scoring import BatchRescore, BitwiseEqual, HFScorer, TokenSequence
 

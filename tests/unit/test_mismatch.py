@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from precision_plugin._core.metrics.consequence import CONSEQUENCE_METRICS
-from precision_plugin._core.metrics.mismatch import ALIASES, compute_mismatch, mismatch_sums, prefixed, verdict
+from precision_plugin._core.metrics.mismatch import (
+    ALIASES,
+    compute_mismatch,
+    mismatch_sums,
+    prefixed,
+    verdict,
+)
 from precision_plugin.policy import MetricSettings
 
 

@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
+from precision_plugin._core.metrics.mismatch import (
+    SUM_FIELDS,
+    compute_mismatch,
+    metrics_from_sums,
+    mismatch_sums,
+)
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin._core.metrics.mismatch import SUM_FIELDS, compute_mismatch, metrics_from_sums, mismatch_sums
 
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,11 +18,9 @@ from typing import Any
 import pytest
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
-
-from precision_plugin._core import frameworks
-
-from precision_plugin._base import versions
 from precision_plugin import openrlhf as orl
+from precision_plugin._base import versions
+from precision_plugin._core import frameworks
 from precision_plugin.cli import main
 from precision_plugin.errors import PrecisionMismatchError
 from precision_plugin.openrlhf import check as check_module
@@ -121,8 +119,8 @@ def test_args_refuse_what_openrlhf_cannot_run():
 
 
 def test_args_are_feature_detected_in_the_installed_parser(monkeypatch):
-    from precision_plugin.openrlhf import launch
     from precision_plugin._base.versions import parse_version
+    from precision_plugin.openrlhf import launch
 
     fake = Installed(
         parse_version(NEW), Path("/x"), frozenset({"--other"}), "bfloat16", RELEASED_WEIGHT_SYNC

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._base.outputs import console, distinct_paths, write_atomic
+from precision_plugin.errors import PrecisionConfigError
 
 
 def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionPolicy
-from precision_plugin.errors import ForwardOverflowError, PrecisionPluginError
 from precision_plugin._core.overflow import (
     FP16_MAX,
     OverflowDetector,
@@ -23,6 +22,7 @@ from precision_plugin._core.overflow import (
 )
 from precision_plugin._core.overflow.fallback import is_fp32
 from precision_plugin._core.scaler import make_grad_scaler
+from precision_plugin.errors import ForwardOverflowError, PrecisionPluginError
 from tests.tiny import OVERFLOW_MODULE, overflowing_llama, sample_ids, tiny_llama
 
 HOT = OVERFLOW_MODULE

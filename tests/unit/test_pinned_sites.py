@@ -20,10 +20,10 @@ from precision_plugin._core.metrics.consequence import (
     mask_fraction,
     project,
 )
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.probe.layerwise import PART_FACTOR, StageDivergence, outliers
 from precision_plugin._core.sampling import SamplingSettings
 from precision_plugin._core.serving import url_problem
+from precision_plugin.errors import PrecisionConfigError
+from precision_plugin.probe.layerwise import PART_FACTOR, StageDivergence, outliers
 
 # -- the projection's intervals: z from the stated coverage -----------------------------------
 

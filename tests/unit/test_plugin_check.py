@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 import precision_plugin as pp
+from precision_plugin._core.manager import get_plugin_manager
+from precision_plugin._core.plugin_check import log_pending_hooks, pending_hooks
 from precision_plugin.doctor import run_doctor
 from precision_plugin.errors import PluginHookError
 from precision_plugin.hookspecs import hookimpl
-from precision_plugin._core.manager import get_plugin_manager
-from precision_plugin._core.plugin_check import log_pending_hooks, pending_hooks
 
 NAME = "misspelt_plugin"
 

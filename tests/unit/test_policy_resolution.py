@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import precision_plugin as pp
+from precision_plugin._core.master_weights import prepare_model
 from precision_plugin.callback import PrecisionCallback
 from precision_plugin.deepspeed import apply_config, config_policy
 from precision_plugin.doctor import doctor_policy
-from precision_plugin._core.master_weights import prepare_model
 from precision_plugin.vllm import check_model_config, engine_kwargs, verify_engine
 
 

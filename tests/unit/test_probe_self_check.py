@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from precision_plugin._core.hf_engine import HFRolloutEngine
 from precision_plugin._core.metrics.mismatch import compute_mismatch
 from precision_plugin.policy import MetricSettings
 from precision_plugin.probe import ProbeConfig, RolloutSample, run_probe, self_check
-from precision_plugin._core.hf_engine import HFRolloutEngine
 
 THRESHOLD = MetricSettings().self_check_k3_max
 

@@ -444,16 +444,21 @@ def candidates(tmp: Path) -> list[Any]:
     passes its boundary check is used while another parameter gets a wrong one."""
     from packaging.version import Version
 
+    from precision_plugin._base.patching import Patcher
     from precision_plugin._core.canary import CanaryMonitor
-    from precision_plugin._core.metrics.consequence import Interval, compute_consequence, fit_growth, project
+    from precision_plugin._core.metrics.consequence import (
+        Interval,
+        compute_consequence,
+        fit_growth,
+        project,
+    )
     from precision_plugin._core.metrics.mismatch import compute_mismatch
     from precision_plugin._core.overflow import headroom
-    from precision_plugin._base.patching import Patcher
+    from precision_plugin._core.scaler import ScalerStats
+    from precision_plugin._core.scoring import BitwiseEqual, TokenSequence
     from precision_plugin.policy import LossScalerSettings, MetricSettings, OverflowSettings
     from precision_plugin.probe import ProbeConfig, RolloutSample, SelfCheck
     from precision_plugin.sanity import SanityConfig
-    from precision_plugin._core.scaler import ScalerStats
-    from precision_plugin._core.scoring import BitwiseEqual, TokenSequence
     from precision_plugin.vllm import cascade_decision
 
     file = tmp / "file.txt"

@@ -84,7 +84,11 @@ DOCUMENTED: dict[str, list[str]] = {
         "PACK_ROWS",
         "MIN_ROWS",
     ],
-    "precision_plugin._core.scoring.fused_cpu": ["fuse_shared_inputs", "fusable", "SharedInputProduct"],
+    "precision_plugin._core.scoring.fused_cpu": [
+        "fuse_shared_inputs",
+        "fusable",
+        "SharedInputProduct",
+    ],
     "precision_plugin._core.scoring.sglang": [
         "SGLangScorer",
         "generate_request",

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import pytest
 
-from precision_plugin._core import intervals
 from precision_plugin._base.boundary import BrokenResult, boundary_of, checked
 from precision_plugin._base.constraints import Brackets, Probability
+from precision_plugin._core import intervals
 from precision_plugin.errors import PrecisionPluginError
 from precision_plugin.probe.schema import MAX_BATCH_SIZE
 

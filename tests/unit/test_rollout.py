@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from precision_plugin.probe import build_prompts, trainer_logprobs
 from precision_plugin._core.hf_engine import HFRolloutEngine, RolloutEngine, load_causal_lm
+from precision_plugin.probe import build_prompts, trainer_logprobs
 from precision_plugin.probe.tiny_model import build_tokenizer
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.hf_engine import HFRolloutEngine
 from precision_plugin._core.sampling import LogitsProcessor, SamplingSettings
+from precision_plugin.errors import PrecisionConfigError
 from tests.sampling_reference import logprob, processed_logits
 
 VOCAB = 48

@@ -14,7 +14,11 @@ import pytest
 import torch
 
 from precision_plugin._core.scoring import multinomial_cpu
-from precision_plugin._core.scoring.kvcache import PreallocatedLayer, decode_buffers, preallocated_cache
+from precision_plugin._core.scoring.kvcache import (
+    PreallocatedLayer,
+    decode_buffers,
+    preallocated_cache,
+)
 from precision_plugin._core.scoring.multinomial_cpu import Multinomial
 
 needs_layers = pytest.mark.skipif(PreallocatedLayer is None, reason="transformers < 4.56")
@@ -206,8 +210,8 @@ def _process(logits: list[float], prompt: list[int] | None = None, stop=None, **
 def test_temperature_exactly_at_vllms_greedy_threshold_is_accepted() -> None:
     """Catches ``value <= floor`` for ``value < floor``: vLLM samples greedily only *below*
     1e-5 (``temperature < _SAMPLING_EPS``), so 1e-5 itself is a distribution to compare."""
-    from precision_plugin.errors import PrecisionConfigError
     from precision_plugin._core.sampling import SamplingSettings
+    from precision_plugin.errors import PrecisionConfigError
 
     assert SamplingSettings(temperature=1e-5).temperature == 1e-5
     with pytest.raises(PrecisionConfigError):

@@ -181,8 +181,8 @@ def test_floor_warn_keeps_going(caplog):
     [(2, True, False), (3, True, True), (4, True, False), (6, True, True), (3, False, False)],
 )
 def test_check_scale_floor_acts_at_multiples_of_the_limit(consecutive, at_min, acts):
-    from precision_plugin.policy import LossScalerSettings
     from precision_plugin._core.scaler import ScalerStats, check_scale_floor
+    from precision_plugin.policy import LossScalerSettings
 
     stats = ScalerStats(scale=1.0, consecutive_skips=consecutive, at_min_scale=at_min)
     warn = LossScalerSettings(max_skips_at_min=3, on_min_scale="warn")

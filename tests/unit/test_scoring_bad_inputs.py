@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.hf_engine import HFRolloutEngine, hf_engine_factory, load_causal_lm
 from precision_plugin._core.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
+from precision_plugin.errors import PrecisionConfigError
 from tests.tiny import tiny_llama
 
 #: The tiny model's limits: 64 token ids, 16 positions.

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring import (
     HFScorer,
     Scorer,
@@ -16,6 +15,7 @@ from precision_plugin._core.scoring import (
     batch_rescore,
     bitwise_equal,
 )
+from precision_plugin.errors import PrecisionConfigError
 from tests.tiny import tiny_llama
 
 

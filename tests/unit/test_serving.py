@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from precision_plugin import PrecisionPolicy
+from precision_plugin._core.serving import get_json
 from precision_plugin.errors import (
     PrecisionMismatchError,
     ServerAnswerError,
     ServerUnreachableError,
 )
-from precision_plugin._core.serving import get_json
 from tests.loopback import free_port, serve
 
 STRICT = PrecisionPolicy(strictness="error")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring import Scorer, TokenSequence
 from precision_plugin._core.scoring.sglang import (
     SGLangScorer,
@@ -12,6 +11,7 @@ from precision_plugin._core.scoring.sglang import (
     generate_request,
     logprob_start,
 )
+from precision_plugin.errors import PrecisionConfigError
 
 SEQ = TokenSequence((5, 6, 9), (7, 8))
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
-from precision_plugin.errors import ForwardOverflowError, LossScaleAtMinimumError
 from precision_plugin._base.shield import shielded, stops_training
+from precision_plugin.errors import ForwardOverflowError, LossScaleAtMinimumError
 from precision_plugin.trl import telemetry
 
 

@@ -19,7 +19,6 @@ import numpy as np
 from rich.console import Console
 from scipy import stats
 
-from precision_plugin._core.metrics.consequence import SEQUENCE_MASKS, Consequence, Interval, Projection
 from precision_plugin._core.decision import (
     MAX_NUM_PROMPTS,
     Attribution,
@@ -37,6 +36,12 @@ from precision_plugin._core.intervals import (
     mixed_batch_ess,
     ratio_interval,
     variance_normal,
+)
+from precision_plugin._core.metrics.consequence import (
+    SEQUENCE_MASKS,
+    Consequence,
+    Interval,
+    Projection,
 )
 from precision_plugin._core.metrics.mismatch import compute_mismatch, verdict
 from precision_plugin.probe.advice import (

@@ -319,8 +319,8 @@ def test_cli_prints_the_overrides_one_per_line(capsys, monkeypatch):
 
 
 def test_doctor_reports_nothing_without_verl():
-    from precision_plugin.verl.doctor import doctor_findings
     from precision_plugin._base.versions import package_info
+    from precision_plugin.verl.doctor import doctor_findings
 
     if package_info("verl") is not None:
         pytest.skip("verl is installed here")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import precision_plugin as pp
-from precision_plugin._base import versions
 from precision_plugin import vllm
+from precision_plugin._base import versions
 from precision_plugin.errors import PrecisionConfigError, PrecisionMismatchError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.vllm import adapter

@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from precision_plugin import PrecisionPolicy
-
 from precision_plugin._base import versions
+from precision_plugin._base.patching import Patcher
 from precision_plugin._core.canary import VERDICT_CODES
 from precision_plugin._core.canary.sync_check import FACTOR, FLOOR, check_sync, sync_sequences
 from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
-from precision_plugin._base.patching import Patcher
 from precision_plugin.vllm import cpu_weights, verify_server
 from precision_plugin.vllm import doctor as vllm_doctor
 from tests.unit.test_vllm_versions import _fake_distribution

@@ -17,7 +17,11 @@ batch-1-against-N rescore); wired into TRL by ``precision_plugin.trl.canary``.
 from __future__ import annotations
 
 from precision_plugin._core.canary.band import ABS_TOL, ALPHA, CanaryBand, canary_band, token_k3
-from precision_plugin._core.canary.ladder import Invariance, certify_batch_invariance, precision_level
+from precision_plugin._core.canary.ladder import (
+    Invariance,
+    certify_batch_invariance,
+    precision_level,
+)
 from precision_plugin._core.canary.monitor import VERDICT_CODES, CanaryCheck, CanaryMonitor
 
 __all__ = [

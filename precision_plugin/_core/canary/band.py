@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from precision_plugin._base.boundary import checked, each, in_range, same_length
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.metrics.k3 import k3_term
+from precision_plugin.errors import PrecisionConfigError
 
 if TYPE_CHECKING:
     import torch

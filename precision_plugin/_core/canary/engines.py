@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from precision_plugin._base.boundary import checked, version_text
 from precision_plugin._base.patching import Patcher
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.report import Finding
+from precision_plugin.policy import PrecisionPolicy
 
 #: First vLLM with ``VLLM_BATCH_INVARIANT``.
 VLLM_MIN = "0.11.1"

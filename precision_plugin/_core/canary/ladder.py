@@ -26,13 +26,13 @@ import annotated_types as at
 
 from precision_plugin._base.boundary import at_least, checked, duck
 from precision_plugin._base.constraints import Each, Finite, Invalid, Probability, validator_for
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring import (
     BitwiseEqual,
     TokenSequence,
     batch_rescore,
     bitwise_equal,
 )
+from precision_plugin.errors import PrecisionConfigError
 
 #: ``generate(prompts, max_new_tokens, seed)``: one batch; row ``i`` samples with seed
 #: ``seed + i`` (``HFRolloutEngine.generate``'s contract); returns objects with

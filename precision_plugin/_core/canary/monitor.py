@@ -44,8 +44,8 @@ from precision_plugin._core.canary.band import (
     layout_difference,
     token_k3,
 )
-from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
 from precision_plugin._core.scoring.bitwise import bitwise_equal
+from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
@@ -123,7 +123,8 @@ class _Kept:
 class CanaryMonitor:
     """The canary's state over a run: the floor band, every check's log-probs, the verdicts.
 
-    Feed it [`check`][precision_plugin._core.canary.CanaryMonitor.check] with both sides' log-probs of
+    Feed it [`check`][precision_plugin._core.canary.CanaryMonitor.check] with both sides' log-probs
+    of
     the same canary tokens; the first call sets the floor. ``strictness="error"`` raises
     [`CanaryAlarmError`][precision_plugin.errors.CanaryAlarmError] at the alarm.
     """

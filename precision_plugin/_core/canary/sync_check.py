@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from precision_plugin._base.boundary import checked
 from precision_plugin._base.dtypes import DTypeName
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring.interface import TokenSequence
+from precision_plugin.errors import PrecisionConfigError
 
 #: How many times the dtype's own rounding the engine may be off before the sync is faulty.
 #: Healthy engines measured: vLLM CPU float16 1.0-1.6x, bfloat16 0.9-1.4x (docs/vllm-cpu.md).

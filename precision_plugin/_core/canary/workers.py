@@ -26,8 +26,8 @@ from typing import Any
 from precision_plugin._base.boundary import Invalid, Validator, checked, same_rows
 from precision_plugin._core.canary.band import token_k3
 from precision_plugin._core.canary.monitor import CanaryCheck, CanaryMonitor
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring.bitwise import bitwise_equal
+from precision_plugin.errors import PrecisionConfigError
 
 
 def _table(value: Any) -> Any:

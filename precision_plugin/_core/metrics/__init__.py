@@ -10,7 +10,8 @@
 - [`consequence`][precision_plugin._core.metrics.consequence]: what the mismatch does to a policy
   gradient (effective sample size, sequence masks, TIS clipping, growth with length).
 
-``precision_plugin._core.metrics.mismatch`` and ``precision_plugin._core.metrics.consequence`` remain their public paths.
+``precision_plugin._core.metrics.mismatch`` and ``precision_plugin._core.metrics.consequence``
+remain their public paths.
 """
 
 #: The public names live in the two modules (documented there); the package adds none.

@@ -4,7 +4,8 @@ when their figures agree with ours.
 ``ALIASES`` maps each of our metric names to frozen ``Alias`` records (one per system that logs
 a figure for it); ``aliases_for`` and ``alias_table`` read it. ``tests/unit/test_aliases.py``
 recomputes each alias with that system's own formula. Public path:
-[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported
+there).
 """
 
 from __future__ import annotations

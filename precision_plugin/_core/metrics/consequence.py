@@ -2,7 +2,8 @@
 
 An RL step weights (or masks) each sampled sequence by its importance ratio
 ``w = π(y)/μ(y) = exp(S)``, ``S = Σ_t (log π − log μ)`` over the sequence's tokens. From the
-same per-token log-probs as [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch]
+same per-token log-probs as
+[`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch]
 (NaN tokens left out and counted the same way):
 
 ========================== ================================================================
@@ -41,7 +42,6 @@ import torch
 
 from precision_plugin._base.boundary import Invalid, Validator, at_least, checked, each, same_length
 from precision_plugin._base.constraints import AtMost, Count, Each, Finite, Measured, Ordered, Whole
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.intervals import (
     COVERAGE,
     HEAVY_TAIL_KURTOSIS,
@@ -60,6 +60,7 @@ from precision_plugin._core.intervals import (
 from precision_plugin._core.metrics.drift import drift_fit
 from precision_plugin._core.metrics.inputs import SAME_TOKENS, log_probs_arg, mask_arg
 from precision_plugin._core.metrics.shard_sums import masked_log_ratio
+from precision_plugin.errors import PrecisionConfigError
 
 #: A share of sequences or tokens (NaN: none measured).
 Share = Annotated[float, Finite(nan_ok=True), at.Ge(0), at.Le(1)]
@@ -177,7 +178,8 @@ def consequence_sums(
     (sequences with a valid token, valid tokens, sequences each mask drops, tokens the TIS
     clip truncates), which add up across shards; ``log_moments`` ``[log Σ w, log Σ w²]`` over
     the sequences (``-inf`` without one), which combine across shards by ``logsumexp``
-    ([`combine_log_moments`][precision_plugin._core.metrics.consequence.combine_log_moments]). Inputs,
+    ([`combine_log_moments`][precision_plugin._core.metrics.consequence.combine_log_moments]).
+    Inputs,
     masking and NaN handling as for
     [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch].
     """
@@ -305,7 +307,8 @@ class GrowthFit:
     sequences spread faster than the model says. ``tis_clip_fraction`` is the measured
     per-token share, length-independent under the model, with a Clopper-Pearson interval.
     ``variance_robust_low``/``_high`` is the interval the projection uses
-    ([`variance_robust`][precision_plugin._core.intervals.variance_robust]: it holds for heavy-tailed
+    ([`variance_robust`][precision_plugin._core.intervals.variance_robust]: it holds for
+    heavy-tailed
     log-ratios, where the chi-square interval is too narrow); ``kurtosis`` the residuals'
     excess kurtosis it was sized with: the tail statistic, whose crossing of
     ``HEAVY_TAIL_KURTOSIS`` sets ``warning`` (``HEAVY_TAIL_WARNING``). ``variance_tail_high``:

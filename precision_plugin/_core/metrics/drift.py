@@ -1,8 +1,10 @@
 """The one drift fit: the random walk ``S ~ Normal(drift·L, variance·L)`` of sequences'
 log-ratio sums ``S`` against their lengths ``L``, from the sequences themselves (``drift_fit``,
 ``drift_per_1k``) or from sums that add up across processes (``fit_drift``, which
-[`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] calls). Public path:
-[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
+[`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] calls). Public
+path:
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported
+there).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The inputs of the mismatch and consequence metrics: coercion and validators of per-token
 log-probs, masks and per-sequence (length, log-ratio sum) pairs, shared by
-[`mismatch`][precision_plugin._core.metrics.mismatch], [`drift`][precision_plugin._core.metrics.drift],
+[`mismatch`][precision_plugin._core.metrics.mismatch],
+[`drift`][precision_plugin._core.metrics.drift],
 [`shard_sums`][precision_plugin._core.metrics.shard_sums] and
 [`consequence`][precision_plugin._core.metrics.consequence].
 """

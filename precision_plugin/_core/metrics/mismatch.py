@@ -43,7 +43,6 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import Validator, checked
-from precision_plugin.errors import PrecisionConfigError
 
 # The modules this one was split into (issue 29); every name stays importable from here.
 from precision_plugin._core.metrics.aliases import (  # noqa: F401
@@ -98,6 +97,7 @@ from precision_plugin._core.metrics.shard_sums import (  # noqa: F401
     mismatch_sums,
     sums_of,
 )
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import MetricSettings
 
 

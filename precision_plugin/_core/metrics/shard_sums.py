@@ -3,7 +3,8 @@ and micro-batches (``mismatch_sums``, ``sums_of``), the metrics from their total
 (``metrics_from_sums``, through the one drift fit), the masked per-token log-ratio the
 consequence metrics reduce (``masked_log_ratio``), and the per-token log-ratio and k3 that
 ``compute_mismatch`` shares. Public path:
-[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported there).
+[`precision_plugin._core.metrics.mismatch`][precision_plugin._core.metrics.mismatch] (re-exported
+there).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import Invalid, Validator, checked
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.metrics.drift import fit_drift
 from precision_plugin._core.metrics.inputs import SAME_TOKENS, _named_2d, log_probs_arg, mask_arg
+from precision_plugin.errors import PrecisionConfigError
 
 
 def _log_ratio(valid: torch.Tensor, lt: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
@@ -97,7 +98,8 @@ def mismatch_sums(
     with no valid token). Summing ``sums`` and taking the max of ``maxima`` over shards
     (processes, micro-batches) and then calling
     [`metrics_from_sums`][precision_plugin._core.metrics.mismatch.metrics_from_sums] gives what
-    [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch] gives on the whole
+    [`compute_mismatch`][precision_plugin._core.metrics.mismatch.compute_mismatch] gives on the
+    whole
     batch. Inputs, masking and NaN/``-inf`` handling as for ``compute_mismatch``.
     """
     return sums_of(train_logprobs, rollout_logprobs, mask)

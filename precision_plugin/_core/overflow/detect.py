@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import checked, policy_field
-from precision_plugin.errors import ForwardOverflowError
-from precision_plugin._core.overflow.tensors import FP16_MAX, abs_max, floating_tensors
 from precision_plugin._base.patching import track, untrack
-from precision_plugin.policy import PrecisionPolicy
 from precision_plugin._base.shield import shielded
+from precision_plugin._core.overflow.tensors import FP16_MAX, abs_max, floating_tensors
+from precision_plugin.errors import ForwardOverflowError
+from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
 

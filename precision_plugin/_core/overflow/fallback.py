@@ -1,7 +1,8 @@
 """Selective float32 fallback: run the modules named by ``overflow.keep_fp32_modules`` outside fp16
 autocast on the learner.
 
-Each matched module's ``forward`` is wrapped (through :class:`~precision_plugin._base.patching.Patcher`,
+Each matched module's ``forward`` is wrapped (through
+:class:`~precision_plugin._base.patching.Patcher`,
 so :meth:`Fp32Fallback.remove` restores it exactly): autocast is switched off, floating inputs
 are cast to float32, and the module's own float16/bfloat16 parameters are cast to float32 once.
 Outputs are **left in float32**: casting them back would turn the very values that overflow
@@ -22,9 +23,9 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import checked, policy_field
-from precision_plugin.errors import PrecisionConfigError
-from precision_plugin._core.overflow.tensors import autocast_device_types
 from precision_plugin._base.patching import Patcher, track, untrack
+from precision_plugin._core.overflow.tensors import autocast_device_types
+from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from precision_plugin._base.boundary import _show, checked, policy_field
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.overflow.tensors import (
     FP16_MAX,
     abs_max,
     autocast_device_types,
     fp16_margin_bits,
 )
+from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
 
 #: More flagged modules than this (after removing parents of flagged modules) and the probe

@@ -2,9 +2,11 @@
 
 - [`Scorer`][precision_plugin._core.scoring.Scorer]: the interface every engine implements (score
   these token sequences, return each completion token's log-prob);
-- [`HFScorer`][precision_plugin._core.scoring.HFScorer]: the HF implementation (one prefill forward or
+- [`HFScorer`][precision_plugin._core.scoring.HFScorer]: the HF implementation (one prefill forward
+or
   an incremental KV-cache decode, alone or in left-padded batches, under autocast or not);
-- [`bitwise_equal`][precision_plugin._core.scoring.bitwise_equal]: the share of tokens whose log-probs
+- [`bitwise_equal`][precision_plugin._core.scoring.bitwise_equal]: the share of tokens whose
+log-probs
   are equal bit for bit;
 - [`batch_rescore`][precision_plugin._core.scoring.batch_rescore]: every sequence scored alone and
   inside a batch of N, compared bit for bit (the batch-invariance check).

@@ -36,10 +36,10 @@ from precision_plugin._base.boundary import (
     torch_module,
     usable_device,
 )
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin._core.scoring.interface import TokenSequence
 from precision_plugin._core.scoring.kvcache import decode_buffers, drop_rows
+from precision_plugin.errors import PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
@@ -101,7 +101,8 @@ def log_softmax(logits: Any, positions: Any) -> Any:
     autocast=dtype_name,
 )
 class HFScorer:
-    """[`Scorer`][precision_plugin._core.scoring.Scorer] over a transformers causal LM (module docstring).
+    """[`Scorer`][precision_plugin._core.scoring.Scorer] over a transformers causal LM (module
+    docstring).
 
     ``model``: the weights as they are (a rollout copy cast to its dtype, or float32 master
     weights with ``autocast``). ``batch_size``: sequences per forward (a ``score`` call is split

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from precision_plugin._base.boundary import Invalid, Validator, checked
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.scoring.interface import TokenSequence
+from precision_plugin.errors import PrecisionConfigError
 
 #: The sampling parameters of a scoring request: one throw-away token at temperature 1.
 SAMPLING_PARAMS: dict[str, Any] = {"max_new_tokens": 1, "temperature": 1.0}

@@ -49,9 +49,9 @@ import annotated_types as at
 
 from precision_plugin._base.boundary import checked, same_rows
 from precision_plugin._base.constraints import Whole
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.intervals import COVERAGE, Coverage
 from precision_plugin._core.metrics.k3 import k3_term
+from precision_plugin.errors import PrecisionConfigError
 
 #: Bootstrap resamples for the k3 intervals, and their seed.
 BOOTSTRAP = 2000

@@ -47,6 +47,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from precision_plugin._core.rollout import RolloutSample
+from precision_plugin._core.sampling import LogitsProcessor
+from precision_plugin._core.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
+from precision_plugin._core.scoring.interface import sequences_of
+from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.probe.attribution.decompose import (
     cause_shares,
@@ -71,11 +76,6 @@ from precision_plugin.probe.attribution.variants import (
     routers,
     stepped_weights,
 )
-from precision_plugin._core.rollout import RolloutSample
-from precision_plugin._core.sampling import LogitsProcessor
-from precision_plugin._core.scoring import HFScorer, TokenSequence, batch_rescore, bitwise_equal
-from precision_plugin._core.scoring.interface import sequences_of
-from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
 log = logging.getLogger("precision_plugin")
 

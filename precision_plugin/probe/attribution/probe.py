@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 from precision_plugin.probe.attribution.measure import attribute, rollout_samples
 from precision_plugin.probe.attribution.report import AttributionReport, DtypeAttribution
 from precision_plugin.probe.attribution.settings import AttributionSettings, RolloutSettings
 from precision_plugin.probe.attribution.variants import apply_switches, has_rope
-from precision_plugin._core.scoring.packed_cpu import trainer_kernels
 
 
 def attribute_probe(

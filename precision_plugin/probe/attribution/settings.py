@@ -24,8 +24,8 @@ from typing import Any
 
 from precision_plugin._base.boundary import checked
 from precision_plugin._base.dtypes import canonical_dtype_name
-from precision_plugin.errors import PrecisionConfigError
 from precision_plugin._core.sampling import SamplingSettings
+from precision_plugin.errors import PrecisionConfigError
 
 #: ``--kv-cache-dtype`` values, as vLLM spells them, and the torch format each emulates.
 KV_CACHE_DTYPES: dict[str, str | None] = {

@@ -61,8 +61,8 @@ def main(config):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from precision_plugin._core.canary.sync_check import sync_sequences
     from precision_plugin._base.patching import Patcher
+    from precision_plugin._core.canary.sync_check import sync_sequences
 
     start = time.perf_counter()
     learner = AutoModelForCausalLM.from_pretrained(config["model"], dtype=torch.float32).eval()
