@@ -13,7 +13,8 @@
 - :mod:`~precision_plugin.boundary.fields`: the field checks of the config dataclasses.
 
 This package re-exports the public names of those modules; a private helper is imported from
-the module that defines it.
+the module that defines it. :class:`~precision_plugin.constraints.Invalid` is the one
+exception a validator or a declared rule raises.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from precision_plugin.boundary.typecheck import (  # noqa: F401 (re-exported)
     register_coercion,
 )
 from precision_plugin.boundary.validators import (  # noqa: F401 (re-exported)
-    Invalid,
     Validator,
     at_least,
     dtype_like,
@@ -64,6 +64,7 @@ from precision_plugin.boundary.validators import (  # noqa: F401 (re-exported)
     torch_module,
     version_text,
 )
+from precision_plugin.constraints import Invalid  # noqa: F401 (re-exported)
 
 #: The checker is the package's own machinery, not public API (docs/api.md does not document
 #: it): adapters import its names explicitly.

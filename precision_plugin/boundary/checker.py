@@ -57,7 +57,8 @@ from precision_plugin.boundary.typecheck import (
     _show,
     _takes_policy,
 )
-from precision_plugin.boundary.validators import Invalid, Validator, policy_arg
+from precision_plugin.boundary.validators import Validator, policy_arg
+from precision_plugin.constraints import Invalid
 from precision_plugin.errors import PrecisionConfigError, PrecisionPluginError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,18 +72,6 @@ _UNSET: Any = object()
 class BrokenResult(PrecisionPluginError, RuntimeError):
     """A checked function returned a value its return annotation rules out: a bug in the
     plugin (the call was accepted), not in the caller's arguments."""
-
-
-def _as_invalid(check: Callable[..., Any]) -> Callable[..., Any]:
-    """``check`` with a broken declared rule raised as :class:`Invalid`."""
-
-    def run(value: Any) -> Any:
-        try:
-            return check(value)
-        except _declared.Invalid as exc:
-            raise Invalid(str(exc)) from None
-
-    return run
 
 
 def _chain(first: Validator, then: Validator | None) -> Validator:
@@ -203,10 +192,10 @@ class Boundary:
         validator (the declared rules first, on the value as passed) and to the relations."""
         rule = _declared.validator_for(hint)
         if rule is not None:
-            own = Validator(rule.allowed, _as_invalid(rule.check), rule.bad, rule.bounds)
+            own = Validator(rule.allowed, rule.check, rule.bad, rule.bounds)
             self.validators[name] = _chain(own, self.validators.get(name))
         for across in _declared.relations_for(name, hint):
-            self._across += (Relation(across.params, across.allowed, _as_invalid(across.check)),)
+            self._across += (Relation(across.params, across.allowed, across.check),)
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Bind and check a call's arguments; return them with validators' conversions."""
@@ -271,13 +260,13 @@ class Boundary:
                         if rule is not None:
                             try:
                                 rule(item)
-                            except _declared.Invalid as exc:
-                                raise _declared.Invalid(
+                            except Invalid as exc:
+                                raise Invalid(
                                     f"holds {_show(item)} at [{i}], which {exc}"
                                 ) from None
                 if whole is not None:
                     whole(result)
-            except _declared.Invalid as exc:
+            except Invalid as exc:
                 reason = " ".join(str(exc).split()).rstrip(".")
                 raise BrokenResult(
                     f"{self.name} returned {_show(result)}, which {reason}: a bug in "

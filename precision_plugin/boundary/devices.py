@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from precision_plugin.boundary.validators import Invalid, Validator
+from precision_plugin.boundary.validators import Validator
+from precision_plugin.constraints import Invalid
 
 
 def _capability(value: Any) -> Any:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_plugin.boundary.validators import Invalid
+from precision_plugin.constraints import Invalid
 
 
 @dataclass(frozen=True)

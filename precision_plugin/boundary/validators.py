@@ -5,8 +5,8 @@ parsers (:func:`policy_field`, :data:`dtype_name`, :data:`policy_arg`), a framew
 its attributes (:func:`duck`), a version number, every item of a collection (:func:`each`), a
 model, a dtype, a 1-D list of numbers.
 
-A check raises :class:`Invalid` saying what is allowed; the checker names the parameter and
-the value.
+A check raises :class:`~precision_plugin.constraints.Invalid` (the one class, shared with the
+declared rules) saying what is allowed; the checker names the parameter and the value.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_plugin.boundary.typecheck import _coercion, _show
+from precision_plugin.constraints import Invalid
 from precision_plugin.dtypes import normalize_dtype
 
 
@@ -31,10 +32,6 @@ def real_number(value: Any) -> float | None:
         return float(value)
     except OverflowError:
         return math.inf
-
-
-class Invalid(ValueError):
-    """Raised by a validator: the message says what was found wrong and what is allowed."""
 
 
 @dataclass(frozen=True)
