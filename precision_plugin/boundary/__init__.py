@@ -51,7 +51,6 @@ from precision_plugin.boundary.validators import (  # noqa: F401 (re-exported)
     dtype_name,
     duck,
     each,
-    existing_path,
     fix_hint,
     in_range,
     non_empty,

@@ -275,22 +275,6 @@ def _dtype_like(value: Any) -> Any:
 dtype_like = Validator("a torch.dtype or its name", _dtype_like, (3, object()))
 
 
-def existing_path(kind: str) -> Validator:
-    """A path (``str`` or ``os.PathLike``) to an existing ``kind`` (``"file"`` or ``"folder"``)."""
-
-    def check(value: Any) -> Any:
-        path = os.path.expanduser(os.fspath(value))
-        if not str(path).strip():
-            raise Invalid(f"is empty; pass the path of a {kind}")
-        exists = os.path.isfile(path) if kind == "file" else os.path.isdir(path)
-        if not exists:
-            found = "does not exist" if not os.path.exists(path) else f"is not a {kind}"
-            raise Invalid(f"{found}; pass the path of an existing {kind}")
-        return value
-
-    return Validator(f"the path of an existing {kind}", check, ("", "no/such/path"))
-
-
 def numbers_1d(what: str, *, low: float | None = None) -> Validator:
     """A 1-D sequence (list, tuple, tensor) of real numbers, as a float64 tensor; each item
     ``>= low`` when ``low`` is given (NaN refused then too); ``what`` names one item."""
