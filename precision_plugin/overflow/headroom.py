@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from precision_plugin.boundary import _show, checked, policy_field
+from precision_plugin.boundary import checked, policy_field
+from precision_plugin.boundary.typecheck import _show
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.overflow.tensors import (
     FP16_MAX,

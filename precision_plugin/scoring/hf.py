@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from precision_plugin.boundary import (
-    _show,
     at_least,
     checked,
     dtype_name,
     torch_module,
     usable_device,
 )
+from precision_plugin.boundary.typecheck import _show
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin.scoring.interface import TokenSequence

@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin.boundary import _show, at_least, checked, same_length
+from precision_plugin.boundary import at_least, checked, same_length
+from precision_plugin.boundary.typecheck import _show
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.scoring.bitwise import BitwiseEqual, bitwise_equal
 from precision_plugin.scoring.interface import Scorer, TokenSequence

@@ -30,14 +30,8 @@ from hypothesis import strategies as st
 import precision_plugin
 import precision_plugin.configs
 from precision_plugin import PrecisionConfigError
-from precision_plugin.boundary import (
-    Boundary,
-    Validator,
-    _arms,
-    _mismatch,
-    _takes_policy,
-    boundary_of,
-)
+from precision_plugin.boundary import Boundary, Validator, boundary_of
+from precision_plugin.boundary.typecheck import _arms, _mismatch, _takes_policy
 from precision_plugin.consequence import COUNT_FIELDS
 from precision_plugin.mismatch import SUM_FIELDS
 from precision_plugin.sampling import SamplingSettings
@@ -123,7 +117,7 @@ class Entry:
 
 
 def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
-    from precision_plugin.boundary import _overrides_framework
+    from precision_plugin.boundary.checker import _overrides_framework
 
     out = []
     for name, member in vars(cls).items():
