@@ -38,7 +38,9 @@ import annotated_types as at
 
 
 class Invalid(ValueError):
-    """A value that breaks its declared rule; the boundary reports it naming the parameter."""
+    """A value that breaks its rule: raised by a declared rule and by the boundary's validators
+    (``precision_plugin._base.boundary`` imports this one class); the message says what was found
+    wrong and what is allowed, and the boundary reports it naming the parameter."""
 
 
 __all__ = [

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from precision_plugin._base.boundary import _arms
+from precision_plugin._base.boundary.typecheck import _arms
 from precision_plugin.errors import PrecisionPluginError
 from tests.unit.catalogue_files import _cap_memory as cap_memory
 from tests.unit.catalogue_files import deep_dict

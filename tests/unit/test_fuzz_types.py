@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from precision_plugin._base.boundary import _arms
+from precision_plugin._base.boundary.typecheck import _arms
 from tests.unit import fuzz_types as fz
 from tests.unit.fuzz_known import KNOWN
 from tests.unit.test_public_api import ENTRIES, Entry, baseline, keyword_params

@@ -30,14 +30,8 @@ from hypothesis import strategies as st
 import precision_plugin
 import precision_plugin._core.configs
 from precision_plugin import PrecisionConfigError
-from precision_plugin._base.boundary import (
-    Boundary,
-    Validator,
-    _arms,
-    _mismatch,
-    _takes_policy,
-    boundary_of,
-)
+from precision_plugin._base.boundary import Boundary, Validator, boundary_of
+from precision_plugin._base.boundary.typecheck import _arms, _mismatch, _takes_policy
 from precision_plugin._core.metrics.consequence import COUNT_FIELDS
 from precision_plugin._core.metrics.mismatch import SUM_FIELDS
 from precision_plugin._core.sampling import SamplingSettings
@@ -123,7 +117,7 @@ class Entry:
 
 
 def _own_public_methods(cls: type) -> list[tuple[str, Any]]:
-    from precision_plugin._base.boundary import _overrides_framework
+    from precision_plugin._base.boundary.checker import _overrides_framework
 
     out = []
     for name, member in vars(cls).items():

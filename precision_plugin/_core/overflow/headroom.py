@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from precision_plugin._base.boundary import _show, checked, policy_field
+from precision_plugin._base.boundary import checked, policy_field
+from precision_plugin._base.boundary.typecheck import _show
 from precision_plugin._core.overflow.tensors import (
     FP16_MAX,
     abs_max,

@@ -6,7 +6,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin._base.boundary import _show, checked
+from precision_plugin._base.boundary import checked
+from precision_plugin._base.boundary.typecheck import _show
 from precision_plugin.errors import PrecisionConfigError
 
 

@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from precision_plugin._base.boundary import (
-    _show,
     at_least,
     checked,
     dtype_name,
     torch_module,
     usable_device,
 )
+from precision_plugin._base.boundary.typecheck import _show
 from precision_plugin._core.scoring.float16_cpu import float16_autocast_linears
 from precision_plugin._core.scoring.interface import TokenSequence
 from precision_plugin._core.scoring.kvcache import decode_buffers, drop_rows

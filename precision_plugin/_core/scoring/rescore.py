@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from precision_plugin._base.boundary import _show, at_least, checked, same_length
+from precision_plugin._base.boundary import at_least, checked, same_length
+from precision_plugin._base.boundary.typecheck import _show
 from precision_plugin._core.scoring.bitwise import BitwiseEqual, bitwise_equal
 from precision_plugin._core.scoring.interface import Scorer, TokenSequence
 from precision_plugin.errors import PrecisionConfigError
