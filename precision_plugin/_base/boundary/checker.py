@@ -148,7 +148,7 @@ class Boundary:
     _hints: dict[str, Any] | None = field(default=None, repr=False)
     _plans: dict[str, Any] = field(default_factory=dict, repr=False)
     #: Relations the annotations declare (``Ordered``, ``AtMost``:
-    precision_plugin._base.constraints).
+    #: precision_plugin._base.constraints).
     _across: tuple[Relation, ...] = field(default=(), repr=False)
     #: The result's check (``None``: the return annotation declares no rule), worked out once.
     _result: Any = field(default=_UNSET, repr=False)
