@@ -44,7 +44,7 @@ def areal_overrides(policy: PrecisionPolicy | Mapping[str, Any] | str | None = N
     """The AReaL command-line overrides for ``policy``: ``++actor.dtype`` and ``++sglang.dtype``
     (Hydra's add-or-override: an experiment YAML need not spell the keys; add
     ``++ref.dtype=...``/``++critic.dtype=...`` when the experiment has them)."""
-    pol = resolve_policy(policy, what="precision_plugin.sglang.areal_overrides()")
+    pol = resolve_policy(policy, what="precision_plugin.areal.areal_overrides()")
     return [f"++actor.dtype={pol.dtype}", f"++sglang.dtype={pol.dtype}"]
 
 

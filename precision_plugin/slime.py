@@ -43,7 +43,7 @@ def slime_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) 
 
     slime's Megatron learner runs float16 or bfloat16 only: a float32 policy is refused.
     """
-    pol = resolve_policy(policy, what="precision_plugin.sglang.slime_args()")
+    pol = resolve_policy(policy, what="precision_plugin.slime.slime_args()")
     if pol.dtype == "float16":
         return ["--fp16"]
     if pol.dtype == "bfloat16":
@@ -131,7 +131,7 @@ def check_slime_args(
     launch as [`check_server_args`][precision_plugin.sglang.check_server_args] checks it
     (``--sglang-config`` read from disk). ``error`` findings raise together under
     ``strictness="error"``; the findings are returned."""
-    pol = resolve_policy(policy, what="precision_plugin.sglang.check_slime_args()")
+    pol = resolve_policy(policy, what="precision_plugin.slime.check_slime_args()")
     env = os.environ if environ is None else environ
     engines = slime_engine_args(argv)
     learner = "float16" if "--fp16" in argv else "bfloat16"

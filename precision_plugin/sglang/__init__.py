@@ -14,10 +14,10 @@ Public entry points:
 - [`general_plugin`][precision_plugin.sglang.general_plugin] - the ``sglang.srt.plugins`` entry
   point: sets the dtype where SGLang resolves its arguments, verifies it in every process that
   builds a model config, active when ``PRECISION_PLUGIN`` is set or ``enable()`` ran.
-- slime: [`slime_args`][precision_plugin.sglang.slime_args] /
-  [`check_slime_args`][precision_plugin.sglang.check_slime_args]; AReaL:
-  [`areal_overrides`][precision_plugin.sglang.areal_overrides] /
-  [`check_areal_config`][precision_plugin.sglang.check_areal_config]. verl's sglang rollout is
+- slime: [`slime_args`][precision_plugin.slime.slime_args] /
+  [`check_slime_args`][precision_plugin.slime.check_slime_args]; AReaL:
+  [`areal_overrides`][precision_plugin.areal.areal_overrides] /
+  [`check_areal_config`][precision_plugin.areal.check_areal_config]. verl's sglang rollout is
   in ``precision_plugin.verl``.
 
 The package, by concern: ``args`` (launch arguments, pure), ``checkpoint`` (what SGLang makes of
@@ -35,15 +35,11 @@ from precision_plugin.sglang.server import verify_server
 
 __all__ = [
     "LaunchSettings",
-    "areal_overrides",
     "auto_dtype",
-    "check_areal_config",
     "check_server_args",
-    "check_slime_args",
     "general_plugin",
     "read_server_args",
     "server_args",
-    "slime_args",
     "verify_server",
 ]
 

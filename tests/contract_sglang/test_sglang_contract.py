@@ -526,7 +526,7 @@ def areal_launch(cfg) -> list[str]:
 
 
 def test_areal_defaults_contradict_float16(llama_dir, tmp_path):
-    from precision_plugin.sglang import check_areal_config
+    from precision_plugin.areal import check_areal_config
 
     cfg = areal_config(tmp_path, llama_dir, [])
     with pytest.raises(PrecisionMismatchError) as err:
@@ -536,7 +536,7 @@ def test_areal_defaults_contradict_float16(llama_dir, tmp_path):
 
 
 def test_areal_overrides_reach_sglangs_parser(llama_dir, tmp_path):
-    from precision_plugin.sglang import areal_overrides, check_areal_config
+    from precision_plugin.areal import areal_overrides, check_areal_config
 
     cfg = areal_config(tmp_path, llama_dir, areal_overrides("float16"))
     assert (cfg.actor.dtype, cfg.sglang.dtype) == ("float16", "float16")
@@ -584,7 +584,7 @@ def test_slime_flags_are_the_sglang_flags_slime_defines():
 
 
 def test_slime_command_line(llama_dir):
-    from precision_plugin.sglang import check_slime_args, slime_args
+    from precision_plugin.slime import check_slime_args, slime_args
 
     argv = ["--hf-checkpoint", llama_dir, "--sglang-dtype", "bfloat16", *slime_args("float16")]
     theirs = slime_parser().parse_known_args(argv)[0]

@@ -252,7 +252,7 @@ def slime_config(make: Callable[[Path], str]) -> Callable[[Path], Any]:
 
     def run(tmp: Path) -> Any:
         from precision_plugin import PrecisionPolicy
-        from precision_plugin.sglang import check_slime_args
+        from precision_plugin.slime import check_slime_args
 
         return check_slime_args(
             ["--sglang-config", make(tmp)], PrecisionPolicy(strictness="error"), environ={}

@@ -19,7 +19,7 @@ from precision_plugin._base.dtypes import (
     torch_dtype,
 )
 from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES, sglang_runs
-from precision_plugin.sglang import check_areal_config
+from precision_plugin.areal import check_areal_config
 from precision_plugin.verl.layout import canonical_dtype
 
 SPELLINGS = [

@@ -43,12 +43,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def api_modules() -> list[str]:
-    """``precision_plugin`` and every subpackage of it."""
-    return ["precision_plugin"] + [
-        f"precision_plugin.{m.name}"
-        for m in pkgutil.iter_modules(precision_plugin.__path__)
-        if m.ispkg
-    ]
+    """``precision_plugin`` and every subpackage of it (those of the internal layer folders
+    ``_base`` and ``_core`` included; the folders themselves export nothing)."""
+    found = ["precision_plugin"]
+    for m in pkgutil.iter_modules(precision_plugin.__path__):
+        if not m.ispkg:
+            continue
+        if not m.name.startswith("_"):
+            found.append(f"precision_plugin.{m.name}")
+            continue
+        folder = importlib.import_module(f"precision_plugin.{m.name}")
+        found += [f"{folder.__name__}.{s.name}" for s in pkgutil.iter_modules(folder.__path__)
+                  if s.ispkg]  # fmt: skip
+    return found
 
 
 def documented() -> dict[str, Any]:
