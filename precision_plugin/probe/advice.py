@@ -438,15 +438,7 @@ def _headroom(overflow: OverflowCheck | HeadroomReport | None) -> Headroom | Non
 
 
 def _evidence(c: DtypeConsequence, blocked: str) -> Evidence:
-    kept = c.kept_interval
-    return Evidence(
-        c.dtype,
-        (kept.value, kept.low, kept.high),
-        (c.k3.value, c.k3.low, c.k3.high),
-        c.fit.sequences,
-        c.verdict,
-        blocked,
-    )
+    return Evidence(c.dtype, c.kept_interval, c.k3, c.fit.sequences, c.verdict, blocked)
 
 
 @checked(
