@@ -40,7 +40,8 @@ from precision_plugin.boundary import checked, dtype_name, policy_field
 from precision_plugin.constraints import Whole
 from precision_plugin.intervals import Interval
 
-#: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
+#: Largest --num-prompts the probe accepts: the one definition (layer 2, for
+#: ``prompts_to_decide``); ``probe.schema`` and ``probe.inputs`` import it.
 MAX_NUM_PROMPTS = 100_000
 #: The probe's negligible line: under 1 % of the batch lost.
 NEGLIGIBLE = 0.01
