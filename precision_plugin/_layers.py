@@ -68,6 +68,7 @@ LAYERS: dict[str, int] = {
     "decision": 2,
     "scoring": 2,
     "canary": 2,
+    "batch_invariance": 2,
     "config_lookup": 1,
     # the meaning constraints (imports nothing of the package: the checker builds on them),
     # writing outputs, the strict reader of other programs' configs

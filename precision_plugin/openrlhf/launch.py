@@ -103,7 +103,7 @@ def runtime_env(
 def _carried_env(pol: PrecisionPolicy) -> dict[str, Any]:
     """``runtime_env()`` of a resolved policy, float32 included (a finding's fix quotes it next
     to the finding that refuses float32)."""
-    from precision_plugin.canary.engines import batch_invariant_env
+    from precision_plugin.batch_invariance import batch_invariant_env
     from precision_plugin.versions import installed_version
 
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}

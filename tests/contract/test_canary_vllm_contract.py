@@ -15,7 +15,7 @@ import pytest
 from packaging.version import Version
 
 import precision_plugin as pp
-from precision_plugin.canary.engines import ENV, VLLM_MIN
+from precision_plugin.batch_invariance import ENV, VLLM_MIN
 from precision_plugin.scoring import TokenSequence
 from precision_plugin.scoring.vllm import completion_logprobs, sampling_params
 

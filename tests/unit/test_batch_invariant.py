@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from precision_plugin.canary.engines import (
+from precision_plugin.batch_invariance import (
     ENV,
     apply_batch_invariant,
     batch_invariant_env,

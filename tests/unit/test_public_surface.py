@@ -49,6 +49,7 @@ DOCUMENTED: dict[str, list[str]] = {
     ],
     "precision_plugin.conflicts": ["settle_conflict"],
     "precision_plugin.intervals": [
+        "Interval",
         "clopper_pearson",
         "variance_normal",
         "variance_robust",
