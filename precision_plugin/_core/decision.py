@@ -38,8 +38,10 @@ import annotated_types as at
 
 from precision_plugin._base.boundary import checked, dtype_name, policy_field
 from precision_plugin._base.constraints import Whole
+from precision_plugin._core.intervals import Interval
 
-#: Largest --num-prompts the probe accepts (schema.MAX_NUM_PROMPTS; kept here, layer 2).
+#: Largest --num-prompts the probe accepts: the one definition (layer 2, for
+#: ``prompts_to_decide``); ``probe.schema`` and ``probe.inputs`` import it.
 MAX_NUM_PROMPTS = 100_000
 #: The probe's negligible line: under 1 % of the batch lost.
 NEGLIGIBLE = 0.01
@@ -52,15 +54,17 @@ PREFERENCE = ("float16", "bfloat16")
 class Evidence:
     """One low-precision dtype's figures for the decision.
 
-    ``kept``: ``(value, low, high)``, the share of a batch that still counts at the target
-    length; ``k3``: ``(value, low, high)``, the mismatch; ``sequences``: how many sequences
+    ``kept``: the share of a batch that still counts at the target length, with its
+    [`Interval`][precision_plugin._core.intervals.Interval]; ``k3``: the mismatch, with its
+    interval;
+    ``sequences``: how many sequences
     stand behind them; ``blocked``: why the dtype cannot run (empty when it can); ``verdict``:
     the consequence verdict (negligible ... severe).
     """
 
     dtype: str
-    kept: tuple[float, float, float]
-    k3: tuple[float, float, float]
+    kept: Interval
+    k3: Interval
     sequences: int
     verdict: str
     blocked: str = ""
@@ -267,7 +271,7 @@ def _share_with(share: float, low: float, high: float) -> str:
 
 
 def _kept(e: Evidence) -> str:
-    value, low, high = e.kept
+    value, low, high = e.kept.value, e.kept.low, e.kept.high
     return f"{percent(value)} ({percent(low)}–{percent(high)}, {e.sequences} sequences)"
 
 
@@ -441,7 +445,7 @@ def decide(
             reasons.append(
                 "float16 (precision_plugin.enable()) only with a rollout engine that runs it"
             )
-        best = max(runs, key=lambda e: e.kept[0])
+        best = max(runs, key=lambda e: e.kept.value)
         return _finish(
             "train",
             best.dtype,
@@ -465,19 +469,19 @@ def decide(
     ranked = sorted(runs, key=lambda e: PREFERENCE.index(e.dtype) if e.dtype in PREFERENCE else 9)
     a, b = ranked[0], ranked[1]
     both = f"{a.dtype} {_kept(a)}, {b.dtype} {_kept(b)}"
-    if min(a.kept[1], b.kept[1]) >= 1.0 - NEGLIGIBLE:
-        lower = min((a, b), key=lambda e: e.k3[0])
+    if min(a.kept.low, b.kept.low) >= 1.0 - NEGLIGIBLE:
+        lower = min((a, b), key=lambda e: e.k3.value)
         other = b if lower is a else a
         text = f"do: either dtype works: {at} keeps {both} (every consequence under 1 %)"
         if _apart(lower.k3, other.k3):
-            text += f"; {lower.dtype}'s k3 is {other.k3[0] / lower.k3[0]:.0f}x lower"
+            text += f"; {lower.dtype}'s k3 is {other.k3.value / lower.k3.value:.0f}x lower"
         return _finish("either", lower.dtype, "consequence", text, headroom, reasons)
-    if a.kept[1] > b.kept[2] or b.kept[1] > a.kept[2]:
-        best, worst = (a, b) if a.kept[1] > b.kept[2] else (b, a)
+    if _apart(a.kept, b.kept):
+        best, worst = (a, b) if a.kept.low > b.kept.high else (b, a)
         text = f"do: train in {best.dtype}: {at} keeps {_kept(best)}, {worst.dtype} {_kept(worst)}"
         return _finish("train", best.dtype, "consequence", text, headroom, reasons, chosen=best)
     n = min(a.sequences, b.sequences)
-    need = prompts_to_decide(a.kept, b.kept, n)
+    need = prompts_to_decide(_triple(a.kept), _triple(b.kept), n)
     more = (
         f"about --num-prompts {need:,} would decide it"
         if need
@@ -485,10 +489,11 @@ def decide(
     )
     undecided = f"not enough sequences to decide on the consequence ({both}; {more})"
     if _apart(a.k3, b.k3):
-        lower, other = (a, b) if a.k3[0] < b.k3[0] else (b, a)
+        lower, other = (a, b) if a.k3.value < b.k3.value else (b, a)
         text = (
-            f"do: train in {lower.dtype}: its mismatch is {other.k3[0] / lower.k3[0]:.0f}x lower "
-            f"(k3 {lower.k3[0]:.1e} vs {other.k3[0]:.1e}); {undecided}"
+            f"do: train in {lower.dtype}: its mismatch is "
+            f"{other.k3.value / lower.k3.value:.0f}x lower "
+            f"(k3 {lower.k3.value:.1e} vs {other.k3.value:.1e}); {undecided}"
         )
         return _finish(
             "train", lower.dtype, "mismatch", text, headroom, reasons, need, chosen=lower
@@ -504,5 +509,9 @@ def decide(
     )
 
 
-def _apart(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
-    return a[1] > b[2] or b[1] > a[2]
+def _apart(a: Interval, b: Interval) -> bool:
+    return a.low > b.high or b.low > a.high
+
+
+def _triple(iv: Interval) -> tuple[float, float, float]:
+    return (iv.value, iv.low, iv.high)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
 import annotated_types as at
@@ -58,6 +59,7 @@ from precision_plugin._base.constraints import (
     Brackets,
     Each,
     Finite,
+    Measured,
     Ordered,
     Probability,
     Whole,
@@ -98,6 +100,22 @@ MAX_BATCH = 2**20
 
 #: A two-sided coverage level: a probability strictly between 0 and 1.
 Coverage = Annotated[float, Finite(), at.Gt(0), at.Lt(1)]
+
+
+@checked
+@dataclass(frozen=True)
+class Interval:
+    """A projected value with its ``COVERAGE`` interval."""
+
+    value: Measured
+    low: Measured
+    high: Annotated[float, Finite(nan_ok=True), Ordered("low", ">=")]
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
 #: A count of trials, sequences or tokens.
 Trials = Annotated[int, Whole(), at.Ge(0), at.Le(MAX_COUNT)]
 #: A variance (NaN or inf: not measured, the interval is NaN).

@@ -104,7 +104,7 @@ def _carried_env(pol: PrecisionPolicy) -> dict[str, Any]:
     """``runtime_env()`` of a resolved policy, float32 included (a finding's fix quotes it next
     to the finding that refuses float32)."""
     from precision_plugin._base.versions import installed_version
-    from precision_plugin._core.canary.engines import batch_invariant_env
+    from precision_plugin._core.batch_invariance import batch_invariant_env
 
     env_vars = {name: os.environ.get(name, default) for name, default in RAY_ENV_VARS.items()}
     env_vars[ENV_VAR] = env_value(pol)

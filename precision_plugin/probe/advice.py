@@ -65,6 +65,7 @@ from precision_plugin._core.metrics.consequence import (
     fit_growth,
     project,
 )
+from precision_plugin._core.metrics.k3 import capped_k3_term
 from precision_plugin._core.misfit import GrowthCheck, check_growth
 from precision_plugin._core.overflow import HeadroomReport
 from precision_plugin.probe.length import bucket_slices
@@ -249,7 +250,7 @@ def _sequences(
     for i, (a, b) in enumerate(zip(train, rollout, strict=True)):
         d = [x - y for x, y in zip(a, b, strict=True) if math.isfinite(x - y)]
         if d:
-            k3 = math.fsum(math.expm1(min(x, 700.0)) - x for x in d)  # 700: expm1's range
+            k3 = math.fsum(capped_k3_term(x) for x in d)  # finite: fit_growth takes it
             out.append((i, len(d), math.fsum(d), k3))
     return out
 
@@ -440,15 +441,7 @@ def _headroom(overflow: OverflowCheck | HeadroomReport | None) -> Headroom | Non
 
 
 def _evidence(c: DtypeConsequence, blocked: str) -> Evidence:
-    kept = c.kept_interval
-    return Evidence(
-        c.dtype,
-        (kept.value, kept.low, kept.high),
-        (c.k3.value, c.k3.low, c.k3.high),
-        c.fit.sequences,
-        c.verdict,
-        blocked,
-    )
+    return Evidence(c.dtype, c.kept_interval, c.k3, c.fit.sequences, c.verdict, blocked)
 
 
 @checked(

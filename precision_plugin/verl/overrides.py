@@ -121,7 +121,7 @@ def ray_invariance_overrides(policy: PrecisionPolicy, *, vllm_version: Any = _AU
     """``VLLM_BATCH_INVARIANT=1`` in the Ray workers' environment with ``batch_invariant='on'``
     (verl starts its vLLM engines in Ray actors, which read it at engine start): nothing for a
     vLLM older than 0.11.1 (no such mode); a vLLM not installed here is assumed to have it."""
-    from precision_plugin._core.canary.engines import batch_invariant_env
+    from precision_plugin._core.batch_invariance import batch_invariant_env
 
     if vllm_version is _AUTO:
         from precision_plugin._base.versions import installed_version

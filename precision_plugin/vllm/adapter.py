@@ -22,7 +22,7 @@ def precision_install(policy: PrecisionPolicy, patcher: Patcher) -> None:
     ``policy``: patch now if vLLM is already imported, else when vLLM loads its plugins."""
     if vllm_version() is None:
         return
-    from precision_plugin._core.canary.engines import apply_batch_invariant
+    from precision_plugin._core.batch_invariance import apply_batch_invariant
 
     info = vllm_version()
     apply_batch_invariant(policy, patcher, str(info.version) if info else None)  # before engines
@@ -64,7 +64,7 @@ def precision_doctor(policy: PrecisionPolicy) -> list[Finding]:
     """What vLLM is installed, whether TRL supports it, the cascade verdict, what enable()
     changes."""
     from precision_plugin._base.versions import installed_version
-    from precision_plugin._core.canary.engines import batch_invariant_findings
+    from precision_plugin._core.batch_invariance import batch_invariant_findings
     from precision_plugin.vllm.doctor import doctor_findings
     from precision_plugin.vllm.invariance import (
         attention_backend_findings,

@@ -15,7 +15,7 @@ import pytest
 from packaging.version import Version
 
 import precision_plugin as pp
-from precision_plugin._core.canary.engines import ENV, VLLM_MIN
+from precision_plugin._core.batch_invariance import ENV, VLLM_MIN
 from precision_plugin._core.scoring import TokenSequence
 from precision_plugin._core.scoring.vllm import completion_logprobs, sampling_params
 

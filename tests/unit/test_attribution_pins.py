@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from precision_plugin._core.metrics.k3 import _LARGEST, k3_term
+from precision_plugin._core.metrics.k3 import _LARGEST, EXPM1_CAP, capped_k3_term, k3_term, k3_terms
 from precision_plugin._core.scoring import TokenSequence, batch_rescore
 from precision_plugin._core.scoring.bitwise import BitwiseEqual
 from precision_plugin._core.scoring.rescore import BatchRescore
@@ -82,6 +82,23 @@ def test_max_abs_diff_is_the_largest_absolute_difference() -> None:
 def test_k3_term_is_finite_up_to_the_largest_float64_exponent() -> None:
     assert k3_term(_LARGEST) == math.expm1(_LARGEST) - _LARGEST
     assert k3_term(math.nextafter(_LARGEST, math.inf)) == math.inf
+
+
+def test_the_tensor_and_capped_k3_forms_agree_with_k3_term() -> None:
+    """The one k3's forms: the tensor form is ``k3_term`` entry by entry, edges included (an
+    infinite d and one past float64's ``expm1`` range give inf, NaN stays NaN); the capped form
+    is ``k3_term`` up to ``EXPM1_CAP`` and stays finite above it (catches a form that drifts
+    from the scalar one)."""
+    ds = [0.0, -0.0, 1e-300, 1e-9, -0.5, 0.5, EXPM1_CAP, _LARGEST, 709.79, 1e9, -1e9]
+    ds += [math.inf, -math.inf, math.nan]
+    tensor = k3_terms(torch.tensor(ds, dtype=torch.float64)).tolist()
+    for d, t in zip(ds, tensor, strict=True):
+        want = k3_term(d)
+        assert (math.isnan(t) and math.isnan(want)) or t == want, d
+    for d in ds[:7]:
+        assert capped_k3_term(d) == k3_term(d)
+    assert capped_k3_term(1000.0) == math.expm1(EXPM1_CAP) - 1000.0
+    assert math.isfinite(capped_k3_term(1e300))
 
 
 def test_settings_defaults_and_switches() -> None:

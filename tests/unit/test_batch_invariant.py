@@ -8,7 +8,7 @@ import os
 import pytest
 
 from precision_plugin._base.patching import Patcher
-from precision_plugin._core.canary.engines import (
+from precision_plugin._core.batch_invariance import (
     ENV,
     apply_batch_invariant,
     batch_invariant_env,

@@ -15,6 +15,7 @@ from precision_plugin._core.decision import (
     decide,
     prompts_to_decide,
 )
+from precision_plugin._core.intervals import Interval
 from precision_plugin._core.manager import coerce_policy
 from precision_plugin.deepspeed import config_policy
 from precision_plugin.policy import PrecisionPolicy
@@ -25,7 +26,7 @@ SMOLLM2 = Headroom("keep_fp32_modules", MODULES, 22, 3.0, "22 module(s) come wit
 
 
 def _ev(dtype, kept, k3=(1e-5, 0.9e-5, 1.1e-5), n=16, verdict="noticeable", blocked=""):
-    return Evidence(dtype, kept, k3, n, verdict, blocked)
+    return Evidence(dtype, Interval(*kept), Interval(*k3), n, verdict, blocked)
 
 
 FP16 = _ev("float16", (0.78, 0.6, 0.9))
@@ -96,7 +97,7 @@ def test_overlapping_consequences_fall_to_the_mismatch_and_say_how_many_prompts_
     assert (d.dtype, d.decided_by) == ("float16", "mismatch")
     # Facing half-widths 0.2 + 0.2 over a gap of 0.1: (0.4 / 0.1)² = 16 times the 16 sequences,
     # plus 10 %: 282.
-    assert d.num_prompts == prompts_to_decide(a.kept, b.kept, 16) == 282
+    assert d.num_prompts == prompts_to_decide((0.6, 0.4, 0.8), (0.5, 0.3, 0.7), 16) == 282
     assert "not enough sequences to decide on the consequence" in d.line
     assert "about --num-prompts 282 would decide it" in d.line
     same = _ev("bfloat16", (0.5, 0.3, 0.7))

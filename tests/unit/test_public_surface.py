@@ -49,6 +49,7 @@ DOCUMENTED: dict[str, list[str]] = {
     ],
     "precision_plugin._base.conflicts": ["settle_conflict"],
     "precision_plugin._core.intervals": [
+        "Interval",
         "clopper_pearson",
         "variance_normal",
         "variance_robust",

@@ -226,7 +226,7 @@ def test_equal_lengths_keep_their_input_order_and_the_mean_length_is_a_true_mean
 
 
 def _ev(dtype, kept, k3=(1e-5, 0.9e-5, 1.1e-5), n=16, verdict="noticeable", blocked=""):
-    return Evidence(dtype, kept, k3, n, verdict, blocked)
+    return Evidence(dtype, Interval(*kept), Interval(*k3), n, verdict, blocked)
 
 
 def test_percent_at_its_boundaries():

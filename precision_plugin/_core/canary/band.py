@@ -84,8 +84,9 @@ def layout_difference(
 
 @checked
 def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[float]]) -> list[float]:
-    """Per-token ``expm1(d) - d`` with ``d = log π - log μ`` (learner minus rollout), in float64,
-    flattened in sequence order; a NaN or infinite log-prob gives ``inf``."""
+    """Per-token ``k3_term(d)`` (``expm1(d) - d``) with ``d = log π - log μ`` (learner minus
+    rollout), in float64, flattened in sequence order; a NaN or infinite log-prob gives ``inf``
+    (the canary counts a NaN ``d``, which ``k3_term`` passes through, as infinitely far)."""
     differ = layout_difference(learner, rollout)
     if differ is not None:
         raise PrecisionConfigError(
@@ -96,10 +97,7 @@ def token_k3(learner: Sequence[Sequence[float]], rollout: Sequence[Sequence[floa
     for lrow, rrow in zip(learner, rollout, strict=True):
         for a, b in zip(lrow, rrow, strict=True):
             d = float(a) - float(b)
-            if not math.isfinite(d):
-                out.append(math.inf)
-                continue
-            out.append(k3_term(d) if abs(d) > 1e-300 else 0.0)
+            out.append(math.inf if math.isnan(d) else k3_term(d))
     return out
 
 

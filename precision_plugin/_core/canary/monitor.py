@@ -30,7 +30,6 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from precision_plugin._base.boundary import checked, policy_field
 from precision_plugin._core.canary.band import (
@@ -49,7 +48,6 @@ from precision_plugin.errors import CanaryAlarmError, PrecisionConfigError
 
 log = logging.getLogger("precision_plugin")
 
-Verdict = Literal["weights_out_of_sync", "engine_state_drift", "policy_moving"]
 #: Numeric code of each verdict as logged in ``precision/canary_verdict`` (0: none).
 VERDICT_CODES: dict[str | None, int] = {
     None: 0,

@@ -47,6 +47,7 @@ from precision_plugin._core.intervals import (
     HEAVY_TAIL_KURTOSIS,
     HEAVY_TAIL_WARNING,
     TAIL_LAWS,
+    Interval,
     chi2_ppf,
     clopper_pearson,
     ess_hull,
@@ -273,20 +274,6 @@ def compute_consequence(
 # -- growth with length: fit and projection ---------------------------------------------------
 
 _Z = z_value(COVERAGE)  # 1.645: a 90 % two-sided interval
-
-
-@checked
-@dataclass(frozen=True)
-class Interval:
-    """A projected value with its ``COVERAGE`` interval."""
-
-    value: Measured
-    low: Measured
-    high: Annotated[float, Finite(nan_ok=True), Ordered("low", ">=")]
-
-    def to_dict(self) -> dict[str, float]:
-        """JSON-ready dict."""
-        return asdict(self)
 
 
 @checked

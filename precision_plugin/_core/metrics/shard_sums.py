@@ -17,6 +17,7 @@ import torch
 from precision_plugin._base.boundary import Invalid, Validator, checked
 from precision_plugin._core.metrics.drift import fit_drift
 from precision_plugin._core.metrics.inputs import SAME_TOKENS, _named_2d, log_probs_arg, mask_arg
+from precision_plugin._core.metrics.k3 import k3_terms
 from precision_plugin.errors import PrecisionConfigError
 
 
@@ -27,10 +28,9 @@ def _log_ratio(valid: torch.Tensor, lt: torch.Tensor, lr: torch.Tensor) -> torch
 
 
 def _k3(valid: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """r − 1 − log r as expm1(d) − d (exp(d) − 1 would lose a tiny d to rounding); infinite
-    where one side gives probability 0."""
-    k3 = torch.where(d.isinf(), torch.full_like(d, math.inf), torch.expm1(d) - d)
-    return torch.where(valid, k3, torch.zeros_like(d))
+    """r − 1 − log r (``k3_terms``: infinite where one side gives probability 0) where valid,
+    else 0."""
+    return torch.where(valid, k3_terms(d), torch.zeros_like(d))
 
 
 # -- sufficient statistics: the same metrics from sums that add up across processes ----------
