@@ -18,12 +18,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "precision_plugin"
 
 #: The one reader of files a user names, and the one checked writer.
-READER_AND_WRITER = {"userfiles.py", "outputs.py"}
+READER_AND_WRITER = {"_base/userfiles.py", "_base/outputs.py"}
 
 #: (module, call) -> why it may open a path itself: paths the package owns or finds, never one
 #: a user gave. Keep this short.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("_layers.py", "read_text"): "the package's own source files (the layer table's AST scan)",
+    ("_base/layers.py", "read_text"): "the package's own source files (the layer table's AST scan)",
     ("vllm/invariance.py", "read_text"): "the installed vLLM package's own source files",
     ("openrlhf/installed.py", "read_text"): "the installed OpenRLHF package's own source files",
     ("verl/doctor.py", "read_text"): "the installed verl package's default config "
@@ -32,7 +32,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("cli/process.py", "os.open"): "os.devnull, to silence a closed stdout",
     ("deepspeed/device.py", "open"): "torch's own build.ninja in its extension build folder, "
     "to see which DeepSpeed built the CPU op",
-    ("provenance.py", "open"): "/proc/cpuinfo, the kernel's description of the CPU",
+    ("_base/provenance.py", "open"): "/proc/cpuinfo, the kernel's description of the CPU",
     ("sanity/plot.py", "savefig"): "draws into the temporary path the checked writer gives it "
     "(cli/output.write -> outputs.write_with)",
     ("probe/plot.py", "savefig"): "draws into the temporary path the checked writer gives it "
@@ -124,9 +124,10 @@ def test_the_scan_sees_every_kind_of_call(tmp_path: Path) -> None:
         "json.load(f)\njson.dump({}, f)\ntorch.load('a')\ntorch.save({}, 'a')\n"
         "fig.savefig('a.png')\njson.loads('{}')\nyaml.safe_dump({})\n"
     )
-    (tmp_path / "userfiles.py").write_text("open('a')\n")
+    (tmp_path / "_base").mkdir()
+    (tmp_path / "_base" / "userfiles.py").write_text("open('a')\n")
     assert {call for _, call in file_calls(tmp_path)} == {
         "open", "os.open", "io.open", "read_text", "read_bytes", "write_text", "write_bytes",
         "safe_load", "load", "dump", "save", "savefig",
     }  # fmt: skip
-    assert ("userfiles.py", "open") not in file_calls(tmp_path)
+    assert ("_base/userfiles.py", "open") not in file_calls(tmp_path)

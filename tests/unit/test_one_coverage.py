@@ -24,8 +24,8 @@ PACKAGE = Path(precision_plugin.__file__).parent
 COVERAGE_NAMES = {"coverage", "level", "confidence", "confidence_level", "ci", "conf"}
 #: The modules that compute intervals: no two-sided tail written as a number in them.
 INTERVAL_MODULES = (
-    "intervals.py",
-    "metrics/consequence.py",
+    "_core/intervals.py",
+    "_core/metrics/consequence.py",
     "probe/advice.py",
     "probe/schema.py",
     "probe/attribution/decompose.py",
@@ -78,7 +78,7 @@ def test_COVERAGE_is_defined_once():
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(target, ast.Name) and target.id == "COVERAGE"
     ]
-    assert where == ["intervals.py"]
+    assert where == ["_core/intervals.py"]
     assert COVERAGE == 0.90
 
 
