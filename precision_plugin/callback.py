@@ -436,9 +436,9 @@ def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
     config = getattr(model, "config", None)
     if not policy.is_fp16 or not hasattr(config, "to_dict"):
         return
-    from precision_plugin.model_risks import check_model_config
+    from precision_plugin.model_risks import model_findings
 
-    findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
+    findings = model_findings(config.to_dict(), policy, raise_on_refusal=False)
     if policy.overflow.detect == "off":
         measured = (
             "nothing measures it in this run: set overflow.detect='sampled' to name a module "

@@ -232,7 +232,7 @@ def _engines(
     learner: str | None,
     environ: Mapping[str, str],
 ) -> list[Finding]:
-    from precision_plugin.vllm import cascade_guard, vllm_version
+    from precision_plugin.vllm.engine import decide_cascade, vllm_version
 
     if not arg(args, NUM_ENGINES):
         return [
@@ -305,7 +305,7 @@ def _engines(
             )
         )
         return out
-    decision = cascade_guard(policy)
+    decision = decide_cascade(policy)
     if decision.disables and not follows:
         out.append(
             _error(
@@ -320,12 +320,12 @@ def _engines(
 
 
 def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
-    from precision_plugin.model_risks import check_model_config, config_json_for
+    from precision_plugin.model_risks import config_json_for, model_findings
 
     path = config_json_for(arg(args, MODEL))
     if path is None or not arg(args, NUM_ENGINES):
         return []
-    return check_model_config(path, policy, raise_on_refusal=False)
+    return model_findings(path, policy, raise_on_refusal=False)
 
 
 def typed_args(args: Any) -> dict[str, Any]:
