@@ -26,8 +26,7 @@ from precision_plugin.dtypes import SUPPORTED_DTYPES
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.manager import resolve_policy
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
-from precision_plugin.openrlhf.launch import _carried_env, env_value
-from precision_plugin.openrlhf.launch import args as learner_args
+from precision_plugin.openrlhf.launch import _carried_env, env_value, learner_flags
 from precision_plugin.openrlhf.layout import (
     DEEPSPEED_FP16_SCALER,
     ENGINE_DTYPE,
@@ -111,7 +110,7 @@ def _learner(args: Any, policy: PrecisionPolicy, lay: Layout) -> tuple[str | Non
                 FRAMEWORK, "ok", f"the learner trains in {want} ({flag(PARAM_DTYPE)} {param_dtype})"
             )
         ]
-    fix = "add " + " ".join(learner_args(policy, openrlhf_version=lay.version))
+    fix = "add " + " ".join(learner_flags(policy, lay.version))
     shown = runs or f"an unknown dtype ({param_dtype!r})"
     message = (
         f"the learner trains in {shown} ({flag(PARAM_DTYPE)} {param_dtype}) while the policy "
@@ -402,7 +401,19 @@ def find_problems(
     ``error`` findings are the contradictions. ``environ`` (default ``os.environ``) is the
     environment the Ray actors get; see
     [`check_args`][precision_plugin.openrlhf.check_args] for what is checked."""
-    policy = resolve_policy(policy)
+    return _problems(
+        args, resolve_policy(policy), openrlhf_version=openrlhf_version, environ=environ
+    )
+
+
+def _problems(
+    args: Any,
+    policy: PrecisionPolicy,
+    *,
+    openrlhf_version: str | Version | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """``find_problems`` for a resolved ``policy``."""
     lay = layout(openrlhf_version)
     env = os.environ if environ is None else environ
     args = typed_args(args)
@@ -458,6 +469,6 @@ def check_args(
     to the installed OpenRLHF.
     """
     pol = resolve_policy(policy)
-    findings = find_problems(args, pol, openrlhf_version=openrlhf_version)
+    findings = _problems(args, pol, openrlhf_version=openrlhf_version)
     settle(findings, pol)
     return findings
