@@ -103,12 +103,12 @@ class PrecisionCallback(TrainerCallback):
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
-        if policy is None:
-            # A PRECISION_PLUGIN that says nothing the plugin reads is refused here, before
-            # train(): inside it the callback only warns, and the run would go unchecked.
-            resolve_policy(None)
-        #: The policy given, resolved once here; ``None``: follow the requested one (``policy``).
-        self._policy = resolve_policy(policy) if policy is not None else None
+        # Resolved once, here. Without a policy this refuses a PRECISION_PLUGIN that says nothing
+        # the plugin reads before train(): inside it the callback only warns, and the run would
+        # go unchecked.
+        resolved = resolve_policy(policy)
+        #: The policy given; ``None``: the requested one, read when used (``policy``).
+        self._policy = resolved if policy is not None else None
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
