@@ -3,7 +3,7 @@ whether DeepSpeed's accelerator can run fp16."""
 
 from __future__ import annotations
 
-from precision_plugin.deepspeed.config import SECTION, apply_config
+from precision_plugin.deepspeed.config import SECTION, translated
 from precision_plugin.deepspeed.device import (
     build_notice,
     deepspeed_support,
@@ -24,7 +24,7 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
         return None
     findings = [Finding("deepspeed", "info", f"deepspeed {version} installed")]
     try:
-        mapped = apply_config({}, policy)
+        mapped = translated({}, policy)
     except PrecisionPluginError as exc:  # a setting DeepSpeed cannot run (strictness="error")
         findings.append(Finding("deepspeed", "error", str(exc)))
         return findings
