@@ -91,9 +91,14 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
     Megatron, whose engines scale the loss themselves.
     """
     from precision_plugin._core.manager import resolve_policy
-    from precision_plugin._core.scaler import attach_telemetry, make_grad_scaler
 
-    policy = resolve_policy(policy, what="apply_policy()")
+    return _apply_policy(accelerator, resolve_policy(policy, what="apply_policy()"))
+
+
+def _apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
+    """``apply_policy`` for a resolved ``policy`` (every ``Accelerator`` under ``enable()``)."""
+    from precision_plugin._core.scaler import attach_telemetry, build_grad_scaler
+
     if not hasattr(accelerator, "scaler") or not hasattr(accelerator, "state"):
         from precision_plugin.errors import PrecisionConfigError
 
@@ -112,7 +117,7 @@ def apply_policy(accelerator: Any, policy: PrecisionPolicy) -> Any:
         # has fp16 CPU autocast and a CPU GradScaler: run what was asked for.
         accelerator.native_amp = True
         sharded = _distributed_type(accelerator) == "FSDP"
-        accelerator.scaler = make_grad_scaler(policy, "cpu", sharded=sharded or None)
+        accelerator.scaler = build_grad_scaler(policy, "cpu", sharded=sharded or None)
         log.info(
             "precision_plugin: Accelerate on CPU with mixed_precision='fp16': running fp16 "
             "autocast with a CPU GradScaler (Accelerate alone would silently run fp32)"
@@ -166,7 +171,7 @@ def _init(
             handlers.append(_scaler_handler(policy))
         arguments["kwargs_handlers"] = handlers
     original(*bound.args, **bound.kwargs)
-    apply_policy(self, policy)
+    _apply_policy(self, policy)
 
 
 def _prepare_model(

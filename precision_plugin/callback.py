@@ -104,11 +104,12 @@ class PrecisionCallback(TrainerCallback):
     """
 
     def __init__(self, policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) -> None:
-        if policy is None:
-            # A PRECISION_PLUGIN that says nothing the plugin reads is refused here, before
-            # train(): inside it the callback only warns, and the run would go unchecked.
-            resolve_policy(None)
-        self._policy = policy
+        # Resolved once, here. Without a policy this refuses a PRECISION_PLUGIN that says nothing
+        # the plugin reads before train(): inside it the callback only warns, and the run would
+        # go unchecked.
+        resolved = resolve_policy(policy)
+        #: The policy given; ``None``: the requested one, read when used (``policy``).
+        self._policy = resolved if policy is not None else None
         self._trainer: Callable[[], Any] = _no_trainer
         self._probe: _ForwardProbe | None = None
         #: The dtype the first training forward ran in (``None`` until it ran).
@@ -141,7 +142,12 @@ class PrecisionCallback(TrainerCallback):
     @property
     def policy(self) -> PrecisionPolicy:
         """The policy this callback enforces."""
-        return resolve_policy(self._policy)
+        if self._policy is not None:
+            return self._policy
+        # Ambient on purpose: a callback built without a policy follows the one this process
+        # asks for when it runs (the user, TRL or the sanity run builds it, often before
+        # enable(), and the HF Trainer calls it with no way to pass a policy through).
+        return resolve_policy()
 
     @property
     def trainer(self) -> Any:
@@ -377,9 +383,9 @@ class _OverflowWatch:
             self.fallback = keep_fp32_modules(model, settings.keep_fp32_modules)
         self.diagnoses = policy.uses_loss_scaler and settings.diagnose_after_skips > 0
         if settings.detect != "off" or self.diagnoses:
-            from precision_plugin._core.overflow import OverflowDetector
+            from precision_plugin._core.overflow.detect import detector_for
 
-            self.detector = OverflowDetector.from_policy(model, policy)
+            self.detector = detector_for(model, policy)
 
     def fp32_modules(self, model: Any) -> frozenset[Any]:
         """Every module the float32 fallback runs (the matched ones and their submodules)."""
@@ -439,9 +445,9 @@ def _audit_model_type(model: Any, policy: PrecisionPolicy) -> None:
     config = getattr(model, "config", None)
     if not policy.is_fp16 or not hasattr(config, "to_dict"):
         return
-    from precision_plugin._core.model_risks import check_model_config
+    from precision_plugin._core.model_risks import model_findings
 
-    findings = check_model_config(config.to_dict(), policy, raise_on_refusal=False)
+    findings = model_findings(config.to_dict(), policy, raise_on_refusal=False)
     if policy.overflow.detect == "off":
         measured = (
             "nothing measures it in this run: set overflow.detect='sampled' to name a module "

@@ -43,7 +43,11 @@ def slime_args(policy: PrecisionPolicy | Mapping[str, Any] | str | None = None) 
 
     slime's Megatron learner runs float16 or bfloat16 only: a float32 policy is refused.
     """
-    pol = resolve_policy(policy, what="precision_plugin.slime.slime_args()")
+    return _flags(resolve_policy(policy, what="precision_plugin.slime.slime_args()"))
+
+
+def _flags(pol: PrecisionPolicy) -> list[str]:
+    """``slime_args`` for a resolved policy."""
     if pol.dtype == "float16":
         return ["--fp16"]
     if pol.dtype == "bfloat16":
@@ -143,7 +147,7 @@ def check_slime_args(
                 "error",
                 f"slime's Megatron learner trains in {learner} (slime sets bf16 = not fp16) "
                 f"while the policy is {pol.dtype}.",
-                fix=f"use {' '.join(slime_args(pol)) if pol.dtype != 'float32' else '--fp16'}",
+                fix=f"use {' '.join(_flags(pol)) if pol.dtype != 'float32' else '--fp16'}",
             )
         )
     for where, values in engines:

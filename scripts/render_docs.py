@@ -131,10 +131,16 @@ LADDER = (
     "kernels: the padded float16 engine reaches level 2 on some CPUs, level 1 on this one."
 )
 SPREAD = "This table is the spread itself: the same runs over seeds and kernel settings."
+SIMULATION = (
+    "Seeded simulation in float64 with numpy and scipy: the same on every machine up to the "
+    "last digits of a quantile."
+)
 #: What varies, by results file (``fnmatch`` patterns on its name, the first that matches):
 #: every provenance line says it, and a results file without an entry is not rendered.
 VARIES: tuple[tuple[str, str], ...] = (
     ("kernel-margins", SPREAD),
+    ("ess-calibration", SIMULATION),
+    ("dose-response", TRAINING),
     ("canary-levels", LADDER),
     ("canary-overhead", TIMING),
     ("canary-*", TRAINING),
@@ -419,6 +425,28 @@ def _attribution_time(data: dict[str, Any]) -> str:
             row += " " + (", ".join(f"{d} {n}" for d, n in passes.items() if n) or "-") + " |"
         rows.append(row)
     return "\n".join(rows)
+
+
+@view("ess-calibration")
+def _ess_calibration(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_ess_calibration.py``: the lowest coverage of each figure's
+    interval over the variances simulated, per tail law and number of sequences."""
+    figures = list(data["cells"][0]["figures"])
+    header = ["law", "sequences", *(f"`{f}`" for f in figures), "warning fires"]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for cell in data["cells"]:
+        groups.setdefault((cell["law"], cell["sequences"]), []).append(cell)
+    rows = []
+    for law in data["laws"]:
+        for (name, n), cells in groups.items():
+            if name != law:
+                continue
+            rows.append(
+                [law, str(n)]
+                + [f"{min(c['figures'][f]['coverage'] for c in cells):.3f}" for f in figures]
+                + [f"{max(c['warning_rate'] for c in cells):.1%}"]
+            )
+    return aligned_table(header, rows)
 
 
 @view("dose-response")

@@ -197,7 +197,11 @@ def prepare_model(
     but a ``torch.nn.Module`` is refused with
     [`PrecisionConfigError`][precision_plugin.errors.PrecisionConfigError].
     """
-    policy = resolve_policy(policy)
+    return _prepare(model, resolve_policy(policy))
+
+
+def _prepare(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn.Module:
+    """``prepare_model`` for a resolved ``policy``."""
     plan = _plan(model, policy)
     if plan and policy.strictness == "error":
         raise PrecisionMismatchError(
@@ -242,5 +246,5 @@ def prepare_model_once(model: Any, policy: PrecisionPolicy) -> Any:
     model, and the first one settles it."""
     if not isinstance(model, torch.nn.Module):
         return model  # the framework decides what a non-module is; it has no dtypes to fix
-    settle_once(model, "master_weights", policy, lambda: prepare_model(model, policy))
+    settle_once(model, "master_weights", policy, lambda: _prepare(model, policy))
     return model

@@ -136,7 +136,25 @@ def check_model_config(
     refuses nothing, so a model type vLLM refuses is a ``warning`` (float16 runs unguarded
     there) and nothing raises; the findings carry ``engine.lower()`` as their framework.
     """
-    policy = resolve_policy(policy)
+    return model_findings(
+        path_or_dict,
+        resolve_policy(policy),
+        raise_on_refusal=raise_on_refusal,
+        refused=refused,
+        engine=engine,
+    )
+
+
+def model_findings(
+    path_or_dict: str | os.PathLike[str] | Mapping[str, Any],
+    policy: PrecisionPolicy,
+    *,
+    raise_on_refusal: bool = True,
+    refused: Mapping[str, str] | None = None,
+    engine: str = "vLLM",
+) -> list[Finding]:
+    """[`check_model_config`][precision_plugin.vllm.check_model_config] for a resolved
+    ``policy``."""
     config = load_model_config(path_or_dict)
     top, nested = _model_types(config)
     table = dict(refused) if refused is not None else vllm_refusal_table()
@@ -237,6 +255,6 @@ def check_engine_model(
     if path is None:
         return
     fp16 = policy.replace(dtype="float16")
-    for finding in check_model_config(path, fp16, refused=vllm_refusal_table()):
+    for finding in model_findings(path, fp16, refused=vllm_refusal_table()):
         if finding.status == "warning":
             log.warning("vLLM model %s: %s %s", model, finding.message, finding.fix)

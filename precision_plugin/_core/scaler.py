@@ -312,7 +312,19 @@ def make_grad_scaler(
     """
     from precision_plugin._core.manager import resolve_policy
 
-    policy = resolve_policy(policy)
+    return build_grad_scaler(resolve_policy(policy), device, model=model, sharded=sharded)
+
+
+def build_grad_scaler(
+    policy: PrecisionPolicy,
+    device: str | torch.device = "cuda",
+    *,
+    model: torch.nn.Module | None = None,
+    sharded: bool | None = None,
+) -> torch.amp.GradScaler:
+    """[`make_grad_scaler`][precision_plugin._core.scaler.make_grad_scaler] for a resolved
+    ``policy``
+    (Accelerate's scaler on CPU)."""
     device_type = torch.device(device).type
     settings = policy.loss_scaler
     kwargs = grad_scaler(settings).to_kwargs()

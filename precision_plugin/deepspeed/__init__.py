@@ -19,18 +19,14 @@ called directly (``config=`` dict or path, or ``args.deepspeed_config``), by Acc
 (``DeepSpeedPlugin``, ``accelerator.prepare``) or by the HF Trainer (``--deepspeed file.json``);
 the HF Trainer's and Accelerate's own precision requests are reconciled with the policy first.
 
-The package, by concern: ``config`` (the entry's pure translation), ``install`` (where it is
+The package, by concern: ``config`` (the entry's pure translation, of a resolved policy),
+``api`` (the public functions, which resolve the policy once), ``install`` (where it is
 applied), ``telemetry`` (loss-scale tracking and the floor rule), ``doctor`` and ``adapter``
 (the hooks). DeepSpeed itself is imported lazily.
 """
 
-from precision_plugin.deepspeed.config import (
-    SECTION,
-    apply_config,
-    config_policy,
-    load_config,
-    translate,
-)
+from precision_plugin.deepspeed.api import apply_config, config_policy, translate
+from precision_plugin.deepspeed.config import SECTION, load_config
 from precision_plugin.deepspeed.telemetry import engine_dtype, engine_scaler_stats, track_engine
 
 __all__ = [

@@ -12,7 +12,10 @@ itself is kept unchanged (DeepSpeed ignores unknown top-level keys, and keeping 
 function idempotent and lets a config copied later, e.g. TRL's reference model, carry the entry
 along).
 
-This module imports neither DeepSpeed nor torch.
+This module imports neither DeepSpeed nor torch, nor the plugin manager: every function here
+takes a resolved [`PrecisionPolicy`][precision_plugin.policy.PrecisionPolicy]. The public
+functions that accept a policy in any form and resolve it (``apply_config``, ``config_policy``,
+``translate``) are in ``precision_plugin.deepspeed.api``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from precision_plugin._core.frameworks import (
     deepspeed_enabled_sections,
     deepspeed_flag,
 )
-from precision_plugin._core.manager import requested_policy, resolve_policy
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy, UserJSONError, normalize_dtype, parse_json
 
@@ -43,11 +45,6 @@ log = logging.getLogger("precision_plugin")
 
 #: Name of the top-level DeepSpeed config section the plugin reads.
 SECTION = "precision_plugin"
-
-_AS_DICT = fix_hint(
-    "pass the config as a dict; read a JSON file with precision_plugin.deepspeed.load_config(path) "
-    "first"
-)
 
 #: DeepSpeed's legacy alias of ``bf16`` and its autocast section.
 _BF16_OLD, _AUTOCAST = "bfloat16", "torch_autocast"
@@ -88,20 +85,17 @@ def _read_json_file(path: str) -> Any:
     return userfiles.read_json(path, "DeepSpeed config", note=" (DeepSpeed refuses such a config)")
 
 
-@checked(cfg=_AS_DICT)
-def config_policy(
-    cfg: Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None = None
+def section_policy(
+    cfg: Mapping[str, Any], base: PrecisionPolicy, *, requested: bool
 ) -> PrecisionPolicy:
-    """The policy that governs ``cfg``: base policy, then the config's ``precision_plugin`` keys.
+    """The policy that governs ``cfg``: ``base``, then the config's ``precision_plugin`` keys.
 
-    The base is ``policy`` when given, else the policy this process was asked to follow
-    (``enable()``, then ``PRECISION_PLUGIN``), else the defaults. Keys of the section override the
-    base, except ``dtype`` when the base was asked for: the dtype is one decision for the whole
+    ``requested`` says that ``base`` was asked for (an argument, ``enable()``,
+    ``PRECISION_PLUGIN``) rather than being the defaults. Keys of the section override the base,
+    except ``dtype`` when the base was asked for: the dtype is one decision for the whole
     process (rollouts follow it too), so a different section dtype is coerced to the base dtype
     (strictness ``warn``) or refused (strictness ``error``).
     """
-    explicit = policy if policy is not None else requested_policy()
-    base = explicit if explicit is not None else PrecisionPolicy()
     _check_no_misspelled_section(cfg)
     if SECTION not in cfg:
         return base
@@ -116,17 +110,17 @@ def config_policy(
         merged = base.replace(**dict(section))
     except PrecisionConfigError as exc:
         raise PrecisionConfigError(f'DeepSpeed config "{SECTION}" section: {exc}') from None
-    if explicit is not None and merged.dtype != explicit.dtype:
+    if requested and merged.dtype != base.dtype:
         settle_conflict(
             merged.strictness,
             f'DeepSpeed config "{SECTION}.dtype"={section.get("dtype")!r} contradicts the '
-            f"active precision policy (dtype={explicit.dtype!r}); rollouts and learner must run "
+            f"active precision policy (dtype={base.dtype!r}); rollouts and learner must run "
             f"one dtype",
-            fix=f"remove dtype from the section or make it {explicit.dtype!r}, or enable the "
+            fix=f"remove dtype from the section or make it {base.dtype!r}, or enable the "
             f"plugin with dtype={merged.dtype!r}",
-            outcome=f"the learner follows the policy: {explicit.dtype}",
+            outcome=f"the learner follows the policy: {base.dtype}",
         )
-        merged = merged.replace(dtype=explicit.dtype)
+        merged = merged.replace(dtype=base.dtype)
     return merged
 
 
@@ -157,39 +151,9 @@ def _check_no_misspelled_section(cfg: Mapping[str, Any]) -> None:
             )
 
 
-@checked(cfg=fix_hint("pass a dict, or a path to a DeepSpeed JSON config"))
-def apply_config(
-    cfg: Mapping[str, Any] | str | os.PathLike[str],
-    policy: PrecisionPolicy | Mapping[str, Any] | str | None = None,
-) -> dict[str, Any]:
-    """Return a copy of DeepSpeed config ``cfg`` that runs the precision policy (``cfg`` untouched).
-
-    ``cfg`` is a dict or a path to a JSON file. The governing policy comes from
-    [`config_policy`][precision_plugin.deepspeed.config_policy] (``policy`` / the requested policy /
-    defaults, then the config's ``"precision_plugin"`` section). For ``float16``: ``fp16.enabled``
-    true with dynamic loss scaling from ``policy.loss_scaler`` (``loss_scale`` 0,
-    ``initial_scale_power``, ``loss_scale_window``, ``hysteresis``, ``min_loss_scale``) and
-    ``bf16.enabled`` false; for ``bfloat16`` the mirror image; for ``float32`` both off. ``"auto"``
-    values of other keys stay for HF/Accelerate to fill. An explicit contradiction (bf16 enabled,
-    ``fp16.enabled`` false, a static ``loss_scale``, ``torch_autocast`` in another dtype) is coerced
-    with a warning naming the key (strictness ``warn``) or refused with
-    [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] (``error``).
-    """
-    out = load_config(cfg)
-    return translate(out, config_policy(out, policy))
-
-
-@checked(cfg=_AS_DICT)
-def translate(
-    cfg: Mapping[str, Any], policy: PrecisionPolicy | Mapping[str, Any] | str | None
-) -> dict[str, Any]:
-    """Return a copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again).
-
-    [`apply_config`][precision_plugin.deepspeed.apply_config] is ``translate(cfg, config_policy(cfg,
-    policy))``; call this one when the policy is already resolved.
-    """
+def translated(cfg: Mapping[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
+    """A copy of ``cfg`` rewritten for exactly ``policy`` (its section is not read again)."""
     userfiles.check_argument(cfg, "DeepSpeed config (cfg, a dict)")  # before deepcopy recurses
-    policy = resolve_policy(policy)
     out = copy.deepcopy(dict(cfg))
     _Translator(out, policy).run()
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from precision_plugin._base.report import Finding
 from precision_plugin._base.versions import installed_version
-from precision_plugin.deepspeed.config import SECTION, apply_config
+from precision_plugin.deepspeed.config import SECTION, translated
 from precision_plugin.deepspeed.device import (
     build_notice,
     deepspeed_support,
@@ -24,7 +24,7 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding] | None:
         return None
     findings = [Finding("deepspeed", "info", f"deepspeed {version} installed")]
     try:
-        mapped = apply_config({}, policy)
+        mapped = translated({}, policy)
     except PrecisionPluginError as exc:  # a setting DeepSpeed cannot run (strictness="error")
         findings.append(Finding("deepspeed", "error", str(exc)))
         return findings

@@ -18,7 +18,7 @@ from precision_plugin._base.patching import Patcher
 from precision_plugin._base.versions import installed_version
 from precision_plugin._core import frameworks
 from precision_plugin._core.buffers import float32_buffers, keep_float32_buffers
-from precision_plugin.deepspeed.config import apply_config, config_policy, load_config, translate
+from precision_plugin.deepspeed.config import load_config, section_policy, translated
 from precision_plugin.deepspeed.device import (
     EXTENSIONS_VARIABLE,
     build_notice,
@@ -26,7 +26,7 @@ from precision_plugin.deepspeed.device import (
     environment_extensions_dir,
     pending_cpu_build,
 )
-from precision_plugin.deepspeed.telemetry import track_engine
+from precision_plugin.deepspeed.telemetry import track
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -55,9 +55,9 @@ def _initialize(
         raw = arguments.get(key)
     if raw is not None:
         cfg = load_config(raw)
-        resolved = config_policy(cfg, policy)
+        resolved = section_policy(cfg, policy, requested=True)
         runs = check_engine_dtype(resolved)  # refuse before DeepSpeed's own device check
-        arguments[key] = translate(cfg, resolved)
+        arguments[key] = translated(cfg, resolved)
         if runs != resolved.dtype:
             resolved = resolved.replace(dtype=runs)
             arguments[key] = _precision_off(arguments[key])
@@ -69,7 +69,7 @@ def _initialize(
     result = original(*bound.args, **bound.kwargs)
     if resolved.float32_buffers and resolved.dtype != "float32":
         _keep_float32_buffers(getattr(result[0], "module", None), saved)
-    track_engine(result[0], resolved)
+    track(result[0], resolved)
     return result
 
 
@@ -102,7 +102,8 @@ def _hf_config_init(
     policy: PrecisionPolicy, original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
 ) -> None:
     original(self, *args, **kwargs)
-    self.config = apply_config(self.config, policy)
+    cfg = load_config(self.config)
+    self.config = translated(cfg, section_policy(cfg, policy, requested=True))
 
 
 _PRECISION_MISMATCH = ("- ds fp16.enabled=", "- ds bf16.enabled=")
@@ -119,7 +120,7 @@ def _trainer_config_process(
     result = original(self, args, *rest, **kwargs)
     # The config already follows the policy; HF recorded its fp16/bf16 flags as mismatches
     # that would raise at train(). The policy settles them here.
-    pol = config_policy(self.config, policy)
+    pol = section_policy(self.config, policy, requested=True)
     ours = [m for m in self.mismatches if m.startswith(_PRECISION_MISMATCH)]
     if ours:
         settle_conflict(
@@ -144,7 +145,7 @@ def _set_mixed_precision(
     *args: Any,
     **kwargs: Any,
 ) -> Any:
-    pol = config_policy(self.deepspeed_config, policy)
+    pol = section_policy(self.deepspeed_config, policy, requested=True)
     wanted = frameworks.mixed_precision(pol)
     if mixed_precision not in (None, "no", wanted):
         settle_conflict(

@@ -18,9 +18,9 @@ from typing import Any
 from precision_plugin._base.boundary import checked, duck
 from precision_plugin._base.patching import Patcher
 from precision_plugin._base.shield import shielded
-from precision_plugin._core.manager import adapter_patcher, current_policy
+from precision_plugin._core.manager import adapter_patcher, current_policy, resolve_policy
 from precision_plugin._core.scaler import ScalerStats, check_scale_floor
-from precision_plugin.deepspeed.config import config_policy
+from precision_plugin.deepspeed.api import config_policy
 from precision_plugin.policy import PrecisionPolicy
 
 log = logging.getLogger("precision_plugin")
@@ -174,10 +174,21 @@ def track_engine(
     """
     if tracker_of(engine) is not None:
         return engine
-    pol = policy or current_policy() or _policy_of(engine)
+    if policy is not None:
+        return track(engine, resolve_policy(policy))
+    # No policy given: the one enable() installed, else the engine's own config entry over the
+    # requested policy (an engine built without enable(), or before it).
+    return track(engine, current_policy() or _policy_of(engine))
+
+
+def track(engine: Any, policy: PrecisionPolicy) -> Any:
+    """[`track_engine`][precision_plugin.deepspeed.track_engine] for a resolved ``policy``
+    (``deepspeed.initialize`` under ``enable()``)."""
+    if tracker_of(engine) is not None:
+        return engine
     # Under enable() the wrap is undone by disable(); without it, it lives as long as the engine.
     patcher = adapter_patcher("deepspeed") or Patcher(owner="precision_plugin[deepspeed]")
-    tracker = _EngineTracker(pol, patcher)
+    tracker = _EngineTracker(policy, patcher)
     patcher.setattr(engine, _TRACKER, tracker, reason="the engine's step counts live with it")
     patcher.around(
         engine,
@@ -186,7 +197,7 @@ def track_engine(
         reason="DeepSpeed has no per-step callback; the loss-scale floor check and the "
         "consecutive-skip count need one",
     )
-    _apply_scale_factor(engine, pol)
+    _apply_scale_factor(engine, policy)
     return engine
 
 

@@ -27,8 +27,7 @@ from precision_plugin._core import frameworks
 from precision_plugin._core.manager import resolve_policy
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.openrlhf.installed import RELEASED_WEIGHT_SYNC, WeightSync, installed
-from precision_plugin.openrlhf.launch import _carried_env, env_value
-from precision_plugin.openrlhf.launch import args as learner_args
+from precision_plugin.openrlhf.launch import _carried_env, env_value, learner_flags
 from precision_plugin.openrlhf.layout import (
     DEEPSPEED_FP16_SCALER,
     ENGINE_DTYPE,
@@ -111,7 +110,7 @@ def _learner(args: Any, policy: PrecisionPolicy, lay: Layout) -> tuple[str | Non
                 FRAMEWORK, "ok", f"the learner trains in {want} ({flag(PARAM_DTYPE)} {param_dtype})"
             )
         ]
-    fix = "add " + " ".join(learner_args(policy, openrlhf_version=lay.version))
+    fix = "add " + " ".join(learner_flags(policy, lay.version))
     shown = runs or f"an unknown dtype ({param_dtype!r})"
     message = (
         f"the learner trains in {shown} ({flag(PARAM_DTYPE)} {param_dtype}) while the policy "
@@ -232,7 +231,7 @@ def _engines(
     learner: str | None,
     environ: Mapping[str, str],
 ) -> list[Finding]:
-    from precision_plugin.vllm import cascade_guard, vllm_version
+    from precision_plugin.vllm.engine import decide_cascade, vllm_version
 
     if not arg(args, NUM_ENGINES):
         return [
@@ -305,7 +304,7 @@ def _engines(
             )
         )
         return out
-    decision = cascade_guard(policy)
+    decision = decide_cascade(policy)
     if decision.disables and not follows:
         out.append(
             _error(
@@ -320,12 +319,12 @@ def _engines(
 
 
 def _model(args: Any, policy: PrecisionPolicy) -> list[Finding]:
-    from precision_plugin._core.model_risks import check_model_config, config_json_for
+    from precision_plugin._core.model_risks import config_json_for, model_findings
 
     path = config_json_for(arg(args, MODEL))
     if path is None or not arg(args, NUM_ENGINES):
         return []
-    return check_model_config(path, policy, raise_on_refusal=False)
+    return model_findings(path, policy, raise_on_refusal=False)
 
 
 def typed_args(args: Any) -> dict[str, Any]:
@@ -402,7 +401,19 @@ def find_problems(
     ``error`` findings are the contradictions. ``environ`` (default ``os.environ``) is the
     environment the Ray actors get; see
     [`check_args`][precision_plugin.openrlhf.check_args] for what is checked."""
-    policy = resolve_policy(policy)
+    return _problems(
+        args, resolve_policy(policy), openrlhf_version=openrlhf_version, environ=environ
+    )
+
+
+def _problems(
+    args: Any,
+    policy: PrecisionPolicy,
+    *,
+    openrlhf_version: str | Version | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """``find_problems`` for a resolved ``policy``."""
     lay = layout(openrlhf_version)
     env = os.environ if environ is None else environ
     args = typed_args(args)
@@ -458,6 +469,6 @@ def check_args(
     to the installed OpenRLHF.
     """
     pol = resolve_policy(policy)
-    findings = find_problems(args, pol, openrlhf_version=openrlhf_version)
+    findings = _problems(args, pol, openrlhf_version=openrlhf_version)
     settle(findings, pol)
     return findings

@@ -63,7 +63,13 @@ def args(
     is refused (OpenRLHF's learner runs bf16 or fp16 only), and so is a flag the installed
     OpenRLHF's parser does not declare.
     """
-    pol = resolve_policy(policy, what="precision_plugin.openrlhf.args()")
+    return learner_flags(
+        resolve_policy(policy, what="precision_plugin.openrlhf.args()"), openrlhf_version
+    )
+
+
+def learner_flags(pol: PrecisionPolicy, openrlhf_version: str | Version | None) -> list[str]:
+    """[`args`][precision_plugin.openrlhf.args] for a resolved policy (the check's fixes)."""
     lay = layout(openrlhf_version)
     spelled = _learner_param_dtype(pol)
     found = installed()

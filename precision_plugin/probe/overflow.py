@@ -39,13 +39,13 @@ def check_overflow(
     ``model_type`` check of the checkpoint at ``path`` for a float16 policy."""
     import torch
 
-    from precision_plugin._core.model_risks import check_model_config
+    from precision_plugin._core.model_risks import model_findings
 
     device = next(model.parameters()).device
     batches = [torch.tensor([ids], device=device) for ids in prompts]
     report = headroom(model, batches, margin_bits=margin_bits)
     fp16 = PrecisionPolicy(dtype="float16")
-    findings = check_model_config(path, fp16, raise_on_refusal=False)
+    findings = model_findings(path, fp16, raise_on_refusal=False)
     risks = [f for f in findings if f.status in ("warning", "error")]
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     return OverflowCheck(report, model_type, risks)

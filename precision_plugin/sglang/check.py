@@ -15,7 +15,7 @@ from precision_plugin._base.boundary import checked
 from precision_plugin._base.report import Finding
 from precision_plugin._core.frameworks import sglang_runs
 from precision_plugin._core.manager import resolve_policy
-from precision_plugin._core.model_risks import VLLM_FP16_REFUSED, check_model_config
+from precision_plugin._core.model_risks import VLLM_FP16_REFUSED, model_findings
 from precision_plugin._core.serving import settle_findings
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
@@ -238,7 +238,7 @@ def checkpoint_findings(config: Mapping[str, Any], policy: PrecisionPolicy) -> l
     the families known to overflow float16 are warnings (the vLLM adapter's checkpoint check)."""
     if not policy.is_fp16:
         return []
-    found = check_model_config(config, policy, refused=VLLM_FP16_REFUSED, engine="SGLang")
+    found = model_findings(config, policy, refused=VLLM_FP16_REFUSED, engine="SGLang")
     return [f for f in found if f.status != "info"]
 
 

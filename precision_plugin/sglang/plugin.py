@@ -112,6 +112,9 @@ def force_dtype(server_args: Any, policy: PrecisionPolicy) -> None:
 
 def _before_resolution(*args: Any, **kwargs: Any) -> None:
     """BEFORE hook: the policy (if any) decides the dtype of the record about to be resolved."""
+    # Ambient on purpose (and in the two hooks below): SGLang calls its plugins' hooks with its
+    # own arguments, in processes it starts itself; the policy is the one this process was asked
+    # to follow (enable(), else PRECISION_PLUGIN).
     policy = requested_policy()
     if policy is not None and args:
         force_dtype(args[0], policy)
@@ -173,7 +176,7 @@ def verify_traps(server_args: Any, policy: PrecisionPolicy) -> None:
 def _after_model_config(result: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook on ``ModelConfig.from_server_args``: verify what was built, and the traps of
     the record it was built from."""
-    policy = requested_policy()
+    policy = requested_policy()  # ambient: see _before_resolution
     if policy is None:
         return
     draft = bool(kwargs.get("is_draft_model"))
@@ -203,7 +206,7 @@ def register_hooks() -> list[str]:
         if _registered:
             return list(_registered)
         try:
-            policy = requested_policy()
+            policy = requested_policy()  # ambient: see _before_resolution
         except PrecisionConfigError as exc:
             log.error(
                 "precision_plugin: %s SGLang is stopped before it resolves its arguments.", exc

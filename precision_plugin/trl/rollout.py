@@ -91,7 +91,7 @@ class HFRollout:
 
         self.max_batch = max_batch
 
-        self._policy = policy
+        self._policy = policy  # a PrecisionPolicy (the boundary built it) or None
         self._dtype = dtype  # canonical: the boundary's dtype_name
         self._seed = seed
         self.engine: Any = None
@@ -103,6 +103,10 @@ class HFRollout:
     @property
     def dtype(self) -> str:
         """The dtype the rollout copy runs in (``float16``, ``bfloat16`` or ``float32``)."""
+        # With no dtype or policy given, ambient on purpose: TRL calls rollout_func(prompts,
+        # trainer) with no way to pass a policy, and the rollout is often built before enable()
+        # (as TRL's colocated vLLM is): it follows the policy this process asks for when it
+        # samples.
         return self._dtype or self._resolve(self._policy).dtype
 
     @checked(trainer=Validator("the GRPOTrainer calling its rollout_func", _rollout_trainer))

@@ -103,14 +103,14 @@ def cascade_overrides(
     no flag (< 0.8.2) the vLLM general plugin, reached through ``PRECISION_PLUGIN``, patches the
     engine instead; where the flag is deprecated (>= 0.32) nothing is passed.
     """
-    from precision_plugin.vllm import cascade_guard
+    from precision_plugin.vllm.engine import decide_cascade
 
     kwargs: dict[str, Any] = {}
     if vllm_version is not _AUTO:
         kwargs["version"] = vllm_version
     if capability is not _AUTO:
         kwargs["capability"] = capability
-    decision = cascade_guard(policy, **kwargs)
+    decision = decide_cascade(policy, **kwargs)
     if decision.action == "pass_flag":
         return [f"++{VLLM_ENGINE_KWARGS}.disable_cascade_attn=True"]
     return []

@@ -12,7 +12,7 @@ from packaging.specifiers import SpecifierSet
 from precision_plugin._base import versions
 from precision_plugin._base.report import Finding
 from precision_plugin.policy import ENV_VAR, PrecisionPolicy
-from precision_plugin.vllm.engine import cascade_guard
+from precision_plugin.vllm.engine import decide_cascade
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT_NAME = "precision_plugin"
@@ -76,7 +76,7 @@ def doctor_findings(policy: PrecisionPolicy) -> list[Finding]:
                 )
             )
 
-    decision = cascade_guard(policy)
+    decision = decide_cascade(policy)
     if decision.disables:
         status = "change"
     elif decision.era in ("buggy", "no_flag") and policy.vllm.cascade_guard == "off":

@@ -32,7 +32,7 @@ from precision_plugin.vllm.engine import (
     NO_DEFAULT,
     EngineSettings,
     canonical_dtype,
-    cascade_guard,
+    decide_cascade,
     engine_arg_fields,
     report_settings,
     resolve_engine_kwargs,
@@ -74,7 +74,12 @@ def enforce_on_engine_args(
     ``policy`` may be a policy, a dict or a dtype name; ``engine_args`` must be an
     ``EngineArgs`` (a dataclass instance).
     """
-    policy = resolve_policy(policy)
+    return enforce_engine_args(engine_args, resolve_policy(policy))
+
+
+def enforce_engine_args(engine_args: Any, policy: PrecisionPolicy) -> EngineSettings:
+    """[`enforce_on_engine_args`][precision_plugin.vllm.enforce_on_engine_args] for a resolved
+    ``policy`` (the ``EngineArgs.create_model_config`` wrapper)."""
     fields = engine_arg_fields(type(engine_args)) or {}
     explicit = {
         name: getattr(engine_args, name)
@@ -83,7 +88,7 @@ def enforce_on_engine_args(
     }
     # A framework's hard-coded dtype is no request of the user: not a conflict, even strict.
     hard_coded = explicit.pop("dtype", None) if built_by_openrlhf(engine_args) else None
-    decision = cascade_guard(policy)
+    decision = decide_cascade(policy)
     settings = resolve_engine_kwargs(explicit, policy, decision, fields)
     report_settings(settings, policy, f"vLLM engine for {engine_args.model!r}")
     if hard_coded is not None and policy.vllm.enforce_dtype:
@@ -133,9 +138,12 @@ def _fp16_refusal(exc: BaseException, policy: PrecisionPolicy) -> PrecisionConfi
 
 def _create_model_config(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """``EngineArgs.create_model_config`` after the engine args follow the requested policy."""
+    # Ambient on purpose: vLLM builds EngineArgs itself (LLM(...), vllm serve, its engine-core
+    # and worker processes) and gives the plugin no argument to pass a policy through; the
+    # policy is the one this process was asked to follow (enable(), else PRECISION_PLUGIN).
     policy = requested_policy()
     if policy is not None:
-        enforce_on_engine_args(self, policy)
+        enforce_engine_args(self, policy)
         _check_checkpoint(self, policy)
     try:
         config = original(self, *args, **kwargs)
@@ -181,7 +189,7 @@ def install_vllm_patches(
 
     if wants_kept_weights(policy, weight_sync=False) and keep_cpu_weights(patcher):
         done.append("dispatch_cpu_unquantized_gemm")
-    decision = cascade_guard(policy)
+    decision = decide_cascade(policy)
     if runner and decision.action == "patch_runner":
         try:
             from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -215,6 +223,8 @@ def general_plugin() -> None:
     Does nothing unless ``PRECISION_PLUGIN`` is set or ``enable()`` ran in this process.
     Idempotent. vLLM itself skips it when ``VLLM_PLUGINS`` does not name ``precision_plugin``.
     """
+    # Ambient on purpose: vLLM calls its general plugins with no argument, in processes it
+    # starts itself; the policy is the one this process was asked to follow.
     policy = requested_policy()
     if policy is None or vllm_version() is None:
         return

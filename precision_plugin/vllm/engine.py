@@ -88,13 +88,12 @@ def resolve_engine_kwargs(
 ) -> EngineSettings:
     """Apply ``policy`` and the cascade ``decision`` to engine ``kwargs``; pure.
 
-    Raises only for a ``policy`` that is not one (a dict or dtype name is turned into one).
+    Raises only for a ``policy`` that is not a ``PrecisionPolicy`` (refused at the boundary).
 
     ``fields`` maps the installed ``EngineArgs`` field names to their defaults (``None`` when
     vLLM cannot be imported): a field that does not exist, or whose default is ``None`` (the
     deprecated ``disable_cascade_attn`` of vLLM >= 0.32), is never passed.
     """
-    policy = resolve_policy(policy, what="resolve_engine_kwargs()")
     out = dict(kwargs)
     result = EngineSettings(out, decision)
 
@@ -210,7 +209,13 @@ def cascade_guard(
     capability: Any = _AUTO,
 ) -> CascadeDecision:
     """The cascade-attention guard's decision for the installed vLLM and GPU (or those given)."""
-    policy = resolve_policy(policy)
+    return decide_cascade(resolve_policy(policy), version=version, capability=capability)
+
+
+def decide_cascade(
+    policy: PrecisionPolicy, *, version: Any = _AUTO, capability: Any = _AUTO
+) -> CascadeDecision:
+    """[`cascade_guard`][precision_plugin.vllm.cascade_guard] for a resolved ``policy``."""
     if version is _AUTO:
         info = vllm_version()
         version = info.version if info else None
@@ -254,13 +259,26 @@ def engine_kwargs(
     raises [`PrecisionMismatchError`][precision_plugin.errors.PrecisionMismatchError] under
     ``strictness="error"``.
     """
+    return build_engine_kwargs(
+        kwargs or {}, resolve_policy(policy), version=version, capability=capability, fields=fields
+    )
+
+
+def build_engine_kwargs(
+    kwargs: Mapping[str, Any],
+    policy: PrecisionPolicy,
+    *,
+    version: Any = _AUTO,
+    capability: Any = _AUTO,
+    fields: Any = _AUTO,
+) -> dict[str, Any]:
+    """[`engine_kwargs`][precision_plugin.vllm.engine_kwargs] for a resolved ``policy``."""
     from precision_plugin._core.model_risks import check_engine_model
 
-    policy = resolve_policy(policy)
-    decision = cascade_guard(policy, version=version, capability=capability)
+    decision = decide_cascade(policy, version=version, capability=capability)
     if fields is _AUTO:
         fields = engine_arg_fields() if decision.era != "missing" else None
-    settings = resolve_engine_kwargs(dict(kwargs or {}), policy, decision, fields)
+    settings = resolve_engine_kwargs(dict(kwargs), policy, decision, fields)
     report_settings(settings, policy, "vLLM engine_kwargs()")
     out = settings.kwargs
     check_engine_model(

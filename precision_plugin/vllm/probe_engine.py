@@ -21,7 +21,7 @@ from precision_plugin._core.rollout import RolloutSample
 from precision_plugin.errors import PrecisionConfigError
 from precision_plugin.policy import PrecisionPolicy
 from precision_plugin.vllm.cpu_weights import is_cpu_build
-from precision_plugin.vllm.engine import engine_arg_fields, engine_kwargs
+from precision_plugin.vllm.engine import build_engine_kwargs, engine_arg_fields
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -73,7 +73,7 @@ def llm_kwargs(
     if fields is not None and "logprobs_mode" in fields:
         asked["logprobs_mode"] = "raw_logprobs"
     policy = PrecisionPolicy(dtype=dtype)  # type: ignore[arg-type]
-    return engine_kwargs(asked, policy, fields=fields)
+    return build_engine_kwargs(asked, policy, fields=fields)
 
 
 def sampling_kwargs(

@@ -248,7 +248,9 @@ def verify_engine(
         policy=policy,
         where="colocated vLLM engine",
     )
-    expected = requested_policy() is not None  # enable() or PRECISION_PLUGIN in this process
+    # Ambient on purpose: not the policy (that is ``policy``) but whether this process asked for
+    # the plugin at all (enable() or PRECISION_PLUGIN), which a colocated engine then follows.
+    expected = requested_policy() is not None
     findings += _plugin_mark_findings(
         getattr(config, "additional_config", None), findings, "colocated vLLM engine", expected
     )

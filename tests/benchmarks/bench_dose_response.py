@@ -310,10 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     runs = []
     with _one_thread():
-        for seed in config.seeds:
-            model, tokenizer, problems, info = _pretrained(config, seed, lambda *_: None)
-            batch = config.prompts_per_step * config.num_generations
-            for target in variances:
+        pretrained = {seed: _pretrained(config, seed, lambda *_: None) for seed in config.seeds}
+        batch = config.prompts_per_step * config.num_generations
+        done: list[float] = []
+        # Dose by dose, every seed of one before the next (the control first, then the largest
+        # dose, then the rest): a run stopped early still has whole doses, all written.
+        for target in _dose_order(variances):
+            for seed in config.seeds:
+                model, tokenizer, problems, info = pretrained[seed]
                 sigma = calibrate(model, tokenizer, problems, config.task, target, seed, batch)
                 run = run_dose(config, seed, sigma, model, tokenizer, problems, args.eval_samples)
                 run |= {"target_variance": target, "pretrain_accuracy": info["sampled_accuracy"]}
@@ -322,7 +326,26 @@ def main(argv: list[str] | None = None) -> int:
                       f"{run['injected_variance']:.3g} ess={run['mean_ess'] or math.nan:.3f} "
                       f"reward {run['first_reward']:.2f}->{run['final_reward']:.2f} "
                       f"eval {run['eval_accuracy']:.2f} ({run['seconds']:.0f} s)", flush=True)  # fmt: skip
-    rows = summarize(runs, variances)
+            done.append(target)
+            rows = _report(config, runs, sorted(done), variances, start, args, argv)
+    for row in rows:
+        print(f"v={row['target_variance']:<5g} injected {row['injected_variance']:.3g} "
+              f"ess {row['mean_ess'] or math.nan:.3f} reward {row['final_reward']:.3f} "
+              f"({row['final_reward_difference'] or 0:+.3f}) eval {row['eval_accuracy']:.3f} "
+              f"({row['eval_accuracy_difference'] or 0:+.3f})")  # fmt: skip
+    return 0
+
+
+def _dose_order(variances: Sequence[float]) -> list[float]:
+    """The control, the largest dose, then the others from the largest down."""
+    rest = sorted((v for v in variances if v > 0), reverse=True)
+    return [0.0, *rest]
+
+
+def _report(config: Any, runs: list[dict[str, Any]], done: list[float], variances: list[float],
+            start: float, args: Any, argv: list[str] | None) -> list[dict[str, Any]]:  # fmt: skip
+    """Summarize the doses run so far and write the results (and the figure)."""
+    rows = summarize(runs, done)
     data = {
         "task": "long",
         "steps": config.steps,
@@ -336,20 +359,17 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "doses": rows,
         "runs": runs,
+        "planned_variances": variances,
+        "complete": len(done) == len(variances),
         "reward_threshold": threshold(rows, "final_reward"),
         "accuracy_threshold": threshold(rows, "eval_accuracy"),
         "seconds": time.perf_counter() - start,
         "smoke": args.smoke,
     }
-    for row in rows:
-        print(f"v={row['target_variance']:<5g} injected {row['injected_variance']:.3g} "
-              f"ess {row['mean_ess'] or math.nan:.3f} reward {row['final_reward']:.3f} "
-              f"({row['final_reward_difference'] or 0:+.3f}) eval {row['eval_accuracy']:.3f} "
-              f"({row['eval_accuracy_difference'] or 0:+.3f})")  # fmt: skip
     if args.plot:
         plot(rows, args.plot)
     write_json(args.json, data, "tests.benchmarks.bench_dose_response", argv=argv)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -153,7 +153,8 @@ def test_each_decision_is_made_once_per_trainer(tmp_path, monkeypatch):
     from precision_plugin._core import master_weights
 
     calls = {"prepare_model": 0, "flags": 0}
-    prepare, coerce = master_weights.prepare_model, adapter._coerce_flags
+    # prepare_model's body for a resolved policy (what prepare_model_once runs).
+    prepare, coerce = master_weights._prepare, adapter._coerce_flags
 
     def counted_prepare(*args, **kwargs):
         calls["prepare_model"] += 1
@@ -163,7 +164,7 @@ def test_each_decision_is_made_once_per_trainer(tmp_path, monkeypatch):
         calls["flags"] += 1
         return coerce(*args, **kwargs)
 
-    monkeypatch.setattr(master_weights, "prepare_model", counted_prepare)
+    monkeypatch.setattr(master_weights, "_prepare", counted_prepare)
     monkeypatch.setattr(adapter, "_coerce_flags", counted_coerce)
     pp.enable()
     model = _model(torch.float16)

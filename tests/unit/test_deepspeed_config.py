@@ -9,7 +9,7 @@ import logging
 import pytest
 
 import precision_plugin as pp
-from precision_plugin.deepspeed.config import apply_config, config_policy, load_config
+from precision_plugin.deepspeed import apply_config, config_policy, load_config
 from precision_plugin.policy import PrecisionPolicy
 
 STRICT = PrecisionPolicy(strictness="error")

@@ -10,7 +10,7 @@ import torch
 
 import precision_plugin as pp
 from precision_plugin._core import frameworks
-from precision_plugin.deepspeed.config import apply_config
+from precision_plugin.deepspeed import apply_config
 from precision_plugin.policy import PrecisionPolicy
 
 # dtype -> (HF/TRL flags, Accelerate mixed_precision, DeepSpeed sections enabled, vLLM dtype)

@@ -264,7 +264,7 @@ INTERNAL: dict[str, set[str]] = {
     },
     "precision_plugin._core.scaler": {
         "TelemetryGradScaler", "Fp16GradScaler", "attach_telemetry", "scaler_stats",
-        "consecutive_skips",
+        "consecutive_skips", "build_grad_scaler",  # make_grad_scaler's core (a resolved policy)
     },
     "precision_plugin.probe.advice": {
         "BucketConsequence", "dtype_consequence", "classify", "ess_text", "dtype_line",

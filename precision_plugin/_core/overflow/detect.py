@@ -125,14 +125,7 @@ class OverflowDetector:
         """A detector set up from ``policy.overflow`` and ``policy.strictness``."""
         from precision_plugin._core.manager import resolve_policy
 
-        resolved = resolve_policy(policy)
-        settings = resolved.overflow
-        return cls(
-            model,
-            mode=settings.detect,
-            every=settings.detect_every,
-            strictness=resolved.strictness,
-        )
+        return detector_for(model, resolve_policy(policy), cls)
 
     @property
     def active(self) -> bool:
@@ -255,3 +248,17 @@ def first_floating_dtype(value: Any) -> str | None:
     """The dtype name of the first floating tensor in ``value`` (``None`` when there is none)."""
     tensor = next(floating_tensors(value), None)
     return None if tensor is None else str(tensor.dtype).removeprefix("torch.")
+
+
+def detector_for(
+    model: torch.nn.Module, policy: PrecisionPolicy, cls: type[OverflowDetector] | None = None
+) -> OverflowDetector:
+    """[`OverflowDetector.from_policy`][precision_plugin._core.overflow.OverflowDetector.from_policy]
+    for a resolved ``policy`` (the callback's detector); ``cls`` a subclass to build."""
+    settings = policy.overflow
+    return (cls or OverflowDetector)(
+        model,
+        mode=settings.detect,
+        every=settings.detect_every,
+        strictness=policy.strictness,
+    )
