@@ -485,6 +485,41 @@ def _dose_response(data: dict[str, Any]) -> str:
     return aligned_table(header, rows)
 
 
+@view("dose-verdict")
+def _dose_verdict(data: dict[str, Any]) -> str:
+    """``tests/benchmarks/bench_dose_response.py``: what the doses say about the verdicts'
+    thresholds, in one paragraph that follows the results file."""
+    from precision_plugin.probe.advice import ESS_GOOD, ESS_WARNING
+
+    def named(found: dict[str, Any] | None, what: str) -> str:
+        if found is None:
+            return f"no dose changed {what}"
+        ess = found["mean_ess"]
+        band = "severe" if ess < ESS_WARNING else "costly" if ess < ESS_GOOD else "noticeable"
+        return (
+            f"the smallest dose that changed {what} injected a per-sequence log-ratio variance "
+            f"of {found['injected_variance']:.2g} (the plugin's batch ESS {ess:.2f}: {band})"
+        )
+
+    doses = [d for d in data["doses"] if d["target_variance"] > 0]
+    largest = max(doses, key=lambda d: d["injected_variance"]) if doses else None
+    text = (
+        f"Over {len(data['seeds'])} seeds and {len(doses)} doses ({data['steps']} GRPO steps "
+        f"each), {named(data['reward_threshold'], 'the training reward')}, and "
+        f"{named(data['accuracy_threshold'], 'the accuracy the policy learned')}."
+    )
+    if data["reward_threshold"] is None and data["accuracy_threshold"] is None and largest:
+        text += (
+            f" Even the largest dose (variance {largest['injected_variance']:.2g}, batch ESS "
+            f"{largest['mean_ess']:.2f}) moved the reward by "
+            f"{largest['final_reward_difference']:+.2f} on average: at this scale the verdicts' "
+            f"thresholds remain chosen, not measured."
+        )
+    if not data.get("complete", True):
+        text += " (The run stopped before its last doses; the table shows the doses it finished.)"
+    return text
+
+
 @view("probe-speed")
 def _probe_speed(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_probe_speed.py``: the probe with the earlier code against this

@@ -156,6 +156,14 @@ COMMANDS: dict[str, Run | Elsewhere] = {
         TOO_SLOW,
         smoke="tests/integration/test_probe_memory.py",
     ),
+    ".venv/bin/python -m tests.benchmarks.bench_dose_response --steps 100 --json "
+    "dose-response.json --plot dose-response.png": Elsewhere(
+        "15 GRPO runs of 100 steps on the long-horizon sanity task (5 doses x 3 seeds): over an "
+        "hour on 2 CPU cores; its parts (the injected noise against an independent rescoring, "
+        "the paired summary) and a 3-step smoke run are in tests/unit/test_bench_dose_response.py",
+        TOO_SLOW,
+        smoke="tests/unit/test_bench_dose_response.py",
+    ),
     ".venv/bin/python tests/benchmarks/bench_rope_buffers.py --tokens 256,1024 --json "
     "docs/results/rope-buffers.json": Elsewhere(
         "four probe runs, two at 1,024 tokens: 10-25 minutes on 2 CPU cores, and as written it "
