@@ -172,11 +172,11 @@ def sglang_yaml(text: str) -> Callable[[Path], str]:
 
 
 def slime(*argv: str) -> Callable[[Path], Any]:
-    return call("sglang", "check_slime_args", list(argv), STRICT, environ={})
+    return call("slime", "check_slime_args", list(argv), STRICT, environ={})
 
 
 def areal(cfg: dict[str, Any], policy: Any = "float16") -> Callable[[Path], Any]:
-    return call("sglang", "check_areal_config", cfg, policy)
+    return call("areal", "check_areal_config", cfg, policy)
 
 
 # -- verl ----------------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "prompts_to_decide n -16",
         num,
-        call("decision", "prompts_to_decide", (1.0, 0.5, 1.5), (0.8, 0.3, 1.2), -16),
+        call("_core.decision", "prompts_to_decide", (1.0, 0.5, 1.5), (0.8, 0.3, 1.2), -16),
         "'n'",
         ">= 1",
     )
@@ -182,7 +182,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "canary_band seed 2**70",  # was an overflow in torch
         num,
-        call("canary.band", "canary_band", [0.1, 0.2, 0.3], seed=2**70),
+        call("_core.canary.band", "canary_band", [0.1, 0.2, 0.3], seed=2**70),
         "'seed'",
         "out of range",
         alone=True,
@@ -190,7 +190,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "canary_band resamples 10**9",  # was an allocation failure
         num,
-        call("canary.band", "canary_band", [0.1, 0.2, 0.3], resamples=10**9),
+        call("_core.canary.band", "canary_band", [0.1, 0.2, 0.3], resamples=10**9),
         "'resamples'",
         "bootstrap resamples",
         alone=True,
@@ -245,7 +245,7 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "precision_level canary_equal_frac 2",  # a share above 1 proved level 3
         num,
-        call("canary.ladder", "precision_level", True, None, 2.0, 1.0),
+        call("_core.canary.ladder", "precision_level", True, None, 2.0, 1.0),
         "'canary_equal_frac'",
         "<= 1",
     )

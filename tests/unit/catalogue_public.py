@@ -268,14 +268,14 @@ def rows(h: Any) -> list[dict[str, Any]]:
     bad(
         "public apply_forms fp8",
         "conflict",
-        call("decision", "apply_forms", "fp8"),
+        call("_core.decision", "apply_forms", "fp8"),
         "apply_forms(): argument 'dtype'",
         "'fp8'",
     )
     bad(
         "public apply_forms blank module",
         "conflict",
-        call("decision", "apply_forms", "float16", [""]),
+        call("_core.decision", "apply_forms", "float16", [""]),
         "apply_forms(): argument 'keep_fp32_modules'",
         "non-empty",
     )

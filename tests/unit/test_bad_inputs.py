@@ -943,19 +943,19 @@ AUDIT_SURFACES: list[Case] = [
     Case(
         "fit_growth lists differ",
         "metrics",
-        api("consequence", "fit_growth", [0.1, 0.2], [4]),
+        api("_core.metrics.consequence", "fit_growth", [0.1, 0.2], [4]),
         names=("'seq_log_ratio' and 'seq_lengths' differ in length",),
     ),
     Case(
         "fit_growth negative length",
         "metrics",
-        api("consequence", "fit_growth", [0.1, 0.2], [4, -1]),
+        api("_core.metrics.consequence", "fit_growth", [0.1, 0.2], [4, -1]),
         names=("'seq_lengths'", "has -1 at [1]"),
     ),
     Case(
         "consequence_from_sums short",
         "metrics",
-        api("consequence", "consequence_from_sums", torch.zeros(1), torch.zeros(2)),
+        api("_core.metrics.consequence", "consequence_from_sums", torch.zeros(1), torch.zeros(2)),
         names=("'counts'", "consequence_sums()"),
     ),
     Case(
@@ -974,7 +974,13 @@ AUDIT_SURFACES: list[Case] = [
     Case(
         "consequence mask NaN",
         "metrics",
-        api("consequence", "compute_consequence", [[-0.1, -0.2]], [[-0.1, -0.3]], [[NAN, 1]]),
+        api(
+            "_core.metrics.consequence",
+            "compute_consequence",
+            [[-0.1, -0.2]],
+            [[-0.1, -0.3]],
+            [[NAN, 1]],
+        ),
         names=("'mask'", "holds nan"),
     ),
     Case(
@@ -1011,19 +1017,19 @@ AUDIT_SURFACES: list[Case] = [
     Case(
         "cast_model None",
         "types",
-        api("buffers", "cast_model", None, "float16"),
+        api("_core.buffers", "cast_model", None, "float16"),
         names=("'model'", "torch.nn.Module"),
     ),
     Case(
         "cast_model device gpu0",
         "types",
-        api("buffers", "cast_model", _model, "float16", "gpu0"),
+        api("_core.buffers", "cast_model", _model, "float16", "gpu0"),
         names=("'device'", "not a torch device"),
     ),
     Case(
         "buffer_dtypes 5",
         "types",
-        api("buffers", "buffer_dtypes", 5),
+        api("_core.buffers", "buffer_dtypes", 5),
         names=("'model'", "torch.nn.Module"),
     ),
     Case(
