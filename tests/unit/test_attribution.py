@@ -150,7 +150,7 @@ def test_rollout_top_k_that_is_no_whole_number_is_one_message(raw: str) -> None:
 def test_repeated_rollout_options_add_up_and_a_key_in_two_is_refused(capsys: Any) -> None:
     import argparse
 
-    from precision_plugin.probe.attribution.cli import add_attribution_options, attribution_settings
+    from precision_plugin.cli.probe_attribution import add_attribution_options, attribution_settings
 
     parser = argparse.ArgumentParser()
     add_attribution_options(parser)
