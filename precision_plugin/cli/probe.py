@@ -180,9 +180,7 @@ def _tables(result: Any, explain: bool = False) -> Iterable[Any]:
         from precision_plugin.probe.attribution.render import render_attribution_table
 
         decision = result.consequence.decision if result.consequence is not None else None
-        yield render_attribution_table(
-            result.attribution.to_dict(), decision.to_dict() if decision is not None else None
-        )
+        yield render_attribution_table(result.attribution, decision)
     decision_lines = render_decision(result)
     if decision_lines:
         yield Text(decision_lines)

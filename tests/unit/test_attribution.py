@@ -638,7 +638,7 @@ def test_the_table_keeps_every_digit_and_word_in_a_file_or_narrow_console(width:
     flat = re.sub(r"\s+", " ", text)
     for block in section["dtypes"].values():
         for cause, row in block["causes"].items():
-            assert _interval(row) in text
+            assert _interval(row["k3"], *row["k3_interval"]) in text
             assert (cause if row["in_total"] else f"({cause})") in text
     assert "interaction = covariances between causes" in flat
     assert "the shares add up to 100%." in flat
