@@ -1,7 +1,8 @@
 """The ``precision-plugin`` command line: ``probe``, ``sanity``, ``doctor``, ``verl-overrides``,
-``openrlhf-args`` and ``gguf-checkpoint``, one module each, named in one registry
-(``registry.COMMANDS``); argument types in ``argtypes``, streams and signals in ``process``, and
-the one results path of the measuring commands in ``output``.
+``openrlhf-args`` and ``gguf-checkpoint``, one module each (the probe's ``--attribute`` options
+beside it, in ``probe_attribution``), named in one registry (``registry.COMMANDS``); argument
+types in ``argtypes``, streams and signals in ``process``, and the one results path of the
+measuring commands in ``output``.
 
 Exit codes: 0 success; 1 the probe's float32 self-check failed (the measurement is invalid) or
 ``doctor`` found a blocking problem; 2 bad input (one line on stderr, no traceback); 74 the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,22 @@ def engine_names() -> list[str]:
 
 def add_parser(sub: Any, engines: Sequence[str]) -> None:
     """The ``probe`` subcommand; ``engines`` are the ``--engine`` choices."""
+    from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import (
         DEFAULT_BATCH_SIZE,
+        DEFAULT_DTYPES,
         DEFAULT_MAX_NEW_TOKENS,
         DEFAULT_NUM_PROMPTS,
         DEFAULT_SEED,
         DEFAULT_TARGET_LENGTH,
+        ProbeConfig,
     )
+
+    # The library's defaults, one definition each (ProbeConfig's fields, the overflow policy's
+    # margin): an option left out means what the Python API means without it.
+    config = {f.name: f.default for f in fields(ProbeConfig)}
+    engine, device, min_new_tokens = config["engine"], config["device"], config["min_new_tokens"]
+    margin_bits = OverflowSettings.margin_bits
 
     probe = sub.add_parser(
         "probe",
@@ -51,16 +61,16 @@ def add_parser(sub: Any, engines: Sequence[str]) -> None:
     )
     probe.add_argument(
         "--engine",
-        default="hf",
+        default=engine,
         choices=list(engines),
-        help="rollout engine (default: hf; plugins add more, e.g. vllm)",
+        help=f"rollout engine (default: {engine}; plugins add more, e.g. vllm)",
     )
     probe.add_argument(
         "--dtypes",
         type=dtype_list,
-        default=("float32", "float16", "bfloat16"),
+        default=DEFAULT_DTYPES,
         metavar="LIST",
-        help="comma list of dtypes, aliases ok (default: float32,float16,bfloat16)",
+        help=f"comma list of dtypes, aliases ok (default: {','.join(DEFAULT_DTYPES)})",
     )
     probe.add_argument(
         "--prompts",
@@ -86,10 +96,10 @@ def add_parser(sub: Any, engines: Sequence[str]) -> None:
     probe.add_argument(
         "--min-new-tokens",
         type=non_negative_int,
-        default=0,
+        default=min_new_tokens,
         metavar="N",
         help="suppress EOS until a completion has N tokens, so weak or random models produce "
-        "long sequences (default: 0)",
+        f"long sequences (default: {min_new_tokens})",
     )
     probe.add_argument(
         "--seed",
@@ -98,15 +108,17 @@ def add_parser(sub: Any, engines: Sequence[str]) -> None:
         help=f"sampling seed (default: {DEFAULT_SEED})",
     )
     probe.add_argument(
-        "--device", default="auto", help="torch device: auto (default), cpu, cuda, cuda:1, mps, xpu"
+        "--device",
+        default=device,
+        help=f"torch device: {device} (default), cpu, cuda, cuda:1, mps, xpu",
     )
     probe.add_argument(
         "--margin-bits",
         type=float,
-        default=3.0,
+        default=margin_bits,
         metavar="BITS",
         help="flag modules whose largest activation is within 2**BITS of float16's max "
-        "(default: 3)",
+        f"(default: {margin_bits:g})",
     )
     probe.add_argument(
         "--target-length",
@@ -126,7 +138,7 @@ def add_parser(sub: Any, engines: Sequence[str]) -> None:
         help="also replay each dtype's longest sample through both sides layer by layer and "
         "report where they part",
     )
-    from precision_plugin.probe.attribution.cli import add_attribution_options
+    from precision_plugin.cli.probe_attribution import add_attribution_options
 
     add_attribution_options(probe)
     probe.add_argument(
@@ -168,9 +180,7 @@ def _tables(result: Any, explain: bool = False) -> Iterable[Any]:
         from precision_plugin.probe.attribution.render import render_attribution_table
 
         decision = result.consequence.decision if result.consequence is not None else None
-        yield render_attribution_table(
-            result.attribution.to_dict(), decision.to_dict() if decision is not None else None
-        )
+        yield render_attribution_table(result.attribution, decision)
     decision_lines = render_decision(result)
     if decision_lines:
         yield Text(decision_lines)
@@ -178,9 +188,9 @@ def _tables(result: Any, explain: bool = False) -> Iterable[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the probe; exit 1 when the float32 self-check fails (the measurement is invalid)."""
+    from precision_plugin.cli.probe_attribution import attribution_settings, write_attribution_plot
     from precision_plugin.policy import OverflowSettings
     from precision_plugin.probe import DEFAULT_NUM_PROMPTS, ProbeConfig, run_probe
-    from precision_plugin.probe.attribution.cli import attribution_settings, write_attribution_plot
     from precision_plugin.probe.inputs import read_prompts_file
     from precision_plugin.probe.run import preflight_engine
 

@@ -128,9 +128,13 @@ def _cells(
 
 def render_decision(result: ProbeResult | Mapping[str, Any]) -> str:
     """What to do, as the probe's last lines: ``do: ...`` and ``apply: ...`` (the decision's
-    line split where it says how to apply it); empty without a consequence section."""
-    data = result.to_dict() if isinstance(result, ProbeResult) else result
-    advice = str((data.get("consequence") or {}).get("advice") or "")
+    line split where it says how to apply it); empty without a consequence section. Read from
+    the result's consequence report (the decision's line), or from a results file's JSON."""
+    if isinstance(result, ProbeResult):
+        consequence = result.consequence
+        advice = str(consequence.advice or "") if consequence is not None else ""
+    else:
+        advice = str((result.get("consequence") or {}).get("advice") or "")
     do, sep, apply = advice.partition(". apply: ")
     return f"{do}.\napply: {apply}" if sep else advice
 

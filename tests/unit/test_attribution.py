@@ -150,7 +150,7 @@ def test_rollout_top_k_that_is_no_whole_number_is_one_message(raw: str) -> None:
 def test_repeated_rollout_options_add_up_and_a_key_in_two_is_refused(capsys: Any) -> None:
     import argparse
 
-    from precision_plugin.probe.attribution.cli import add_attribution_options, attribution_settings
+    from precision_plugin.cli.probe_attribution import add_attribution_options, attribution_settings
 
     parser = argparse.ArgumentParser()
     add_attribution_options(parser)
@@ -638,7 +638,7 @@ def test_the_table_keeps_every_digit_and_word_in_a_file_or_narrow_console(width:
     flat = re.sub(r"\s+", " ", text)
     for block in section["dtypes"].values():
         for cause, row in block["causes"].items():
-            assert _interval(row) in text
+            assert _interval(row["k3"], *row["k3_interval"]) in text
             assert (cause if row["in_total"] else f"({cause})") in text
     assert "interaction = covariances between causes" in flat
     assert "the shares add up to 100%." in flat

@@ -345,3 +345,69 @@ def test_an_old_results_file_keeps_its_table() -> None:
     flat = re.sub(r"\s+", " ", console.export_text())
     assert "share [" not in flat and "interaction" in flat
     assert "Shares of E[d^2]/2" in flat
+
+
+def _report(shares: bool) -> Any:
+    """A report of two dtypes whose rows cover what the table shows: a Shapley split with
+    intervals (and a negative part's note), a row of one sequence (no interval: NaN), a what-if
+    with MoE expert flips, the sampling row of a truncated rollout, a layerwise sentence, the
+    change-first and notes; ``shares=False``: a block as written before the shares."""
+    from precision_plugin.probe.attribution.decompose import K3
+    from precision_plugin.probe.attribution.report import (
+        AttributionReport,
+        CauseRow,
+        DtypeAttribution,
+    )
+    from precision_plugin.probe.attribution.settings import RolloutSettings
+
+    total, subsets = _game(3, seed=1)
+    got = cause_shares(total, subsets, ["dtype", "batch", "decode"])
+    report = AttributionReport(RolloutSettings(top_p=0.9, kv_cache_dtype="fp8"), 3e-6)
+    for dtype, scale in (("float16", 1.0), ("bfloat16", 40.0)):
+        rows = []
+        for cause, p in got.parts.items():
+            k3 = K3(p.value * scale, p.low * scale, p.high * scale)
+            rows.append(CauseRow(cause, True, k3, p.value, p.share, 0.25, 41, split=p))
+        rows.append(CauseRow("sampling", True, K3(0.0, math.nan, math.nan), 0.0, None, 1.0, 41,
+                             truncation=-0.1014, truncation_tokens=72))  # fmt: skip
+        rows.append(CauseRow("router", False, K3(2e-4, 1e-4, 3e-4), 2e-4, None, 0.5, 41,
+                             what_if="the router in float32", expert_flips=0.031))  # fmt: skip
+        block = DtypeAttribution(
+            dtype, got.total, got.total.value, 0.125, 41, rows, interaction=1e-5,
+            residual=got.residual.value, conventions={}, shares=got if shares else None,
+            layerwise="largest cause dtype: layer 3 (mlp)" if dtype == "bfloat16" else None,
+        )  # fmt: skip
+        report.dtypes[dtype] = block
+    report.first = first_change(report.first_rows())
+    report.notes.append("attribution: a note under the table")
+    return report
+
+
+@pytest.mark.parametrize("shares", [True, False])
+def test_the_table_of_the_report_is_the_table_of_its_json(shares: bool) -> None:
+    """Issue 55: the probe renders the table from the report and the decision objects, the docs
+    from a results file's JSON; both give the same text, byte for byte, at any width."""
+    import io
+
+    from rich.console import Console
+
+    from precision_plugin._core.decision import Decision
+    from precision_plugin.probe.attribution.render import render_attribution_table
+
+    report = _report(shares)
+    decisions = [
+        None,
+        Decision("train", "float16", "attribution", "do: x.", change_first="kv_cache_dtype"),
+        Decision("train", "float16", "consequence", "do: train in float16."),
+        Decision("nothing", None, "none", "do: nothing to compare."),
+    ]
+    for decision in decisions:
+        as_json = decision.to_dict() if decision is not None else None
+        for width in (80, 250):
+            texts = []
+            for section, chosen in ((report, decision), (report.to_dict(), as_json)):
+                console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+                console.print(render_attribution_table(section, chosen))
+                texts.append(console.export_text())
+            assert texts[0] == texts[1]
+            assert "experts flip 3.1%" in texts[0] and "layerwise (bfloat16)" in texts[0]

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from precision_plugin.probe.attribution.decompose import Decomposition, decompose, k3_interval
 from precision_plugin.probe.attribution.fixes import CAUSE_TABLE, CAUSES, FirstChange, first_change
-from precision_plugin.probe.attribution.measure import (
-    DEFAULT_LEARNING_RATE,
-    attribute,
-    attribute_dtype,
-    rollout_samples,
-)
+from precision_plugin.probe.attribution.measure import attribute, attribute_dtype, rollout_samples
 from precision_plugin.probe.attribution.report import AttributionReport, CauseRow, DtypeAttribution
-from precision_plugin.probe.attribution.settings import RolloutSettings, parse_rollout
+from precision_plugin.probe.attribution.settings import (
+    DEFAULT_LEARNING_RATE,
+    RolloutSettings,
+    parse_rollout,
+)
 
 __all__ = [
     "CAUSES",

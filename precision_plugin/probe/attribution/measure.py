@@ -67,7 +67,7 @@ from precision_plugin.probe.attribution.report import (
     DtypeAttribution,
     truncation_note,
 )
-from precision_plugin.probe.attribution.settings import RolloutSettings
+from precision_plugin.probe.attribution.settings import DEFAULT_LEARNING_RATE, RolloutSettings
 from precision_plugin.probe.attribution.variants import (
     apply_switches,
     has_rope,
@@ -78,9 +78,6 @@ from precision_plugin.probe.attribution.variants import (
 )
 
 log = logging.getLogger("precision_plugin")
-
-#: ``--learning-rate`` default: a typical RL fine-tuning rate (GRPO recipes use 1e-6 to 3e-6).
-DEFAULT_LEARNING_RATE = 1e-6
 
 
 def trainer_transform(settings: RolloutSettings) -> Callable[[Any, Any], Any]:

@@ -35,6 +35,10 @@ KV_CACHE_DTYPES: dict[str, str | None] = {
     "fp8_e5m2": "float8_e5m2",
 }
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+#: The stale-weights step's learning rate unless ``--learning-rate`` says otherwise: a typical RL
+#: fine-tuning rate (GRPO recipes use 1e-6 to 3e-6). The one definition: ``AttributionSettings``,
+#: ``measure.attribute`` and the CLI's ``--learning-rate`` (``cli/probe_attribution.py``) read it.
+DEFAULT_LEARNING_RATE = 1e-6
 _ROUNDINGS = ("float16", "bfloat16", "float32")
 #: The keys ``--rollout`` takes, with what each means (the error message lists them).
 ROLLOUT_KEYS: dict[str, str] = {
@@ -220,7 +224,7 @@ class AttributionSettings:
     """``probe --attribute``: the rollout's settings and the stale-weights learning rate."""
 
     rollout: RolloutSettings = RolloutSettings()
-    learning_rate: float = 1e-6
+    learning_rate: float = DEFAULT_LEARNING_RATE
 
     def __post_init__(self) -> None:
         lr = self.learning_rate

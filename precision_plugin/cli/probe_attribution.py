@@ -1,4 +1,8 @@
-"""The command-line options of ``probe --attribute`` (the CLI adds them and calls in here)."""
+"""``precision-plugin probe --attribute``'s options, beside the ``probe`` command
+(``cli/probe.py`` adds them to its parser): ``--attribute``, ``--rollout``, ``--learning-rate``
+and ``--attribution-plot``, what they become (the probe's ``attribution`` setting) and the
+figure written after the run. The learning rate's default is the library's
+(``probe.attribution.settings.DEFAULT_LEARNING_RATE``, which ``AttributionSettings`` also reads)."""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import argparse
 from typing import Any
 
 from precision_plugin.errors import PrecisionConfigError
-from precision_plugin.probe.attribution.measure import DEFAULT_LEARNING_RATE
 from precision_plugin.probe.attribution.settings import (
+    DEFAULT_LEARNING_RATE,
     ROLLOUT_KEYS,
     AttributionSettings,
     parse_rollout,
