@@ -281,6 +281,9 @@ INTERNAL: dict[str, set[str]] = {
         "ess_hull",
     },
     "precision_plugin._core.decision": {"percent"},
+    # the engine arguments slime_args builds on, and AReaL's sglang-backend test
+    "precision_plugin.slime": {"slime_engine_args"},
+    "precision_plugin.areal": {"uses_sglang"},
 }  # fmt: skip
 
 

@@ -15,21 +15,19 @@ import torch
 
 from precision_plugin import PrecisionConfigError, PrecisionMismatchError, PrecisionPolicy
 from precision_plugin._core.frameworks import SGLANG_DTYPE_CHOICES, sglang_dtype, sglang_runs
+from precision_plugin.areal import areal_overrides, check_areal_config
 from precision_plugin.sglang import (
-    areal_overrides,
     auto_dtype,
-    check_areal_config,
     check_server_args,
-    check_slime_args,
     read_server_args,
     server_args,
-    slime_args,
     verify_server,
 )
 from precision_plugin.sglang.args import FIELDS, env_value
 from precision_plugin.sglang.checkpoint import is_dsa
 from precision_plugin.sglang.doctor import doctor_findings
 from precision_plugin.sglang.plugin import force_dtype, resolve_target, verify_model_config
+from precision_plugin.slime import check_slime_args, slime_args
 from precision_plugin.verl import check_config, overrides
 from precision_plugin.verl.sglang import rollout_dtype_key
 from tests.loopback import Answer, loopback
