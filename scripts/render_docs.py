@@ -416,7 +416,7 @@ def _attribution_time(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_attribution_time.py``: probe wall time, plain and attributed."""
     counted = "subset_passes" in data["runs"]["plain"][0]
     rows = ["| run | wall time | relative to the plain probe |"
-            + (" subset passes per dtype |" if counted else ""),
+            + (" rescoring passes of the cause subsets, per dtype |" if counted else ""),
             "|---|---|---|" + ("---|" if counted else "")]  # fmt: skip
     for name, seconds in data["median_wall_s"].items():
         row = f"| `{name}` | {seconds:,.0f} s | {data['ratio_to_plain'][name]:.2f}x |"
