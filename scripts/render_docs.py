@@ -416,7 +416,7 @@ def _attribution_time(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_attribution_time.py``: probe wall time, plain and attributed."""
     counted = "subset_passes" in data["runs"]["plain"][0]
     rows = ["| run | wall time | relative to the plain probe |"
-            + (" subset passes per dtype |" if counted else ""),
+            + (" rescoring passes of the cause subsets, per dtype |" if counted else ""),
             "|---|---|---|" + ("---|" if counted else "")]  # fmt: skip
     for name, seconds in data["median_wall_s"].items():
         row = f"| `{name}` | {seconds:,.0f} s | {data['ratio_to_plain'][name]:.2f}x |"
@@ -468,8 +468,12 @@ def _dose_response(data: dict[str, Any]) -> str:
         diff = row[name + "_difference"]
         if row["target_variance"] == 0 or diff is None:
             return f"{row[name]:.2f}"
-        mark = " **changed**" if row[name + "_changed"] else ""
-        return f"{row[name]:.2f} ({diff:+.2f}){mark}"
+        mark = (
+            (", every seed " + ("lower" if diff < 0 else "higher"))
+            if row[name + "_changed"]
+            else ""
+        )
+        return f"{row[name]:.2f} ({diff:+.2f}{mark})"
 
     header = ["dose v", "injected v", "batch ESS (verdict)", "training reward", "learned accuracy"]
     rows = [
@@ -508,6 +512,20 @@ def _dose_verdict(data: dict[str, Any]) -> str:
         f"each), {named(data['reward_threshold'], 'the training reward')}, and "
         f"{named(data['accuracy_threshold'], 'the accuracy the policy learned')}."
     )
+    moved = [d for d in doses if d["final_reward_changed"] or d["eval_accuracy_changed"]]
+    if moved and data["reward_threshold"] is None and data["accuracy_threshold"] is None:
+        names = ", ".join(f"{d['injected_variance']:.2g}" for d in moved)
+        text += (
+            f" A dose whose every seed moved one way by 5 points or more (variance {names}) "
+            f"was followed by larger doses that did not: the seeds' spread, not a response."
+        )
+    if doses:
+        diffs = [d["final_reward_difference"] for d in doses]
+        text += (
+            f" The mean training reward of the doses lies {min(diffs):+.2f} to {max(diffs):+.2f} "
+            f"from the control's, a difference {len(data['seeds'])} seeds do not separate from "
+            f"their spread."
+        )
     if data["reward_threshold"] is None and data["accuracy_threshold"] is None and largest:
         text += (
             f" Even the largest dose (variance {largest['injected_variance']:.2g}, batch ESS "

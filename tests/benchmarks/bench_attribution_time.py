@@ -38,8 +38,8 @@ def run_once(extra: list[str], probe_args: list[str]) -> dict[str, Any]:
         "wall_s": run.wall_s,
         "probe_s": run.data["seconds"],
         "attribution_s": attribution.get("seconds"),
-        # the rescoring passes of the causes switched together (Shapley: 2^k - k - 1 beyond
-        # the k single-cause rows), counted in the times above
+        # the rescoring passes of the cause subsets (Shapley: the 2^k - 1 non-empty subsets of
+        # the k causes, the k single-cause rows among them), counted in the times above
         "subset_passes": {
             dtype: (entry.get("together") or {}).get("passes")
             for dtype, entry in (attribution.get("dtypes") or {}).items()

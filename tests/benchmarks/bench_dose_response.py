@@ -19,7 +19,8 @@ without a correction (plain policy gradient, as in the paper's sanity runs). Per
 
 Each dose runs ``--seeds`` seeds, paired with the control (no noise) of the same seed: same
 pretrained weights, same problems and trainer seed. A dose *changes the reward* when every
-seed's paired difference has the same sign and their mean is at least ``EFFECT`` (5 points).
+seed's paired difference has the same sign and their mean is at least ``EFFECT`` (5 points);
+the threshold is the smallest dose from which every larger dose changes it too.
 ``sigma`` for each target variance is found per seed on its pretrained model (bisection in
 ``log sigma`` on rescored rollout batches), so the doses are in the unit the verdicts use.
 
@@ -250,11 +251,19 @@ def _mean(values: Any) -> float | None:
 
 
 def threshold(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """The smallest dose that changes ``name``, with its injected variance and ESS."""
-    for row in rows:
-        if row[name + "_changed"]:
-            return {key: row[key] for key in ("target_variance", "injected_variance", "mean_ess")}
-    return None
+    """The smallest dose from which ``name`` is changed at every larger dose too (a dose-response
+    persists as the dose grows: a dose that moves the figure while larger ones do not is the
+    seeds' spread), with its injected variance and ESS; ``None`` when the largest dose does not
+    change it."""
+    doses = [row for row in rows if row["target_variance"] > 0]
+    found = None
+    for row in reversed(doses):
+        if not row[name + "_changed"]:
+            break
+        found = row
+    if found is None:
+        return None
+    return {key: found[key] for key in ("target_variance", "injected_variance", "mean_ess")}
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
@@ -296,11 +305,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--smoke", action="store_true", help="a CI-sized run of the same path")
     parser.add_argument("--plot", default=None, help="write the figure here (PNG)")
+    parser.add_argument(
+        "--summarize",
+        default=None,
+        metavar="FILE",
+        help="summarize the runs of an earlier results file again (no training)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     from precision_plugin.sanity.run import _one_thread, _pretrained
     from precision_plugin.sanity.schema import preset_config
 
+    if args.summarize:
+        return _summarize_again(args, argv)
     variances = sorted({0.0, *args.variances})
     steps, seeds = args.steps, args.seeds
     if not args.smoke:
@@ -336,6 +353,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _summarize_again(args: Any, argv: list[str] | None) -> int:
+    """Summarize an earlier results file's runs with this code's rule (its runs kept as they
+    are, its configuration read from it) and write the results and the figure."""
+    import json
+    import types
+
+    old = json.loads(open(args.summarize).read())  # noqa: SIM115 (a benchmark's own file)
+    config = types.SimpleNamespace(
+        steps=old["steps"], seeds=old["seeds"], learning_rate=old["learning_rate"],
+        window=old["window"],
+    )  # fmt: skip
+    done = sorted({r["target_variance"] for r in old["runs"]})
+    variances = old.get("planned_variances", done)
+    args.smoke = old.get("smoke", False)
+    rows = _report(config, old["runs"], done, variances, time.perf_counter() - old["seconds"],
+                   args, argv)  # fmt: skip
+    for row in rows:
+        print(f"v={row['target_variance']:<5g} reward {row['final_reward_difference'] or 0:+.3f} "
+              f"eval {row['eval_accuracy_difference'] or 0:+.3f}")  # fmt: skip
+    return 0
+
+
 def _dose_order(variances: Sequence[float]) -> list[float]:
     """The control, the largest dose, then the others from the largest down."""
     rest = sorted((v for v in variances if v > 0), reverse=True)
@@ -355,7 +394,8 @@ def _report(config: Any, runs: list[dict[str, Any]], done: list[float], variance
         "effect": EFFECT,
         "rule": (
             f"a dose changes a figure when every seed's paired difference from the "
-            f"control has one sign and their mean is at least {EFFECT}"
+            f"control has one sign and their mean is at least {EFFECT}; the threshold is the "
+            f"smallest dose from which every larger dose changes it too"
         ),
         "doses": rows,
         "runs": runs,

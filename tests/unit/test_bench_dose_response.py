@@ -105,10 +105,24 @@ def test_a_dose_changes_a_figure_only_when_every_seed_moves_one_way_by_the_effec
     assert rows[1]["eval_accuracy_difference"] == pytest.approx(0.01)
     assert rows[1]["injected_variance"] == pytest.approx(1.0)
     assert rows[1]["mean_ess"] == pytest.approx(0.45)
-    assert bench.threshold(rows, "final_reward") == {
-        "target_variance": 1.0, "injected_variance": pytest.approx(1.0),
-        "mean_ess": pytest.approx(0.45)}  # fmt: skip
+    # the smaller dose moved the reward, the larger did not: the seeds' spread, no threshold
+    assert bench.threshold(rows, "final_reward") is None
     assert bench.threshold(rows, "eval_accuracy") is None
+
+
+def test_the_threshold_is_where_the_effect_persists_through_every_larger_dose():
+    runs = [
+        _run(0, 0.0, 0.80, 0.90), _run(1, 0.0, 0.70, 0.80),
+        _run(0, 0.5, 0.70, 0.90, 0.5, 0.6), _run(1, 0.5, 0.69, 0.80, 0.5, 0.6),  # -0.055
+        _run(0, 1.0, 0.79, 0.90, 1.1, 0.4), _run(1, 1.0, 0.69, 0.80, 0.9, 0.5),  # -0.01
+        _run(0, 2.0, 0.70, 0.90, 2.0, 0.2), _run(1, 2.0, 0.60, 0.80, 2.0, 0.2),  # -0.10
+        _run(0, 4.0, 0.50, 0.90, 4.0, 0.1), _run(1, 4.0, 0.40, 0.80, 4.2, 0.1),  # -0.30
+    ]  # fmt: skip
+    rows = bench.summarize(runs, [0.0, 0.5, 1.0, 2.0, 4.0])
+    assert [r["final_reward_changed"] for r in rows] == [False, True, False, True, True]
+    assert bench.threshold(rows, "final_reward") == {
+        "target_variance": 2.0, "injected_variance": pytest.approx(2.0),
+        "mean_ess": pytest.approx(0.2)}  # fmt: skip
 
 
 def test_the_benchmark_runs_end_to_end_at_its_smoke_size(tmp_path):
