@@ -449,20 +449,24 @@ def _ess_calibration(data: dict[str, Any]) -> str:
     return aligned_table(header, rows)
 
 
+def _ess_verdict(ess: float) -> str:
+    """The probe's verdict band for a batch ESS (probe.advice's thresholds)."""
+    from precision_plugin.probe.advice import ESS_GOOD, ESS_WARNING, NEGLIGIBLE
+
+    for floor, name in ((1 - NEGLIGIBLE, "negligible"), (ESS_GOOD, "noticeable"),
+                        (ESS_WARNING, "costly")):  # fmt: skip
+        if ess >= floor:
+            return name
+    return "severe"
+
+
 @view("dose-response")
 def _dose_response(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_dose_response.py``: GRPO reward and the learned policy's
     accuracy against the log-ratio variance injected into the rollout, paired with the control."""
-    from precision_plugin.probe.advice import ESS_GOOD, ESS_WARNING, NEGLIGIBLE
 
     def band(ess: float | None) -> str:
-        if ess is None:
-            return "-"
-        for floor, name in ((1 - NEGLIGIBLE, "negligible"), (ESS_GOOD, "noticeable"),
-                            (ESS_WARNING, "costly")):  # fmt: skip
-            if ess >= floor:
-                return f"{ess:.2f} ({name})"
-        return f"{ess:.2f} (severe)"
+        return "-" if ess is None else f"{ess:.2f} ({_ess_verdict(ess)})"
 
     def cell(row: dict[str, Any], name: str) -> str:
         diff = row[name + "_difference"]
@@ -493,16 +497,15 @@ def _dose_response(data: dict[str, Any]) -> str:
 def _dose_verdict(data: dict[str, Any]) -> str:
     """``tests/benchmarks/bench_dose_response.py``: what the doses say about the verdicts'
     thresholds, in one paragraph that follows the results file."""
-    from precision_plugin.probe.advice import ESS_GOOD, ESS_WARNING
 
     def named(found: dict[str, Any] | None, what: str) -> str:
         if found is None:
             return f"no dose changed {what}"
         ess = found["mean_ess"]
-        band = "severe" if ess < ESS_WARNING else "costly" if ess < ESS_GOOD else "noticeable"
         return (
             f"the smallest dose that changed {what} injected a per-sequence log-ratio variance "
-            f"of {found['injected_variance']:.2g} (the plugin's batch ESS {ess:.2f}: {band})"
+            f"of {found['injected_variance']:.2g} (the plugin's batch ESS {ess:.2f}: "
+            f"{_ess_verdict(ess)})"
         )
 
     doses = [d for d in data["doses"] if d["target_variance"] > 0]

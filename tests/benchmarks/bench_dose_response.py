@@ -36,6 +36,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.report import add_json_option, write_json
@@ -359,7 +360,7 @@ def _summarize_again(args: Any, argv: list[str] | None) -> int:
     import json
     import types
 
-    old = json.loads(open(args.summarize).read())  # noqa: SIM115 (a benchmark's own file)
+    old = json.loads(Path(args.summarize).read_text())
     config = types.SimpleNamespace(
         steps=old["steps"], seeds=old["seeds"], learning_rate=old["learning_rate"],
         window=old["window"],
